@@ -1,0 +1,818 @@
+//! Validating GGUF v2/v3 (little-endian) parser and the file handle that owns the bytes.
+//!
+//! File layout (all integers little-endian):
+//! ```text
+//! "GGUF" | version u32 | n_tensors u64 | n_kv u64
+//! n_kv ×      { key: string | value_type u32 | value }
+//! n_tensors × { name: string | n_dims u32 | ne[n_dims] u64 | type u32 | offset u64 }
+//! zero padding to general.alignment (default 32)
+//! tensor data: each tensor at data_start + offset (offset a multiple of the alignment)
+//! string = len u64 | len bytes (UTF-8, no NUL)
+//! array  = elem_type u32 | count u64 | count × elem
+//! ```
+//! Every read is checked against the bytes remaining before anything is allocated, and all
+//! heap use is charged against [`Limits::max_alloc`].
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use crate::value::type_id as vt;
+use crate::{Array, GgmlType, GgufError, Limits, Metadata, Value};
+
+/// The GGUF magic, "GGUF" as bytes.
+pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+/// Alignment used when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Key holding the data alignment.
+pub const KEY_ALIGNMENT: &str = "general.alignment";
+
+/// One entry of the tensor table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Unique, non-empty, valid UTF-8, shorter than [`Limits::max_name_len`].
+    pub name: String,
+    /// Shape in ggml `ne` order: `dims[0]` is the row length (in_features, fastest varying).
+    /// 1..=4 entries, none zero, product ≤ i64::MAX.
+    pub dims: Vec<u64>,
+    /// Type resolved from `type_id` in the file's context (see [`GgmlType::from_id`]).
+    pub ggml_type: GgmlType,
+    /// The type id as stored.
+    pub type_id: u32,
+    /// Byte offset relative to the start of the data section; a multiple of the alignment.
+    pub offset: u64,
+    /// Bytes from `offset` to the next tensor's offset (by offset order) or to the end of the
+    /// file. Includes alignment padding (and trailing bytes after the last tensor).
+    pub available: u64,
+}
+
+impl TensorInfo {
+    /// Number of elements (product of `dims`; saturates at u64::MAX, which a parsed tensor
+    /// never reaches).
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().fold(1u64, |acc, &d| acc.saturating_mul(d))
+    }
+
+    /// Expected byte size when the type defines one (see [`GgmlType::nbytes`]).
+    pub fn nbytes(&self) -> Option<u64> {
+        self.dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .and_then(|n| self.ggml_type.nbytes(n))
+    }
+}
+
+/// Result of parsing the header, KV table and tensor table.
+#[derive(Debug)]
+struct Parsed {
+    version: u32,
+    alignment: u64,
+    data_offset: u64,
+    metadata: Metadata,
+    /// Tensors in file order.
+    tensors: Vec<TensorInfo>,
+    /// Indices into `tensors`, sorted by name.
+    by_name: Vec<usize>,
+    bitnet_context: bool,
+}
+
+#[derive(Debug)]
+enum Backing {
+    Mmap(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+/// A parsed, validated GGUF file. Owns the bytes (a memory map or a buffer); tensor data is
+/// borrowed from them without copying.
+#[derive(Debug)]
+pub struct GgufFile {
+    backing: Backing,
+    parsed: Parsed,
+}
+
+fn to_u64(n: usize) -> u64 {
+    // usize is at most 64 bits on every supported target.
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+impl GgufFile {
+    /// Memory-maps `path` and validates it. The file length is checked against
+    /// `limits.max_file_size` before mapping.
+    ///
+    /// A memory map reflects later changes to the file: if another process truncates the file
+    /// while it is mapped, touching the lost pages raises SIGBUS. Use
+    /// [`GgufFile::open_in_memory`] when the file may change underneath.
+    pub fn open(path: &Path, limits: &Limits) -> Result<Self, GgufError> {
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
+        check_file_size(len, limits)?;
+        if len == 0 {
+            return Self::from_bytes(Vec::new(), limits);
+        }
+        // SAFETY: the map is read-only and private to this value. Undefined behaviour is only
+        // possible if another process modifies the file while it is mapped; that is documented
+        // above and `open_in_memory` exists for that case.
+        let map = unsafe { memmap2::MmapOptions::new().map(&file)? };
+        debug_assert_eq!(to_u64(map.len()), len);
+        if to_u64(map.len()) != len {
+            return Err(GgufError::Truncated {
+                what: "file (changed while opening)",
+                offset: to_u64(map.len()),
+            });
+        }
+        let parsed = parse(&map, limits)?;
+        Ok(Self {
+            backing: Backing::Mmap(map),
+            parsed,
+        })
+    }
+
+    /// Reads `path` into memory and validates it (immune to the file changing later).
+    pub fn open_in_memory(path: &Path, limits: &Limits) -> Result<Self, GgufError> {
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
+        check_file_size(len, limits)?;
+        let mut bytes = Vec::new();
+        let cap = usize::try_from(len).map_err(|_| GgufError::LimitExceeded {
+            what: "file size",
+            value: len,
+            limit: to_u64(usize::MAX),
+        })?;
+        bytes
+            .try_reserve_exact(cap)
+            .map_err(|_| GgufError::LimitExceeded {
+                what: "file size (allocation failed)",
+                value: len,
+                limit: limits.max_file_size,
+            })?;
+        // Read at most one byte past the limit, in case the file grew since `metadata()`.
+        file.take(limits.max_file_size.saturating_add(1))
+            .read_to_end(&mut bytes)?;
+        Self::from_bytes(bytes, limits)
+    }
+
+    /// Validates a file held in memory.
+    pub fn from_bytes(bytes: Vec<u8>, limits: &Limits) -> Result<Self, GgufError> {
+        let parsed = parse(&bytes, limits)?;
+        Ok(Self {
+            backing: Backing::Owned(bytes),
+            parsed,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.backing {
+            Backing::Mmap(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+
+    /// GGUF version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.parsed.version
+    }
+
+    /// Data alignment (`general.alignment`, default 32).
+    pub fn alignment(&self) -> u64 {
+        self.parsed.alignment
+    }
+
+    /// Absolute byte offset of the tensor data section (aligned; for a file without tensors
+    /// that omits the final padding, the file size). Always ≤ [`GgufFile::file_size`].
+    pub fn data_offset(&self) -> u64 {
+        self.parsed.data_offset
+    }
+
+    /// File size in bytes.
+    pub fn file_size(&self) -> u64 {
+        to_u64(self.bytes().len())
+    }
+
+    /// The whole file.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.bytes()
+    }
+
+    /// Metadata key-value pairs in file order.
+    pub fn metadata(&self) -> &Metadata {
+        &self.parsed.metadata
+    }
+
+    /// Tensor table in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.parsed.tensors
+    }
+
+    /// Looks a tensor up by name (O(log n)).
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        let t = &self.parsed.tensors;
+        self.parsed
+            .by_name
+            .binary_search_by(|&i| t[i].name.as_str().cmp(name))
+            .ok()
+            .map(|pos| &t[self.parsed.by_name[pos]])
+    }
+
+    /// `general.architecture`, if present and a string.
+    pub fn architecture(&self) -> Option<&str> {
+        self.parsed.metadata.get_str("general.architecture").ok()
+    }
+
+    /// True when type ids were resolved in bitnet.cpp's numbering (38 = TL1, 39 = TL2):
+    /// the architecture starts with "bitnet" or `general.file_type` is 40.
+    pub fn bitnet_context(&self) -> bool {
+        self.parsed.bitnet_context
+    }
+
+    /// All `available` bytes of a tensor (zero-copy), including any padding up to the next
+    /// tensor. Used to tell layouts that share a type id apart by size.
+    pub fn tensor_bytes(&self, t: &TensorInfo) -> Result<&[u8], GgufError> {
+        self.slice(t, t.available)
+    }
+
+    /// Exactly [`TensorInfo::nbytes`] bytes of a tensor (zero-copy). `UnsupportedType` when the
+    /// type has no context-free size (unknown ids, TL1, TL2); `TensorOutOfBounds` when fewer
+    /// bytes are available (e.g. an I2_S tensor in a layout smaller than bitnet.cpp's).
+    pub fn tensor_data(&self, t: &TensorInfo) -> Result<&[u8], GgufError> {
+        let n = t.nbytes().ok_or_else(|| GgufError::UnsupportedType {
+            tensor: t.name.clone(),
+            type_name: t.ggml_type.name(),
+            type_id: t.type_id,
+        })?;
+        if n > t.available {
+            return Err(self.out_of_bounds(t, n));
+        }
+        self.slice(t, n)
+    }
+
+    fn out_of_bounds(&self, t: &TensorInfo, needed: u64) -> GgufError {
+        GgufError::TensorOutOfBounds {
+            tensor: t.name.clone(),
+            offset: t.offset,
+            needed,
+            data_len: self.file_size().saturating_sub(self.parsed.data_offset),
+        }
+    }
+
+    fn slice(&self, t: &TensorInfo, len: u64) -> Result<&[u8], GgufError> {
+        let range = self
+            .parsed
+            .data_offset
+            .checked_add(t.offset)
+            .and_then(|s| Some((s, s.checked_add(len)?)))
+            .and_then(|(s, e)| Some(usize::try_from(s).ok()?..usize::try_from(e).ok()?));
+        range
+            .and_then(|r| self.bytes().get(r))
+            .ok_or_else(|| self.out_of_bounds(t, len))
+    }
+}
+
+fn check_file_size(len: u64, limits: &Limits) -> Result<(), GgufError> {
+    if len > limits.max_file_size {
+        return Err(GgufError::LimitExceeded {
+            what: "file size",
+            value: len,
+            limit: limits.max_file_size,
+        });
+    }
+    Ok(())
+}
+
+/// Bounds-checked little-endian cursor that also meters heap use.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    limits: &'a Limits,
+    /// Heap bytes charged so far (compared against `limits.max_alloc`).
+    alloc: u64,
+}
+
+/// Smallest encoding of one metadata KV pair: key length (8) + 1 key byte + type (4) + 1 byte.
+const MIN_KV_BYTES: u64 = 14;
+/// Smallest encoding of one tensor info: name length (8) + 1 name byte + n_dims (4) + one
+/// dim (8) + type (4) + offset (8).
+const MIN_TENSOR_INFO_BYTES: u64 = 33;
+/// Smallest encoding of an inner array: element type (4) + count (8).
+const MIN_ARRAY_BYTES: u64 = 12;
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> u64 {
+        to_u64(self.buf.len().saturating_sub(self.pos))
+    }
+
+    fn offset(&self) -> u64 {
+        to_u64(self.pos)
+    }
+
+    fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8], GgufError> {
+        let truncated = GgufError::Truncated {
+            what,
+            offset: self.offset(),
+        };
+        let n = usize::try_from(n).map_err(|_| GgufError::Truncated {
+            what,
+            offset: self.offset(),
+        })?;
+        let end = self.pos.checked_add(n).ok_or(truncated)?;
+        let s = self.buf.get(self.pos..end).ok_or(GgufError::Truncated {
+            what,
+            offset: self.offset(),
+        })?;
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn array_n<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], GgufError> {
+        let s = self.take(to_u64(N), what)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8, GgufError> {
+        Ok(self.array_n::<1>(what)?[0])
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, GgufError> {
+        Ok(u32::from_le_bytes(self.array_n(what)?))
+    }
+
+    fn u64(&mut self, what: &'static str) -> Result<u64, GgufError> {
+        Ok(u64::from_le_bytes(self.array_n(what)?))
+    }
+
+    fn charge(&mut self, bytes: u64) -> Result<(), GgufError> {
+        let total = self.alloc.saturating_add(bytes);
+        if total > self.limits.max_alloc {
+            return Err(GgufError::LimitExceeded {
+                what: "metadata allocation",
+                value: total,
+                limit: self.limits.max_alloc,
+            });
+        }
+        self.alloc = total;
+        Ok(())
+    }
+
+    /// Charges `count` × `size` bytes; fails (without allocating) on overflow or over budget.
+    fn charge_n(&mut self, count: u64, size: usize) -> Result<(), GgufError> {
+        self.charge(count.saturating_mul(to_u64(size)))
+    }
+
+    fn string(&mut self, what: &'static str) -> Result<String, GgufError> {
+        let at = self.offset();
+        let len = self.u64(what)?;
+        if len > self.limits.max_string_len {
+            return Err(GgufError::StringTooLong {
+                len,
+                limit: self.limits.max_string_len,
+                offset: at,
+            });
+        }
+        let bytes = self.take(len, what)?;
+        let s = std::str::from_utf8(bytes).map_err(|_| GgufError::InvalidUtf8 { what })?;
+        self.charge(len)?;
+        Ok(s.to_owned())
+    }
+
+    fn value(&mut self, ty: u32, depth: u32) -> Result<Value, GgufError> {
+        Ok(match ty {
+            vt::U8 => Value::U8(self.u8("u8 value")?),
+            vt::I8 => Value::I8(i8::from_le_bytes(self.array_n("i8 value")?)),
+            vt::U16 => Value::U16(u16::from_le_bytes(self.array_n("u16 value")?)),
+            vt::I16 => Value::I16(i16::from_le_bytes(self.array_n("i16 value")?)),
+            vt::U32 => Value::U32(self.u32("u32 value")?),
+            vt::I32 => Value::I32(i32::from_le_bytes(self.array_n("i32 value")?)),
+            vt::F32 => Value::F32(f32::from_le_bytes(self.array_n("f32 value")?)),
+            vt::BOOL => Value::Bool(bool_of(self.u8("bool value")?)?),
+            vt::STRING => Value::String(self.string("string value")?),
+            vt::ARRAY => Value::Array(self.array(depth.saturating_add(1))?),
+            vt::U64 => Value::U64(self.u64("u64 value")?),
+            vt::I64 => Value::I64(i64::from_le_bytes(self.array_n("i64 value")?)),
+            vt::F64 => Value::F64(f64::from_le_bytes(self.array_n("f64 value")?)),
+            other => return Err(GgufError::BadValueType(other)),
+        })
+    }
+
+    /// Reads an array header and body; `depth` is this array's nesting level (1 = top level).
+    fn array(&mut self, depth: u32) -> Result<Array, GgufError> {
+        if depth > self.limits.max_array_depth {
+            return Err(GgufError::ArrayNestingTooDeep {
+                limit: self.limits.max_array_depth,
+            });
+        }
+        let elem = self.u32("array element type")?;
+        let at = self.offset();
+        let count = self.u64("array length")?;
+        if count > self.limits.max_array_len {
+            return Err(GgufError::ArrayTooLong {
+                len: count,
+                limit: self.limits.max_array_len,
+                offset: at,
+            });
+        }
+        // Minimum encoded bytes per element; checked against the bytes left before allocating.
+        let min_elem: u64 = match elem {
+            vt::U8 | vt::I8 | vt::BOOL => 1,
+            vt::U16 | vt::I16 => 2,
+            vt::U32 | vt::I32 | vt::F32 => 4,
+            vt::U64 | vt::I64 | vt::F64 => 8,
+            vt::STRING => 8,
+            vt::ARRAY => MIN_ARRAY_BYTES,
+            other => return Err(GgufError::BadValueType(other)),
+        };
+        if count
+            .checked_mul(min_elem)
+            .is_none_or(|need| need > self.remaining())
+        {
+            return Err(GgufError::Truncated {
+                what: "array elements",
+                offset: self.offset(),
+            });
+        }
+        // `count` ≤ remaining bytes, so it fits usize.
+        let n = usize::try_from(count).map_err(|_| GgufError::Truncated {
+            what: "array elements",
+            offset: at,
+        })?;
+
+        macro_rules! numeric {
+            ($variant:ident, $t:ty) => {{
+                const W: usize = std::mem::size_of::<$t>();
+                self.charge_n(count, W)?;
+                let bytes = self.take(count.saturating_mul(to_u64(W)), "array elements")?;
+                let mut v: Vec<$t> = Vec::with_capacity(n);
+                v.extend(bytes.chunks_exact(W).map(|c| {
+                    let mut a = [0u8; W];
+                    a.copy_from_slice(c);
+                    <$t>::from_le_bytes(a)
+                }));
+                Array::$variant(v)
+            }};
+        }
+        Ok(match elem {
+            vt::U8 => numeric!(U8, u8),
+            vt::I8 => numeric!(I8, i8),
+            vt::U16 => numeric!(U16, u16),
+            vt::I16 => numeric!(I16, i16),
+            vt::U32 => numeric!(U32, u32),
+            vt::I32 => numeric!(I32, i32),
+            vt::F32 => numeric!(F32, f32),
+            vt::U64 => numeric!(U64, u64),
+            vt::I64 => numeric!(I64, i64),
+            vt::F64 => numeric!(F64, f64),
+            vt::BOOL => {
+                self.charge_n(count, 1)?;
+                let bytes = self.take(count, "array elements")?;
+                let mut v = Vec::with_capacity(n);
+                for &b in bytes {
+                    v.push(bool_of(b)?);
+                }
+                Array::Bool(v)
+            }
+            vt::STRING => {
+                self.charge_n(count, std::mem::size_of::<String>())?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(self.string("string array element")?);
+                }
+                Array::String(v)
+            }
+            // vt::ARRAY (the only remaining type accepted above)
+            _ => {
+                if depth >= self.limits.max_array_depth {
+                    return Err(GgufError::ArrayNestingTooDeep {
+                        limit: self.limits.max_array_depth,
+                    });
+                }
+                self.charge_n(count, std::mem::size_of::<Array>())?;
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(self.array(depth.saturating_add(1))?);
+                }
+                Array::Array(v)
+            }
+        })
+    }
+}
+
+fn bool_of(b: u8) -> Result<bool, GgufError> {
+    match b {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(GgufError::BadBool(other)),
+    }
+}
+
+fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, GgufError> {
+    let file_size = to_u64(buf.len());
+    check_file_size(file_size, limits)?;
+    let mut r = Reader {
+        buf,
+        pos: 0,
+        limits,
+        alloc: 0,
+    };
+
+    // --- header ---
+    if r.take(4, "magic")? != GGUF_MAGIC {
+        return Err(GgufError::BadMagic);
+    }
+    let version = r.u32("version")?;
+    match version {
+        2 | 3 => {}
+        v if v & 0xFFFF == 0 && (1..=3).contains(&v.swap_bytes()) => {
+            return Err(GgufError::BigEndian)
+        }
+        v => return Err(GgufError::UnsupportedVersion(v)),
+    }
+    // v2 and v3 share the layout (u64 counts and lengths); v3 only added big-endian files.
+    let n_tensors = r.u64("tensor count")?;
+    let n_kv = r.u64("metadata key-value count")?;
+    let rem = r.remaining();
+    if n_kv.checked_mul(MIN_KV_BYTES).is_none_or(|b| b > rem) {
+        return Err(GgufError::CountTooLarge {
+            what: "metadata key-value",
+            count: n_kv,
+        });
+    }
+    if n_tensors
+        .checked_mul(MIN_TENSOR_INFO_BYTES)
+        .is_none_or(|b| b > rem.saturating_sub(n_kv.saturating_mul(MIN_KV_BYTES)))
+    {
+        return Err(GgufError::CountTooLarge {
+            what: "tensor",
+            count: n_tensors,
+        });
+    }
+    if n_kv > limits.max_kv {
+        return Err(GgufError::LimitExceeded {
+            what: "metadata key-value count",
+            value: n_kv,
+            limit: limits.max_kv,
+        });
+    }
+    if n_tensors > limits.max_tensors {
+        return Err(GgufError::LimitExceeded {
+            what: "tensor count",
+            value: n_tensors,
+            limit: limits.max_tensors,
+        });
+    }
+    // Both counts are now ≤ remaining bytes, hence fit usize.
+    let n_kv_usize = usize::try_from(n_kv).map_err(|_| GgufError::CountTooLarge {
+        what: "metadata key-value",
+        count: n_kv,
+    })?;
+    let n_tensors_usize = usize::try_from(n_tensors).map_err(|_| GgufError::CountTooLarge {
+        what: "tensor",
+        count: n_tensors,
+    })?;
+
+    // --- metadata ---
+    // entries + sorted index
+    r.charge_n(
+        n_kv,
+        std::mem::size_of::<(String, Value)>() + std::mem::size_of::<usize>(),
+    )?;
+    let mut entries = Vec::with_capacity(n_kv_usize);
+    for _ in 0..n_kv {
+        let key = r.string("metadata key")?;
+        if key.is_empty() {
+            return Err(GgufError::KeyEmpty);
+        }
+        let ty = r.u32("metadata value type")?;
+        let value = r.value(ty, 0)?;
+        entries.push((key, value));
+    }
+    let metadata = Metadata::from_entries(entries)?;
+
+    let bitnet_context = metadata
+        .get_str("general.architecture")
+        .is_ok_and(|a| a.starts_with("bitnet"))
+        || metadata
+            .get_uint("general.file_type")
+            .is_ok_and(|t| t == 40);
+
+    let alignment = match metadata.get(KEY_ALIGNMENT) {
+        None => DEFAULT_ALIGNMENT,
+        Some(Value::U32(a)) => {
+            let a = u64::from(*a);
+            if a == 0 {
+                return Err(GgufError::BadAlignment {
+                    value: a,
+                    reason: "zero",
+                });
+            }
+            if !a.is_power_of_two() {
+                return Err(GgufError::BadAlignment {
+                    value: a,
+                    reason: "not a power of two",
+                });
+            }
+            if a > limits.max_alignment {
+                return Err(GgufError::BadAlignment {
+                    value: a,
+                    reason: "above the configured maximum",
+                });
+            }
+            a
+        }
+        Some(other) => {
+            return Err(GgufError::WrongType {
+                key: KEY_ALIGNMENT.to_owned(),
+                expected: "u32",
+                found: other.type_name(),
+            })
+        }
+    };
+
+    // --- tensor infos ---
+    r.charge_n(
+        n_tensors,
+        std::mem::size_of::<TensorInfo>() + std::mem::size_of::<usize>(),
+    )?;
+    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors_usize);
+    for _ in 0..n_tensors {
+        tensors.push(read_tensor_info(&mut r, bitnet_context)?);
+    }
+
+    let mut by_name: Vec<usize> = (0..tensors.len()).collect();
+    by_name.sort_unstable_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name));
+    for w in by_name.windows(2) {
+        if tensors[w[0]].name == tensors[w[1]].name {
+            return Err(GgufError::DuplicateTensor(tensors[w[0]].name.clone()));
+        }
+    }
+
+    // --- data section ---
+    let data_offset =
+        r.offset()
+            .checked_next_multiple_of(alignment)
+            .ok_or(GgufError::Truncated {
+                what: "tensor data section",
+                offset: r.offset(),
+            })?;
+    if !tensors.is_empty() && data_offset > file_size {
+        return Err(GgufError::Truncated {
+            what: "padding before tensor data",
+            offset: r.offset(),
+        });
+    }
+    // A file without tensors may omit the final padding (the llama3 vocab fixture does);
+    // report its end as the data offset so `file_size - data_offset` never underflows.
+    let data_offset = data_offset.min(file_size);
+    let data_len = file_size.saturating_sub(data_offset);
+    assign_available(&mut tensors, alignment, data_len)?;
+
+    Ok(Parsed {
+        version,
+        alignment,
+        data_offset,
+        metadata,
+        tensors,
+        by_name,
+        bitnet_context,
+    })
+}
+
+fn read_tensor_info(r: &mut Reader<'_>, bitnet_context: bool) -> Result<TensorInfo, GgufError> {
+    let limits = r.limits;
+    let len = r.u64("tensor name length")?;
+    if len == 0 {
+        return Err(GgufError::NameEmpty);
+    }
+    if len >= to_u64(limits.max_name_len) {
+        return Err(GgufError::NameTooLong {
+            len,
+            limit: limits.max_name_len,
+        });
+    }
+    let raw = r.take(len, "tensor name")?;
+    let name = std::str::from_utf8(raw)
+        .map_err(|_| GgufError::InvalidUtf8 {
+            what: "tensor name",
+        })?
+        .to_owned();
+    r.charge(len)?;
+
+    let n_dims = r.u32("tensor n_dims")?;
+    let n_dims = usize::try_from(n_dims).unwrap_or(usize::MAX);
+    if n_dims == 0 || n_dims > limits.max_dims {
+        return Err(GgufError::BadDims {
+            tensor: name,
+            reason: format!("n_dims is {n_dims}, must be 1..={}", limits.max_dims),
+        });
+    }
+    r.charge_n(to_u64(n_dims), std::mem::size_of::<u64>())?;
+    let mut dims = Vec::with_capacity(n_dims);
+    for _ in 0..n_dims {
+        dims.push(r.u64("tensor dimension")?);
+    }
+    for (axis, &d) in dims.iter().enumerate() {
+        if d == 0 {
+            return Err(GgufError::ZeroDim { tensor: name, axis });
+        }
+        if i64::try_from(d).is_err() {
+            return Err(GgufError::BadDims {
+                tensor: name,
+                reason: format!("ne[{axis}] = {d} is negative as i64"),
+            });
+        }
+    }
+    let n_elements = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| i64::try_from(n).is_ok() && usize::try_from(n).is_ok());
+    let Some(n_elements) = n_elements else {
+        return Err(GgufError::ShapeOverflow { tensor: name, dims });
+    };
+
+    let type_id = r.u32("tensor type")?;
+    let ggml_type = GgmlType::from_id(type_id, bitnet_context);
+    let offset = r.u64("tensor offset")?;
+
+    // Shape must suit the type: whole blocks per row, as ggml requires.
+    if let Some(block) = ggml_type.block_elems() {
+        if dims[0] % block != 0 {
+            return Err(GgufError::BadDims {
+                tensor: name,
+                reason: format!(
+                    "ne[0] = {} is not a multiple of the {} block size {block}",
+                    dims[0],
+                    ggml_type.name()
+                ),
+            });
+        }
+    }
+    if ggml_type == GgmlType::I2S && n_elements % 4 != 0 {
+        return Err(GgufError::BadDims {
+            tensor: name,
+            reason: format!("{n_elements} elements is not a multiple of 4 (I2_S packs 4 per byte)"),
+        });
+    }
+    // The byte size must be representable (e.g. 2^42+1 rows of a wide type must not wrap).
+    if ggml_type
+        .min_bytes(n_elements)
+        .is_none_or(|b| usize::try_from(b).is_err())
+    {
+        return Err(GgufError::ShapeOverflow { tensor: name, dims });
+    }
+    Ok(TensorInfo {
+        name,
+        dims,
+        ggml_type,
+        type_id,
+        offset,
+        available: 0,
+    })
+}
+
+/// Checks alignment, bounds and overlap, and sets each tensor's `available` byte count.
+fn assign_available(
+    tensors: &mut [TensorInfo],
+    alignment: u64,
+    data_len: u64,
+) -> Result<(), GgufError> {
+    for t in tensors.iter() {
+        if t.offset % alignment != 0 {
+            return Err(GgufError::MisalignedOffset {
+                tensor: t.name.clone(),
+                offset: t.offset,
+                alignment,
+            });
+        }
+    }
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by_key(|&i| tensors[i].offset);
+    for (k, &i) in order.iter().enumerate() {
+        let t = &tensors[i];
+        let next = order.get(k + 1).map(|&j| &tensors[j]);
+        let end = next.map_or(data_len, |n| n.offset.min(data_len));
+        // min_bytes was checked to be Some when the tensor info was read.
+        let min = t.ggml_type.min_bytes(t.n_elements()).unwrap_or(u64::MAX);
+        let out_of_bounds = || GgufError::TensorOutOfBounds {
+            tensor: t.name.clone(),
+            offset: t.offset,
+            needed: min,
+            data_len,
+        };
+        if t.offset > data_len || t.offset.checked_add(min).is_none_or(|e| e > data_len) {
+            return Err(out_of_bounds());
+        }
+        if let Some(n) = next {
+            if t.offset.checked_add(min).is_none_or(|e| e > n.offset) {
+                return Err(GgufError::OverlappingTensors {
+                    tensor: t.name.clone(),
+                    offset: t.offset,
+                    needed: min,
+                    next: n.name.clone(),
+                    next_offset: n.offset,
+                });
+            }
+        }
+        let available = end.saturating_sub(t.offset);
+        tensors[i].available = available;
+    }
+    Ok(())
+}
