@@ -1,1 +1,29 @@
+//! Ternary weight layouts and CPU kernels for BitNet b1.58 inference.
+//!
+//! - [`layout`]: bit-exact pack / unpack / row dequantization of every ternary layout
+//!   (bitnet.cpp I2_S, TQ2_0, TQ1_0, BitNet32F16, Split32WithSibling, QK256).
+//! - [`act`]: per-token int8 activation quantization (FORMATS.md §1).
+//! - [`TernaryMatrix`]: a borrowed ternary weight matrix; int8-activation matvec / matmul.
+//! - [`RowMatrix`]: embedding / LM-head row formats (F32, F16, BF16, Q8_0, Q6_K, Q4_0).
+//! - [`Pool`]: the row-partitioned thread pool; [`isa`] / [`isa_report`]: the kernel tier
+//!   chosen at run time (`BITNET_ISA` may lower it).
+//!
+//! `unsafe` is confined to the SIMD tiers (`simd::*`, intrinsics behind runtime detection)
+//! and the pool (lifetime-erased job closure, disjoint output writes); each unsafe fn has a
+//! `# Safety` section.
 
+pub mod act;
+mod dispatch;
+mod error;
+pub mod layout;
+mod pool;
+pub mod rows;
+mod simd;
+mod ternary;
+
+pub use dispatch::{isa, isa_report, supported_isas, Isa};
+pub use error::KernelError;
+pub use layout::{ExternalScales, TernaryLayout};
+pub use pool::{part_range, Pool};
+pub use rows::{F16DotOrder, RowMatrix, RowType};
+pub use ternary::{detect_candidates, TernaryMatrix, ROW_GRAIN, TOKEN_TILE};

@@ -1,0 +1,270 @@
+//! Runtime ISA selection: detect once (`OnceLock`) into a table of plain functions.
+//!
+//! Model code never sees `cfg(target_feature)`: it calls [`crate::TernaryMatrix::matmul`] and
+//! [`crate::RowMatrix::matmul_f32`], which take their kernels from [`kernels`]. The env var
+//! `BITNET_ISA=scalar|avx2|avx512|neon` may only lower the detected tier.
+
+use std::sync::OnceLock;
+
+use crate::simd::scalar;
+use crate::ternary::Prepared;
+
+/// An instruction-set tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable Rust, the reference.
+    Scalar,
+    /// aarch64 NEON (dotprod used when the CPU has it).
+    Neon,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F + BW (on top of the AVX2 tier).
+    Avx512,
+}
+
+impl Isa {
+    /// The lower-case name used by `BITNET_ISA`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Neon => "neon",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Parse a `BITNET_ISA` value.
+    pub fn from_name(s: &str) -> Option<Isa> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Some(Isa::Scalar),
+            "neon" => Some(Isa::Neon),
+            "avx2" => Some(Isa::Avx2),
+            "avx512" => Some(Isa::Avx512),
+            _ => None,
+        }
+    }
+
+    /// True when this CPU can run the tier.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => has_avx2(),
+            Isa::Avx512 => has_avx512(),
+            Isa::Neon => has_neon(),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx2() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    has_avx2()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx512() -> bool {
+    false
+}
+
+#[cfg(target_arch = "aarch64")]
+fn has_neon() -> bool {
+    std::arch::is_aarch64_feature_detected!("neon")
+}
+#[cfg(not(target_arch = "aarch64"))]
+fn has_neon() -> bool {
+    false
+}
+
+/// A ternary kernel: raw per-block sums `Σ u·q` for one weight row and tokens `t0..t0+nt`
+/// (`nt ≤ TOKEN_TILE`), written to `out[ti·nb + b]`.
+pub(crate) type TernaryKernel =
+    fn(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]);
+/// A float row dot: `row` (encoded bytes) · `x`.
+pub(crate) type RowDot = fn(row: &[u8], x: &[f32]) -> f32;
+/// An f32 · f32 dot in the 8-lane order.
+pub(crate) type F32Dot = fn(w: &[f32], x: &[f32]) -> f32;
+
+/// The function table of one tier.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    #[allow(dead_code)] // kept for debugging output of the table
+    pub isa: Isa,
+    pub i2s: TernaryKernel,
+    pub tq2: TernaryKernel,
+    pub tq1: TernaryKernel,
+    pub bitnet32: TernaryKernel,
+    pub split32: TernaryKernel,
+    pub qk256: TernaryKernel,
+    pub f16_dot_ggml: RowDot,
+    pub f16_dot_tiny: RowDot,
+    pub q8_0_dot: RowDot,
+    pub f32_dot: F32Dot,
+}
+
+static SCALAR: Kernels = Kernels {
+    isa: Isa::Scalar,
+    i2s: scalar::i2s,
+    tq2: scalar::tq2,
+    tq1: scalar::tq1,
+    bitnet32: scalar::bitnet32,
+    split32: scalar::split32,
+    qk256: scalar::qk256,
+    f16_dot_ggml: scalar::f16_dot_ggml,
+    f16_dot_tiny: scalar::f16_dot_tiny,
+    q8_0_dot: scalar::q8_0_dot,
+    f32_dot: scalar::f32_dot_lanes8,
+};
+
+/// The table of a tier, if this CPU supports it.
+pub(crate) fn kernels_for(isa: Isa) -> Option<&'static Kernels> {
+    if !isa.is_supported() {
+        return None;
+    }
+    match isa {
+        Isa::Scalar => Some(&SCALAR),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Some(&crate::simd::avx2::TABLE),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => Some(&crate::simd::avx512::TABLE),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => Some(&crate::simd::neon::TABLE),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
+struct Selection {
+    detected: Isa,
+    selected: Isa,
+    note: Option<String>,
+}
+
+fn detect_best() -> Isa {
+    [Isa::Avx512, Isa::Avx2, Isa::Neon]
+        .into_iter()
+        .find(|i| i.is_supported() && kernels_for(*i).is_some())
+        .unwrap_or(Isa::Scalar)
+}
+
+fn selection() -> &'static Selection {
+    static SEL: OnceLock<Selection> = OnceLock::new();
+    SEL.get_or_init(|| {
+        let detected = detect_best();
+        let mut selected = detected;
+        let mut note = None;
+        if let Ok(v) = std::env::var("BITNET_ISA") {
+            match Isa::from_name(&v) {
+                Some(req) if req == detected => {}
+                Some(req) if req < detected && kernels_for(req).is_some() => selected = req,
+                Some(req) => {
+                    note = Some(format!(
+                        "BITNET_ISA={} ignored: it may only lower the tier, and {} is not \
+                         available below {}",
+                        v,
+                        req.name(),
+                        detected.name()
+                    ));
+                }
+                None => {
+                    note = Some(format!(
+                        "BITNET_ISA={v} ignored: expected scalar, avx2, avx512 or neon"
+                    ));
+                }
+            }
+        }
+        Selection {
+            detected,
+            selected,
+            note,
+        }
+    })
+}
+
+/// The tier every kernel call uses (detected once; possibly lowered by `BITNET_ISA`).
+pub fn isa() -> Isa {
+    selection().selected
+}
+
+/// Every tier this CPU can run (for tests and benchmarks).
+pub fn supported_isas() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512]
+        .into_iter()
+        .filter(|i| kernels_for(*i).is_some())
+        .collect()
+}
+
+/// The table of the selected tier.
+pub(crate) fn kernels() -> &'static Kernels {
+    kernels_for(isa()).unwrap_or(&SCALAR)
+}
+
+/// A one-paragraph description of the CPU features seen and the tier chosen.
+pub fn isa_report() -> String {
+    let sel = selection();
+    let mut s = format!(
+        "kernels: {} (detected {}; available: {})",
+        sel.selected.name(),
+        sel.detected.name(),
+        supported_isas()
+            .iter()
+            .map(|i| i.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let feats = cpu_features();
+    if !feats.is_empty() {
+        s.push_str(&format!("; cpu features: {}", feats.join(" ")));
+    }
+    if let Some(n) = &sel.note {
+        s.push_str("; ");
+        s.push_str(n);
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_features() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    macro_rules! f {
+        ($($n:tt),*) => {$( if std::arch::is_x86_feature_detected!($n) { v.push($n); } )*};
+    }
+    f!(
+        "sse4.1",
+        "ssse3",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vnni",
+        "avxvnni"
+    );
+    v
+}
+#[cfg(target_arch = "aarch64")]
+fn cpu_features() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if std::arch::is_aarch64_feature_detected!("neon") {
+        v.push("neon");
+    }
+    if std::arch::is_aarch64_feature_detected!("dotprod") {
+        v.push("dotprod");
+    }
+    v
+}
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn cpu_features() -> Vec<&'static str> {
+    Vec::new()
+}

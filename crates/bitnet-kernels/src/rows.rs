@@ -1,0 +1,607 @@
+//! Row formats for the embedding and the (tied) LM head: F32, F16, BF16, Q8_0, Q6_K, Q4_0.
+//!
+//! ```text
+//! F32   4 bytes/elem LE             F16 / BF16   2 bytes/elem LE
+//! Q8_0  block of 32 = 34 bytes: d: f16 | qs: [i8; 32]                 w = d·q
+//! Q4_0  block of 32 = 18 bytes: d: f16 | qs: [u8; 16]                 w = d·(nibble − 8)
+//!       byte j: low nibble → element j, high nibble → element j+16
+//! Q6_K  block of 256 = 210 bytes: ql[128] | qh[64] | scales: [i8; 16] | d: f16
+//!       per half n (128 elements; ql += 64, qh += 32, scales += 8 per half), l = 0..32:
+//!         q(l)    = (ql[l]    & 15) | ((qh[l] >> 0) & 3) << 4     scale index l/16
+//!         q(l+32) = (ql[l+32] & 15) | ((qh[l] >> 2) & 3) << 4     scale index l/16 + 2
+//!         q(l+64) = (ql[l]    >> 4) | ((qh[l] >> 4) & 3) << 4     scale index l/16 + 4
+//!         q(l+96) = (ql[l+32] >> 4) | ((qh[l] >> 6) & 3) << 4     scale index l/16 + 6
+//!       w = (d · scale) · (q − 32)
+//! ```
+//! Dots with f32 activations use fixed accumulation orders (see `simd::scalar`), reproduced
+//! exactly by every SIMD tier.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use crate::dispatch::{kernels, kernels_for, Isa, Kernels};
+use crate::layout::read_f16;
+use crate::pool::Pool;
+use crate::KernelError;
+
+/// A row format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowType {
+    /// f32.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// ggml Q8_0 (32-element blocks).
+    Q8_0,
+    /// ggml Q6_K (256-element super-blocks).
+    Q6K,
+    /// ggml Q4_0 (32-element blocks).
+    Q4_0,
+}
+
+impl RowType {
+    /// The ggml type id of this format.
+    pub const fn ggml_type(self) -> u32 {
+        match self {
+            RowType::F32 => 0,
+            RowType::F16 => 1,
+            RowType::Q4_0 => 2,
+            RowType::Q8_0 => 8,
+            RowType::Q6K => 14,
+            RowType::BF16 => 30,
+        }
+    }
+
+    /// The row format of a ggml type id, if it is one of ours.
+    pub const fn from_ggml_type(id: u32) -> Option<RowType> {
+        match id {
+            0 => Some(RowType::F32),
+            1 => Some(RowType::F16),
+            2 => Some(RowType::Q4_0),
+            8 => Some(RowType::Q8_0),
+            14 => Some(RowType::Q6K),
+            30 => Some(RowType::BF16),
+            _ => None,
+        }
+    }
+
+    /// Elements per block.
+    pub const fn block_elems(self) -> usize {
+        match self {
+            RowType::F32 | RowType::F16 | RowType::BF16 => 1,
+            RowType::Q8_0 | RowType::Q4_0 => 32,
+            RowType::Q6K => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            RowType::F32 => 4,
+            RowType::F16 | RowType::BF16 => 2,
+            RowType::Q8_0 => 34,
+            RowType::Q4_0 => 18,
+            RowType::Q6K => 210,
+        }
+    }
+
+    /// Bytes of one row of `cols` elements (cols must be a multiple of the block).
+    pub fn row_bytes(self, cols: usize) -> Result<usize, KernelError> {
+        let be = self.block_elems();
+        if cols % be != 0 {
+            return Err(KernelError::ShapeMismatch {
+                what: "row length (multiple of the block size)",
+                expected: be,
+                got: cols,
+            });
+        }
+        (cols / be)
+            .checked_mul(self.block_bytes())
+            .ok_or(KernelError::Overflow { what: "row bytes" })
+    }
+}
+
+/// ggml Q8_0 block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct BlockQ8_0 {
+    /// Scale.
+    pub d: half::f16,
+    /// Quants.
+    pub qs: [i8; 32],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+
+/// ggml Q4_0 block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct BlockQ4_0 {
+    /// Scale.
+    pub d: half::f16,
+    /// Nibbles: low → element j, high → element j+16.
+    pub qs: [u8; 16],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
+
+/// ggml Q6_K block.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct BlockQ6K {
+    /// Low 4 bits.
+    pub ql: [u8; 128],
+    /// High 2 bits.
+    pub qh: [u8; 64],
+    /// Sub-block scales (16 elements each).
+    pub scales: [i8; 16],
+    /// Super-block scale.
+    pub d: half::f16,
+}
+const _: () = assert!(std::mem::size_of::<BlockQ6K>() == 210);
+
+/// Accumulation order of an F16 row dot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum F16DotOrder {
+    /// One token: ggml_vec_dot_f16 order; n ≥ 2 tokens: tinyBLAS order (what bitnet.cpp does).
+    Auto,
+    /// ggml_vec_dot_f16 (4×8 lanes over chunks of 32).
+    Ggml,
+    /// llamafile tinyBLAS (one 8-lane accumulator).
+    Lanes8,
+}
+
+/// A `rows × cols` matrix in a row format (embedding / LM head), borrowed or owned.
+#[derive(Debug, Clone)]
+pub struct RowMatrix<'a> {
+    ty: RowType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    /// `rows × row_bytes` bytes.
+    data: Cow<'a, [u8]>,
+}
+
+impl<'a> RowMatrix<'a> {
+    /// Wrap `data` (exactly `rows × row_bytes(cols)` bytes).
+    pub fn new(
+        ty: RowType,
+        rows: usize,
+        cols: usize,
+        data: Cow<'a, [u8]>,
+    ) -> Result<Self, KernelError> {
+        let row_bytes = ty.row_bytes(cols)?;
+        let expected = rows.checked_mul(row_bytes).ok_or(KernelError::Overflow {
+            what: "matrix bytes",
+        })?;
+        if data.len() != expected {
+            return Err(KernelError::ShapeMismatch {
+                what: "row matrix bytes",
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(RowMatrix {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data,
+        })
+    }
+
+    /// The format.
+    pub fn row_type(&self) -> RowType {
+        self.ty
+    }
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Total bytes.
+    pub fn nbytes(&self) -> usize {
+        self.data.len()
+    }
+    /// The raw bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Dequantize row `r` (embedding lookup) into `out` (length `cols`).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        if r >= self.rows {
+            return Err(KernelError::RowOutOfRange {
+                row: r,
+                rows: self.rows,
+            });
+        }
+        if out.len() != self.cols {
+            return Err(KernelError::ShapeMismatch {
+                what: "dequantize_row out",
+                expected: self.cols,
+                got: out.len(),
+            });
+        }
+        dequantize_row_bytes(self.ty, self.row(r), out);
+        Ok(())
+    }
+
+    /// `out[t·rows + r] = dot(row r, x[t·cols..])` for `n_tok = x.len() / cols` tokens,
+    /// F16 in [`F16DotOrder::Auto`] order.
+    pub fn matmul_f32(&self, x: &[f32], out: &mut [f32], pool: &Pool) -> Result<(), KernelError> {
+        self.matmul_f32_with(kernels(), x, out, pool, F16DotOrder::Auto)
+    }
+
+    /// [`Self::matmul_f32`] with an explicit F16 accumulation order.
+    pub fn matmul_f32_order(
+        &self,
+        x: &[f32],
+        out: &mut [f32],
+        pool: &Pool,
+        order: F16DotOrder,
+    ) -> Result<(), KernelError> {
+        self.matmul_f32_with(kernels(), x, out, pool, order)
+    }
+
+    /// [`Self::matmul_f32_order`] on a chosen tier (tests, benchmarks); `None` if unsupported.
+    pub fn matmul_f32_on(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        out: &mut [f32],
+        pool: &Pool,
+        order: F16DotOrder,
+    ) -> Option<Result<(), KernelError>> {
+        kernels_for(isa).map(|k| self.matmul_f32_with(k, x, out, pool, order))
+    }
+
+    fn matmul_f32_with(
+        &self,
+        kern: &Kernels,
+        x: &[f32],
+        out: &mut [f32],
+        pool: &Pool,
+        order: F16DotOrder,
+    ) -> Result<(), KernelError> {
+        if self.cols == 0 || x.len() % self.cols != 0 {
+            return Err(KernelError::ShapeMismatch {
+                what: "x (a multiple of cols)",
+                expected: self.cols,
+                got: x.len(),
+            });
+        }
+        let n_tok = x.len() / self.cols;
+        let ny = n_tok
+            .checked_mul(self.rows)
+            .ok_or(KernelError::Overflow { what: "n_tok*rows" })?;
+        if out.len() != ny {
+            return Err(KernelError::ShapeMismatch {
+                what: "out",
+                expected: ny,
+                got: out.len(),
+            });
+        }
+        if ny == 0 {
+            return Ok(());
+        }
+        let order = match order {
+            F16DotOrder::Auto if n_tok == 1 => F16DotOrder::Ggml,
+            F16DotOrder::Auto => F16DotOrder::Lanes8,
+            o => o,
+        };
+        let outp = crate::pool::SharedMut::new(out);
+        let cols = self.cols;
+        let f = |rows: Range<usize>| {
+            let mut buf = Vec::new();
+            for r in rows {
+                let row = self.row(r);
+                let direct: Option<crate::dispatch::RowDot> = match (self.ty, order) {
+                    (RowType::F16, F16DotOrder::Ggml) => Some(kern.f16_dot_ggml),
+                    (RowType::F16, _) => Some(kern.f16_dot_tiny),
+                    (RowType::Q8_0, _) => Some(kern.q8_0_dot),
+                    _ => None,
+                };
+                if direct.is_none() {
+                    buf.resize(cols, 0.0);
+                    dequantize_row_bytes(self.ty, row, &mut buf);
+                }
+                for t in 0..n_tok {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let y = match direct {
+                        Some(d) => d(row, xt),
+                        None => (kern.f32_dot)(&buf, xt),
+                    };
+                    // SAFETY: t < n_tok, r < rows; rows are disjoint between chunks.
+                    unsafe { outp.write(t * self.rows + r, y) };
+                }
+            }
+        };
+        pool.for_rows(self.rows, 16, &f);
+        Ok(())
+    }
+
+    /// Re-encode `src` into `ty` (e.g. a Q8_0 LM head from the F16 embedding), rows in parallel.
+    /// Quantizers follow ggml's reference ones (Q8_0: round half away from zero of x/d with
+    /// d = absmax/127; Q4_0: d = −max/8; Q6_K: per-16 scale search, `make_qx_quants`).
+    pub fn quantize_from(
+        src: &RowMatrix<'_>,
+        ty: RowType,
+        pool: &Pool,
+    ) -> Result<RowMatrix<'static>, KernelError> {
+        let row_bytes = ty.row_bytes(src.cols)?;
+        let total = src
+            .rows
+            .checked_mul(row_bytes)
+            .ok_or(KernelError::Overflow {
+                what: "matrix bytes",
+            })?;
+        let mut data = vec![0u8; total];
+        let dst = crate::pool::SharedMut::new(&mut data);
+        let f = |rows: Range<usize>| {
+            let mut buf = vec![0f32; src.cols];
+            for r in rows {
+                dequantize_row_bytes(src.ty, src.row(r), &mut buf);
+                // SAFETY: row r's byte range is written only by the chunk holding r.
+                let out = unsafe { dst.slice_mut(r * row_bytes..(r + 1) * row_bytes) };
+                quantize_row_into(ty, &buf, out);
+            }
+        };
+        pool.for_rows(src.rows, 16, &f);
+        RowMatrix::new(ty, src.rows, src.cols, Cow::Owned(data))
+    }
+}
+
+/// Dequantize one encoded row (`out.len()` elements; `row` must hold them).
+pub fn dequantize_row_bytes(ty: RowType, row: &[u8], out: &mut [f32]) {
+    match ty {
+        RowType::F32 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        RowType::F16 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        RowType::BF16 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        RowType::Q8_0 => {
+            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(34)) {
+                let d = read_f16(b, 0);
+                for (o, &q) in ob.iter_mut().zip(&b[2..34]) {
+                    *o = d * f32::from(i8::from_le_bytes([q]));
+                }
+            }
+        }
+        RowType::Q4_0 => {
+            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(18)) {
+                let d = read_f16(b, 0);
+                for j in 0..16 {
+                    let q = b[2 + j];
+                    ob[j] = d * (f32::from(q & 15) - 8.0);
+                    ob[j + 16] = d * (f32::from(q >> 4) - 8.0);
+                }
+            }
+        }
+        RowType::Q6K => {
+            for (ob, b) in out.chunks_exact_mut(256).zip(row.chunks_exact(210)) {
+                let d = read_f16(b, 208);
+                for half in 0..2 {
+                    let ql = &b[64 * half..64 * half + 64];
+                    let qh = &b[128 + 32 * half..128 + 32 * half + 32];
+                    let sc = &b[192 + 8 * half..192 + 8 * half + 8];
+                    let y = &mut ob[128 * half..128 * half + 128];
+                    for l in 0..32 {
+                        let is = l / 16;
+                        let q = [
+                            (ql[l] & 15) | ((qh[l] & 3) << 4),
+                            (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4),
+                            (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                            (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+                        ];
+                        for (g, &qv) in q.iter().enumerate() {
+                            let s = f32::from(i8::from_le_bytes([sc[is + 2 * g]]));
+                            y[l + 32 * g] = (d * s) * (f32::from(qv) - 32.0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Encode one f32 row into `ty` (`out.len()` = the row's bytes).
+pub fn quantize_row_into(ty: RowType, x: &[f32], out: &mut [u8]) {
+    match ty {
+        RowType::F32 => {
+            for (c, v) in out.chunks_exact_mut(4).zip(x) {
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        RowType::F16 => {
+            for (c, v) in out.chunks_exact_mut(2).zip(x) {
+                c.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+            }
+        }
+        RowType::BF16 => {
+            for (c, v) in out.chunks_exact_mut(2).zip(x) {
+                c.copy_from_slice(&half::bf16::from_f32(*v).to_le_bytes());
+            }
+        }
+        RowType::Q8_0 => {
+            for (b, xb) in out.chunks_exact_mut(34).zip(x.chunks_exact(32)) {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                b[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+                for (o, v) in b[2..].iter_mut().zip(xb) {
+                    *o = i8_bits(v * id);
+                }
+            }
+        }
+        RowType::Q4_0 => {
+            for (b, xb) in out.chunks_exact_mut(18).zip(x.chunks_exact(32)) {
+                let mut amax = 0f32;
+                let mut max = 0f32;
+                for &v in xb {
+                    if amax < v.abs() {
+                        amax = v.abs();
+                        max = v;
+                    }
+                }
+                let d = max / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                b[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+                for j in 0..16 {
+                    let lo = nibble(xb[j] * id + 8.5);
+                    let hi = nibble(xb[j + 16] * id + 8.5);
+                    b[2 + j] = lo | (hi << 4);
+                }
+            }
+        }
+        RowType::Q6K => {
+            for (b, xb) in out.chunks_exact_mut(210).zip(x.chunks_exact(256)) {
+                quantize_block_q6k(xb, b);
+            }
+        }
+    }
+}
+
+/// `round half away from zero`, clamped to i8, as a byte.
+fn i8_bits(v: f32) -> u8 {
+    let r = v.round().clamp(-128.0, 127.0);
+    // In range after the clamp.
+    #[allow(clippy::cast_possible_truncation)]
+    let q = r as i8;
+    q.to_le_bytes()[0]
+}
+
+/// `min(15, trunc(v))` for v ≥ 0 (ggml Q4_0 reference), as a nibble.
+fn nibble(v: f32) -> u8 {
+    let t = v.trunc().clamp(0.0, 15.0);
+    // In 0..=15 after the clamp.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let q = t as u8;
+    q
+}
+
+/// Round half to even (ggml `nearest_int` for |v| < 2^22).
+fn nearest_int(v: f32) -> i32 {
+    let r = v.round_ties_even().clamp(-4_194_304.0, 4_194_304.0);
+    // In range after the clamp.
+    #[allow(clippy::cast_possible_truncation)]
+    let q = r as i32;
+    q
+}
+
+/// Scale search for `n` values into integers in `[−nmax, nmax−1]` weighted by x² (ggml's
+/// `make_qx_quants` with rmse_type 1); writes `l + nmax` into `levels` and returns the scale.
+fn make_qx_quants(x: &[f32], nmax: i32, levels: &mut [u8]) -> f32 {
+    let mut max = 0f32;
+    let mut amax = 0f32;
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < 1e-15 {
+        levels.fill(0);
+        return 0.0;
+    }
+    let nmaxf = nmax as f32;
+    let quant = |iscale: f32, levels: Option<&mut [u8]>| {
+        let mut sumlx = 0f32;
+        let mut suml2 = 0f32;
+        let mut lv = levels;
+        for (i, &v) in x.iter().enumerate() {
+            let l = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+            if let Some(lv) = lv.as_deref_mut() {
+                lv[i] = u8::try_from(l + nmax).unwrap_or(0);
+            }
+            let w = v * v;
+            let lf = l as f32;
+            sumlx += w * v * lf;
+            suml2 += w * lf * lf;
+        }
+        (sumlx, suml2)
+    };
+    let iscale = -nmaxf / max;
+    let (sumlx, suml2) = quant(iscale, Some(levels));
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9..=9 {
+        if is == 0 {
+            continue;
+        }
+        let iscale = -(nmaxf + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = quant(iscale, None);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            quant(iscale, Some(levels));
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+fn quantize_block_q6k(x: &[f32], b: &mut [u8]) {
+    let mut levels = [0u8; 256];
+    let mut scales = [0f32; 16];
+    let mut max_scale = 0f32;
+    let mut max_abs = 0f32;
+    for ib in 0..16 {
+        let s = make_qx_quants(
+            &x[16 * ib..16 * ib + 16],
+            32,
+            &mut levels[16 * ib..16 * ib + 16],
+        );
+        scales[ib] = s;
+        if s.abs() > max_abs {
+            max_abs = s.abs();
+            max_scale = s;
+        }
+    }
+    b.fill(0);
+    if max_abs < 1e-15 {
+        return;
+    }
+    let iscale = -128.0 / max_scale;
+    let d16 = half::f16::from_f32(1.0 / iscale);
+    b[208..210].copy_from_slice(&d16.to_le_bytes());
+    let d = d16.to_f32();
+    for ib in 0..16 {
+        let sc = nearest_int(iscale * scales[ib]).clamp(-128, 127);
+        b[192 + ib] = i8::try_from(sc).unwrap_or(0).to_le_bytes()[0];
+        let dd = d * f32::from(i8::try_from(sc).unwrap_or(0));
+        if dd == 0.0 {
+            continue;
+        }
+        for ii in 0..16 {
+            let l = nearest_int(x[16 * ib + ii] / dd).clamp(-32, 31);
+            levels[16 * ib + ii] = u8::try_from(l + 32).unwrap_or(0);
+        }
+    }
+    for half in 0..2 {
+        let j = 128 * half;
+        for l in 0..32 {
+            let q = |o: usize| levels[j + l + o];
+            b[64 * half + l] = (q(0) & 15) | ((q(64) & 15) << 4);
+            b[64 * half + l + 32] = (q(32) & 15) | ((q(96) & 15) << 4);
+            b[128 + 32 * half + l] =
+                (q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6);
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Kernel tiers. `scalar` is the reference; the others are selected at run time by
+//! `crate::dispatch` and tested against it.
+
+pub(crate) mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;

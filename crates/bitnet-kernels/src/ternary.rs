@@ -1,0 +1,530 @@
+//! A borrowed ternary weight matrix and its int8-activation matmul.
+//!
+//! Output formula per layout (T = exact i32 integer sums, s = the token's activation scale):
+//! - I2_S: `T = Σ_k value_k · q_k`, `y = ((T as f32) / s) · β`  (divide first, then multiply).
+//! - per-block layouts: `T_b = Σ_(k in b) value_k · q_k`,
+//!   `acc = Σ_b (T_b as f32) · d_b` accumulated in f32 in block order from 0.0,
+//!   `y = acc / s`.
+//!
+//! The kernels return `Σ u·q` with `u = value + offset` (an unsigned code, see the layout
+//! modules) and this module subtracts `offset · Σ q` per block, so every tier produces the
+//! same integers and the float steps above run in the same order: outputs are bit-identical
+//! across tiers.
+
+use std::ops::Range;
+
+use crate::dispatch::{kernels, kernels_for, Isa, Kernels};
+use crate::layout::{i2s, qk256, seq32, tq1_0, tq2_0, ExternalScales, TernaryLayout};
+use crate::pool::{Pool, SharedMut};
+use crate::KernelError;
+
+/// Tokens processed together per weight row (weights decoded once per tile).
+pub const TOKEN_TILE: usize = 4;
+
+/// Int8 activations of `n_tok` tokens prepared for one layout.
+#[derive(Debug)]
+#[allow(dead_code)] // xp / kp are read by the SIMD tiers
+pub(crate) struct Prepared<'a> {
+    /// `n_tok × k` activations in their original order.
+    pub x: &'a [i8],
+    /// Row length K.
+    pub k: usize,
+    /// `n_tok × kp` activations permuted for sequentially packed layouts (BitNet32F16,
+    /// Split32, QK256) and zero-padded: within each 128-element chunk c,
+    /// `xp[128c + 32l + B] = x[128c + 4B + l]` (l = 0..4, B = 0..32). Empty for others.
+    pub xp: Vec<i8>,
+    /// Padded row length of `xp`.
+    pub kp: usize,
+}
+
+impl<'a> Prepared<'a> {
+    fn new(layout: TernaryLayout, x: &'a [i8], k: usize, n_tok: usize) -> Self {
+        let kp = match layout {
+            TernaryLayout::BitNet32F16 | TernaryLayout::Split32WithSibling => k.div_ceil(128) * 128,
+            TernaryLayout::Qk256 => k.div_ceil(256) * 256,
+            _ => 0,
+        };
+        let mut xp = vec![0i8; kp * n_tok];
+        if kp > 0 {
+            for t in 0..n_tok {
+                let src = &x[t * k..(t + 1) * k];
+                let dst = &mut xp[t * kp..(t + 1) * kp];
+                for (j, &v) in src.iter().enumerate() {
+                    let c = j / 128;
+                    let r = j % 128;
+                    dst[128 * c + 32 * (r % 4) + r / 4] = v;
+                }
+            }
+        }
+        Prepared { x, k, xp, kp }
+    }
+
+    /// Token `t`'s activations in original order.
+    #[inline]
+    pub fn token(&self, t: usize) -> &[i8] {
+        &self.x[t * self.k..(t + 1) * self.k]
+    }
+
+    /// Token `t`'s permuted, padded activations.
+    #[inline]
+    #[allow(dead_code)]
+    pub fn token_perm(&self, t: usize) -> &[i8] {
+        &self.xp[t * self.kp..(t + 1) * self.kp]
+    }
+}
+
+/// Where a layout's scales live.
+#[derive(Debug, Clone, Copy)]
+enum Scales<'a> {
+    /// I2_S: one f32 per tensor.
+    Tensor(f32),
+    /// Inside the blocks (TQ2_0, TQ1_0, BitNet32F16).
+    Inline,
+    /// Sibling / companion tensor, one per block (row-major over rows × blocks_per_row).
+    External(ExternalScales<'a>),
+    /// QK256 without a companion tensor: 1.0.
+    One,
+}
+
+/// A borrowed ternary weight matrix: `n_out` rows (output features) × `n_in` (K) columns,
+/// bytes borrowed from the mmap.
+#[derive(Debug, Clone, Copy)]
+pub struct TernaryMatrix<'a> {
+    layout: TernaryLayout,
+    n_out: usize,
+    n_in: usize,
+    /// The packed weights (for I2_S without its 32-byte tail).
+    data: &'a [u8],
+    scales: Scales<'a>,
+    /// Bytes per row in `data`.
+    row_bytes: usize,
+    /// Scale blocks per row.
+    nb: usize,
+}
+
+impl<'a> TernaryMatrix<'a> {
+    /// Build a view over exactly the tensor's bytes (`data.len()` must equal
+    /// [`TernaryLayout::tensor_bytes`]). `sibling_scales` is the exact byte content of the
+    /// scale tensor (F32: 4 bytes per scale, F16: 2) for Split32WithSibling (required) and
+    /// QK256 (optional; 1.0 without); it must be `None` for the other layouts.
+    /// I2_S reads its f32 tensor scale at byte n/4.
+    pub fn new(
+        layout: TernaryLayout,
+        n_out: usize,
+        n_in: usize,
+        data: &'a [u8],
+        sibling_scales: Option<&'a [u8]>,
+    ) -> Result<Self, KernelError> {
+        let expected = layout.tensor_bytes(n_out, n_in)?;
+        if data.len() != expected {
+            return Err(KernelError::SizeMismatch {
+                layout,
+                what: "weights",
+                rows: n_out,
+                cols: n_in,
+                expected,
+                got: data.len(),
+            });
+        }
+        let nb = layout.blocks_per_row(n_in);
+        let n_blocks = n_out
+            .checked_mul(nb)
+            .ok_or(KernelError::Overflow { what: "blocks" })?;
+        let row_bytes = layout.row_bytes(n_in);
+        let packed_len = n_out * row_bytes;
+        let scales = match (layout, sibling_scales) {
+            (TernaryLayout::I2S, None) => {
+                let n = n_out * n_in;
+                Scales::Tensor(i2s::tensor_scale(data, n).ok_or(KernelError::SizeMismatch {
+                    layout,
+                    what: "tensor scale",
+                    rows: n_out,
+                    cols: n_in,
+                    expected,
+                    got: data.len(),
+                })?)
+            }
+            (TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0 | TernaryLayout::BitNet32F16, None) => {
+                Scales::Inline
+            }
+            (TernaryLayout::Qk256, None) => Scales::One,
+            (TernaryLayout::Split32WithSibling, None) => {
+                return Err(KernelError::Scales {
+                    layout,
+                    reason: "needs a sibling scale tensor",
+                })
+            }
+            (TernaryLayout::Split32WithSibling | TernaryLayout::Qk256, Some(b)) => {
+                Scales::External(ExternalScales::from_exact_len(b, n_blocks).ok_or(
+                    KernelError::SizeMismatch {
+                        layout,
+                        what: "scales (f32 or f16, one per block)",
+                        rows: n_out,
+                        cols: n_in,
+                        expected: n_blocks.saturating_mul(4),
+                        got: b.len(),
+                    },
+                )?)
+            }
+            (_, Some(_)) => {
+                return Err(KernelError::Scales {
+                    layout,
+                    reason: "takes no sibling scale tensor",
+                })
+            }
+        };
+        Ok(TernaryMatrix {
+            layout,
+            n_out,
+            n_in,
+            data: &data[..packed_len],
+            scales,
+            row_bytes,
+            nb,
+        })
+    }
+
+    /// Detect the flavor of a GGUF type-36 tensor from its available bytes (up to the next
+    /// tensor's offset or the end of the data section, so it includes alignment padding) and
+    /// build the view (FORMATS.md §3).
+    ///
+    /// Each candidate's exact size is computed and accepted only when
+    /// `expected ≤ available ≤ align_up(expected, alignment)`:
+    /// bitnet.cpp I2_S (`n/4 + 32`), QK256 (`n_out·ceil(K/256)·64`; with a companion scale
+    /// tensor of one scale per 256-block when `sibling` is given), Split32WithSibling
+    /// (`n/32·8`, only with a sibling of one scale per 32-block) and BitNet32F16 (`n/32·10`).
+    /// `sibling` holds the exact bytes of a scale tensor named after the weight. No candidate,
+    /// or more than one, is an error naming the tensor, its element count, the available
+    /// bytes and every candidate's size.
+    pub fn detect_type36(
+        name: &str,
+        n_out: usize,
+        n_in: usize,
+        available: &'a [u8],
+        alignment: usize,
+        sibling: Option<&'a [u8]>,
+    ) -> Result<Self, KernelError> {
+        let n = n_out
+            .checked_mul(n_in)
+            .ok_or(KernelError::Overflow { what: "n_elements" })?;
+        let cands = detect_candidates(n_out, n_in, available.len(), alignment, sibling);
+        let fits: Vec<(TernaryLayout, usize)> =
+            cands.iter().filter(|c| c.2).map(|c| (c.0, c.1)).collect();
+        let all: Vec<(TernaryLayout, usize)> = cands.iter().map(|c| (c.0, c.1)).collect();
+        match fits.as_slice() {
+            [(layout, expected)] => {
+                let sib = match layout {
+                    TernaryLayout::Split32WithSibling | TernaryLayout::Qk256 => sibling,
+                    _ => None,
+                };
+                TernaryMatrix::new(*layout, n_out, n_in, &available[..*expected], sib)
+            }
+            [] => Err(KernelError::NoLayout {
+                tensor: name.to_owned(),
+                n_elements: n,
+                available: available.len(),
+                candidates: all,
+            }),
+            _ => Err(KernelError::AmbiguousLayout {
+                tensor: name.to_owned(),
+                n_elements: n,
+                available: available.len(),
+                candidates: fits,
+            }),
+        }
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> TernaryLayout {
+        self.layout
+    }
+    /// Output features (rows).
+    pub fn n_out(&self) -> usize {
+        self.n_out
+    }
+    /// Input features (K).
+    pub fn n_in(&self) -> usize {
+        self.n_in
+    }
+    /// Bytes of packed weights read per full matvec (excludes external scales and the I2_S tail).
+    pub fn nbytes(&self) -> usize {
+        self.data.len()
+    }
+    /// True when the scales come from a sibling / companion tensor.
+    pub fn has_external_scales(&self) -> bool {
+        matches!(self.scales, Scales::External(_))
+    }
+    /// True for QK256 without a companion scale tensor (all scales 1.0; the loader should say so).
+    pub fn scales_default_to_one(&self) -> bool {
+        matches!(self.scales, Scales::One)
+    }
+    /// The per-tensor scale β of I2_S.
+    pub fn tensor_scale(&self) -> Option<f32> {
+        match self.scales {
+            Scales::Tensor(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Bytes of row `r` (in range).
+    #[inline]
+    fn row(&self, r: usize) -> &'a [u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Scale of block `b` of row `r`.
+    #[inline]
+    fn block_scale(&self, r: usize, b: usize) -> f32 {
+        match self.scales {
+            Scales::Tensor(beta) => beta,
+            Scales::One => 1.0,
+            Scales::External(e) => e.get(r * self.nb + b),
+            Scales::Inline => {
+                let row = self.row(r);
+                match self.layout {
+                    TernaryLayout::Tq2_0 => crate::layout::read_f16(row, b * 66 + 64),
+                    TernaryLayout::Tq1_0 => crate::layout::read_f16(row, b * 54 + 52),
+                    _ => crate::layout::read_f16(row, b * 10 + 8),
+                }
+            }
+        }
+    }
+
+    /// Count codes that no writer produces (I2_S `11`, BitNet32/Split32 `00`); 0 for others.
+    pub fn count_invalid_codes(&self) -> usize {
+        match self.layout {
+            TernaryLayout::I2S => i2s::count_invalid(self.data),
+            TernaryLayout::Split32WithSibling => seq32::count_invalid(self.data),
+            TernaryLayout::BitNet32F16 => self
+                .data
+                .chunks_exact(seq32::INLINE_BLOCK_BYTES)
+                .map(|b| seq32::count_invalid(&b[..8]))
+                .sum(),
+            _ => 0,
+        }
+    }
+
+    /// Reference dequantization of row `r` into `out` (length K). Not for the hot path.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
+        if r >= self.n_out {
+            return Err(KernelError::RowOutOfRange {
+                row: r,
+                rows: self.n_out,
+            });
+        }
+        if out.len() != self.n_in {
+            return Err(KernelError::ShapeMismatch {
+                what: "dequantize_row out",
+                expected: self.n_in,
+                got: out.len(),
+            });
+        }
+        let row = self.row(r);
+        match (self.layout, &self.scales) {
+            (TernaryLayout::I2S, Scales::Tensor(beta)) => i2s::dequantize_row(row, *beta, out),
+            (TernaryLayout::Tq2_0, _) => tq2_0::dequantize_row(row, out),
+            (TernaryLayout::Tq1_0, _) => tq1_0::dequantize_row(row, out),
+            (TernaryLayout::BitNet32F16, _) => seq32::dequantize_row_inline(row, out),
+            (TernaryLayout::Split32WithSibling, Scales::External(e)) => {
+                seq32::dequantize_row_split(row, e, r * self.nb, out)
+            }
+            (TernaryLayout::Qk256, Scales::External(e)) => {
+                qk256::dequantize_row(row, Some(e), r * self.nb, out)
+            }
+            (TernaryLayout::Qk256, _) => qk256::dequantize_row(row, None, r * self.nb, out),
+            _ => {
+                return Err(KernelError::Scales {
+                    layout: self.layout,
+                    reason: "inconsistent scale source",
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// `out[t·n_out + r] = y(t, r)` for tokens `t in 0..n_tok` (n_tok = `s.len()`), with
+    /// `xq` the `n_tok × n_in` int8 activations (row-major per token) and `s` their scales
+    /// from [`crate::act::quantize_i8`]. Rows are split over the pool's threads.
+    pub fn matmul(
+        &self,
+        xq: &[i8],
+        s: &[f32],
+        out: &mut [f32],
+        pool: &Pool,
+    ) -> Result<(), KernelError> {
+        self.matmul_with(kernels(), xq, s, out, pool)
+    }
+
+    /// [`Self::matmul`] on a chosen tier (tests and benchmarks); `None` if the CPU lacks it.
+    pub fn matmul_on(
+        &self,
+        isa: Isa,
+        xq: &[i8],
+        s: &[f32],
+        out: &mut [f32],
+        pool: &Pool,
+    ) -> Option<Result<(), KernelError>> {
+        kernels_for(isa).map(|k| self.matmul_with(k, xq, s, out, pool))
+    }
+
+    fn matmul_with(
+        &self,
+        kern: &Kernels,
+        xq: &[i8],
+        s: &[f32],
+        out: &mut [f32],
+        pool: &Pool,
+    ) -> Result<(), KernelError> {
+        let n_tok = s.len();
+        let nx = n_tok
+            .checked_mul(self.n_in)
+            .ok_or(KernelError::Overflow { what: "n_tok*n_in" })?;
+        let ny = n_tok.checked_mul(self.n_out).ok_or(KernelError::Overflow {
+            what: "n_tok*n_out",
+        })?;
+        if xq.len() != nx {
+            return Err(KernelError::ShapeMismatch {
+                what: "xq",
+                expected: nx,
+                got: xq.len(),
+            });
+        }
+        if out.len() != ny {
+            return Err(KernelError::ShapeMismatch {
+                what: "out",
+                expected: ny,
+                got: out.len(),
+            });
+        }
+        if n_tok == 0 || self.n_out == 0 {
+            return Ok(());
+        }
+        let p = Prepared::new(self.layout, xq, self.n_in, n_tok);
+        let bsum = self.block_sums(xq, n_tok);
+        let kernel = match self.layout {
+            TernaryLayout::I2S => kern.i2s,
+            TernaryLayout::Tq2_0 => kern.tq2,
+            TernaryLayout::Tq1_0 => kern.tq1,
+            TernaryLayout::BitNet32F16 => kern.bitnet32,
+            TernaryLayout::Split32WithSibling => kern.split32,
+            TernaryLayout::Qk256 => kern.qk256,
+        };
+        let outp = SharedMut::new(out);
+        let f = |rows: Range<usize>| {
+            self.rows_kernel(kernel, &p, &bsum, s, rows, &outp);
+        };
+        pool.for_rows(self.n_out, ROW_GRAIN, &f);
+        Ok(())
+    }
+
+    /// `Σ q` per token and scale block (`n_tok × nb`).
+    fn block_sums(&self, xq: &[i8], n_tok: usize) -> Vec<i32> {
+        let k = self.n_in;
+        let be = match self.layout {
+            TernaryLayout::I2S => k,
+            other => other.block_elems(),
+        };
+        let mut bs = Vec::with_capacity(n_tok * self.nb);
+        for t in 0..n_tok {
+            let x = &xq[t * k..(t + 1) * k];
+            for b in 0..self.nb {
+                let end = ((b + 1) * be).min(k);
+                bs.push(x[b * be..end].iter().map(|&q| i32::from(q)).sum());
+            }
+        }
+        bs
+    }
+
+    fn rows_kernel(
+        &self,
+        kernel: crate::dispatch::TernaryKernel,
+        p: &Prepared<'_>,
+        bsum: &[i32],
+        s: &[f32],
+        rows: Range<usize>,
+        out: &SharedMut<f32>,
+    ) {
+        let n_tok = s.len();
+        let nb = self.nb;
+        let off = self.layout.code_offset();
+        let mut raw = vec![0i32; TOKEN_TILE * nb];
+        for r in rows {
+            let w = self.row(r);
+            let mut t0 = 0;
+            while t0 < n_tok {
+                let nt = (n_tok - t0).min(TOKEN_TILE);
+                kernel(w, p, t0, nt, &mut raw[..nt * nb]);
+                for ti in 0..nt {
+                    let t = t0 + ti;
+                    let y = match self.scales {
+                        Scales::Tensor(beta) => {
+                            // y = ((T as f32) / s) · β
+                            let tt = raw[ti] - off * bsum[t];
+                            (tt as f32 / s[t]) * beta
+                        }
+                        _ => {
+                            // y = (Σ_b (T_b as f32) · d_b) / s, blocks in order
+                            let mut acc = 0f32;
+                            for b in 0..nb {
+                                let tb = raw[ti * nb + b] - off * bsum[t * nb + b];
+                                acc += tb as f32 * self.block_scale(r, b);
+                            }
+                            acc / s[t]
+                        }
+                    };
+                    // SAFETY: t < n_tok and r < n_out, so the index is < out.len(); each
+                    // (t, r) is written by exactly one chunk because row ranges are disjoint.
+                    unsafe { out.write(t * self.n_out + r, y) };
+                }
+                t0 += nt;
+            }
+        }
+    }
+}
+
+/// Rows per work unit handed to the pool (a multiple of every SIMD row tile).
+pub const ROW_GRAIN: usize = 8;
+
+/// The exact-size candidates for a type-36 tensor: (layout, expected bytes, fits).
+pub fn detect_candidates(
+    n_out: usize,
+    n_in: usize,
+    available: usize,
+    alignment: usize,
+    sibling: Option<&[u8]>,
+) -> Vec<(TernaryLayout, usize, bool)> {
+    let align = alignment.max(1);
+    let fits = |expected: usize| {
+        let up = expected.div_ceil(align).saturating_mul(align);
+        expected <= available && available <= up
+    };
+    let n = n_out.saturating_mul(n_in);
+    let mut v = Vec::new();
+    for layout in [
+        TernaryLayout::I2S,
+        TernaryLayout::Qk256,
+        TernaryLayout::Split32WithSibling,
+        TernaryLayout::BitNet32F16,
+    ] {
+        let expected = match layout {
+            TernaryLayout::I2S => (n / 4).saturating_add(i2s::TAIL_BYTES),
+            TernaryLayout::Qk256 => n_out.saturating_mul(n_in.div_ceil(256) * 64),
+            TernaryLayout::Split32WithSibling => n.div_ceil(32).saturating_mul(8),
+            _ => n.div_ceil(32).saturating_mul(10),
+        };
+        let k_ok = layout.check_k(n_in).is_ok();
+        let sib_ok = match (layout, sibling) {
+            (TernaryLayout::Split32WithSibling, Some(b)) => {
+                ExternalScales::from_exact_len(b, n_out.saturating_mul(n_in / 32)).is_some()
+            }
+            (TernaryLayout::Split32WithSibling, None) => false,
+            (TernaryLayout::Qk256, Some(b)) => {
+                ExternalScales::from_exact_len(b, n_out.saturating_mul(n_in.div_ceil(256)))
+                    .is_some()
+            }
+            _ => true,
+        };
+        v.push((layout, expected, k_ok && sib_ok && fits(expected)));
+    }
+    v
+}
