@@ -1,1 +1,18 @@
+//! BitNet b1.58 model: validated config, one tensor-name table, weight binding over the GGUF
+//! map, KV cache and the forward pass (MODEL.md).
 #![forbid(unsafe_code)]
+
+mod attention;
+pub mod config;
+mod error;
+mod exact;
+pub mod kv_cache;
+pub mod model;
+pub mod names;
+pub mod numerics;
+
+pub use config::{Activation, Config};
+pub use error::{ModelError, Result};
+pub use kv_cache::{KvCache, KvType};
+pub use model::{Exec, Layer, Model, Outputs, TraceEvent};
+pub use numerics::Numerics;

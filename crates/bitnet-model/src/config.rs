@@ -1,0 +1,216 @@
+//! Hyperparameters: built once from GGUF metadata and validated before anything is allocated.
+
+use bitnet_gguf::{GgufError, Metadata};
+
+use crate::error::{ModelError, Result};
+
+/// Upper bounds that keep a hostile file from asking for absurd work or memory.
+pub const MAX_LAYERS: usize = 512;
+pub const MAX_EMBD: usize = 1 << 16;
+pub const MAX_FF: usize = 1 << 18;
+pub const MAX_HEADS: usize = 1024;
+pub const MAX_VOCAB: usize = 1 << 22;
+pub const MAX_CTX: usize = 1 << 20;
+
+/// The FFN activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `relu(gate)^2 * up` (BitNet b1.58 2B-4T).
+    Relu2,
+    /// `silu(gate) * up` (1bitLLM `bitnet` models).
+    Silu,
+}
+
+/// Validated model hyperparameters (names sort together: `n_embd`, `n_head`, `n_head_kv`, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub arch: String,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_ff: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub n_rot: usize,
+    pub head_dim: usize,
+    pub rms_eps: f32,
+    pub rope_freq_base: f32,
+    pub activation: Activation,
+}
+
+fn bad(key: &str, value: impl ToString, why: &'static str) -> ModelError {
+    ModelError::BadHparam {
+        key: key.to_string(),
+        value: value.to_string(),
+        why,
+    }
+}
+
+/// Read a non-negative integer key of any integer type and bound it to `1..=max`.
+fn count(md: &Metadata, key: &str, max: usize) -> Result<usize> {
+    let v = md.get_uint(key)?;
+    let n = usize::try_from(v).map_err(|_| bad(key, v, "does not fit in usize"))?;
+    if n == 0 {
+        return Err(bad(key, n, "must be at least 1"));
+    }
+    if n > max {
+        return Err(bad(key, n, "exceeds the supported maximum"));
+    }
+    Ok(n)
+}
+
+fn opt_count(md: &Metadata, key: &str, max: usize) -> Result<Option<usize>> {
+    if md.get(key).is_none() {
+        return Ok(None);
+    }
+    count(md, key, max).map(Some)
+}
+
+fn opt_f32(md: &Metadata, key: &str) -> Result<Option<f32>> {
+    match md.get(key) {
+        None => Ok(None),
+        Some(_) => Ok(Some(md.get_f32(key)?)),
+    }
+}
+
+impl Config {
+    /// Build and validate the config. `n_vocab_from_embd` is the row count of `token_embd`
+    /// (the authority when `<arch>.vocab_size` is absent).
+    pub fn from_metadata(md: &Metadata, n_vocab_from_embd: Option<u64>) -> Result<Self> {
+        let arch = match md.get_str("general.architecture") {
+            Ok(a) => a.to_string(),
+            Err(GgufError::MissingKey { .. }) => {
+                return Err(ModelError::MissingArch("general.architecture"))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let default_act = match arch.as_str() {
+            "bitnet-b1.58" | "bitnet-25" => Activation::Relu2,
+            "bitnet" => Activation::Silu,
+            _ => return Err(ModelError::UnsupportedArch(arch)),
+        };
+        let k = |s: &str| format!("{arch}.{s}");
+
+        let n_embd = count(md, &k("embedding_length"), MAX_EMBD)?;
+        let n_layer = count(md, &k("block_count"), MAX_LAYERS)?;
+        let n_ff = count(md, &k("feed_forward_length"), MAX_FF)?;
+        let n_head = count(md, &k("attention.head_count"), MAX_HEADS)?;
+        let n_head_kv = opt_count(md, &k("attention.head_count_kv"), MAX_HEADS)?.unwrap_or(n_head);
+        let n_ctx_train = count(md, &k("context_length"), MAX_CTX)?;
+
+        if n_embd % n_head != 0 {
+            return Err(bad(
+                &k("embedding_length"),
+                n_embd,
+                "not a multiple of head_count",
+            ));
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(bad(
+                &k("attention.head_count_kv"),
+                n_head_kv,
+                "does not divide head_count",
+            ));
+        }
+        let head_dim = n_embd / n_head;
+        let n_rot = opt_count(md, &k("rope.dimension_count"), MAX_EMBD)?.unwrap_or(head_dim);
+        if n_rot % 2 != 0 || n_rot > head_dim {
+            return Err(bad(
+                &k("rope.dimension_count"),
+                n_rot,
+                "must be even and at most head_dim",
+            ));
+        }
+        if head_dim % 2 != 0 {
+            return Err(bad(
+                &k("embedding_length"),
+                n_embd,
+                "head dimension must be even",
+            ));
+        }
+
+        let eps_key = k("attention.layer_norm_rms_epsilon");
+        let rms_eps = md.get_f32(&eps_key)?;
+        if !(rms_eps.is_finite() && rms_eps > 0.0) {
+            return Err(bad(&eps_key, rms_eps, "must be finite and > 0"));
+        }
+        let base_key = k("rope.freq_base");
+        let rope_freq_base = opt_f32(md, &base_key)?.unwrap_or(10000.0);
+        if !(rope_freq_base.is_finite() && rope_freq_base > 0.0) {
+            return Err(bad(&base_key, rope_freq_base, "must be finite and > 0"));
+        }
+
+        let n_vocab = match (
+            opt_count(md, &k("vocab_size"), MAX_VOCAB)?,
+            n_vocab_from_embd,
+        ) {
+            (Some(v), Some(e)) if u64::try_from(v).ok() != Some(e) => {
+                return Err(bad(&k("vocab_size"), v, "disagrees with token_embd rows"))
+            }
+            (Some(v), _) => v,
+            (None, Some(e)) => {
+                let n = usize::try_from(e).map_err(|_| bad("token_embd rows", e, "too large"))?;
+                if n == 0 || n > MAX_VOCAB {
+                    return Err(bad("token_embd rows", n, "out of range"));
+                }
+                n
+            }
+            (None, None) => return Err(bad(&k("vocab_size"), "missing", "no vocabulary size")),
+        };
+
+        let activation = activation_from_metadata(md, &arch)?.unwrap_or(default_act);
+
+        Ok(Config {
+            arch,
+            n_vocab,
+            n_ctx_train,
+            n_embd,
+            n_layer,
+            n_ff,
+            n_head,
+            n_head_kv,
+            n_rot,
+            head_dim,
+            rms_eps,
+            rope_freq_base,
+            activation,
+        })
+    }
+
+    /// Width of K and V rows (`n_head_kv * head_dim`).
+    pub fn n_embd_kv(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+
+    /// Query heads per KV head.
+    pub fn n_gqa(&self) -> usize {
+        self.n_head / self.n_head_kv
+    }
+
+    /// Bytes of KV cache for `n_ctx` positions at `bytes_per_elem`, checked.
+    pub fn kv_cache_bytes(&self, n_ctx: usize, bytes_per_elem: usize) -> Result<u64> {
+        [self.n_layer, n_ctx, self.n_embd_kv(), 2, bytes_per_elem]
+            .iter()
+            .try_fold(1u64, |acc, &x| acc.checked_mul(u64::try_from(x).ok()?))
+            .ok_or(ModelError::Overflow("KV cache size"))
+    }
+}
+
+/// Honour a `hidden_act`-style key when a file carries one.
+fn activation_from_metadata(md: &Metadata, arch: &str) -> Result<Option<Activation>> {
+    for key in [
+        format!("{arch}.hidden_act"),
+        format!("{arch}.feed_forward_activation"),
+    ] {
+        if md.get(&key).is_some() {
+            let s = md.get_str(&key)?;
+            return match s.to_ascii_lowercase().as_str() {
+                "relu2" | "relu_squared" | "relu²" | "squared_relu" => Ok(Some(Activation::Relu2)),
+                "silu" | "swish" => Ok(Some(Activation::Silu)),
+                _ => Err(ModelError::UnknownActivation(s.to_string())),
+            };
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,58 @@
+//! Typed errors of model loading and evaluation.
+
+use thiserror::Error;
+
+/// Everything that can go wrong between a parsed GGUF file and logits.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] bitnet_gguf::GgufError),
+    #[error(transparent)]
+    Kernel(#[from] bitnet_kernels::KernelError),
+    #[error("unsupported architecture '{0}' (supported: bitnet-b1.58, bitnet-25, bitnet)")]
+    UnsupportedArch(String),
+    #[error("metadata key '{0}' is missing (general.architecture is required)")]
+    MissingArch(&'static str),
+    #[error("invalid hyperparameter {key} = {value}: {why}")]
+    BadHparam {
+        key: String,
+        value: String,
+        why: &'static str,
+    },
+    #[error("unknown activation '{0}' (known: relu2, silu)")]
+    UnknownActivation(String),
+    #[error("tensor '{0}' is missing")]
+    MissingTensor(String),
+    #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
+    WrongShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    #[error("tensor '{name}' has type {found}, expected one of: {expected}")]
+    WrongType {
+        name: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("tensor '{name}' holds a non-finite value at index {index}")]
+    NonFinite { name: String, index: usize },
+    #[error("unexpected tensor '{0}' (not part of this architecture)")]
+    UnexpectedTensor(String),
+    #[error("token id {id} is out of range (vocabulary has {n_vocab} tokens)")]
+    TokenOutOfRange { id: u32, n_vocab: usize },
+    #[error("context is full: {needed} positions needed, the cache holds {n_ctx}")]
+    ContextFull { needed: usize, n_ctx: usize },
+    #[error("empty batch")]
+    EmptyBatch,
+    #[error("memory budget exceeded: {what} needs {needed} bytes, the budget is {budget} bytes")]
+    OverBudget {
+        what: &'static str,
+        needed: u64,
+        budget: u64,
+    },
+    #[error("size overflow computing {0}")]
+    Overflow(&'static str),
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

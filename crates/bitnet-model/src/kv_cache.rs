@@ -1,0 +1,208 @@
+//! Per-sequence KV cache: for each layer, K and V rows of `n_embd_kv` values per position.
+//!
+//! Layout: `k[layer]` is `[n_ctx][n_embd_kv]` row-major (position-major), same for `v`.
+//! Element type f32 or f16 (`--kv-cache f16` halves the memory; exact numerics requires f16,
+//! which is what bitnet.cpp stores).
+
+use half::f16;
+
+use crate::{Config, ModelError, Result};
+
+/// Element type of the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    F32,
+    #[default]
+    F16,
+}
+
+impl KvType {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            _ => Err(format!("unknown KV cache type '{s}' (f32|f16)")),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Store {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Store {
+    fn new(ty: KvType, n: usize) -> Result<Self> {
+        let over = |_| ModelError::OverBudget {
+            what: "KV cache",
+            needed: u64::try_from(n.saturating_mul(ty.bytes())).unwrap_or(u64::MAX),
+            budget: 0,
+        };
+        Ok(match ty {
+            KvType::F32 => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(n).map_err(over)?;
+                v.resize(n, 0.0);
+                Store::F32(v)
+            }
+            KvType::F16 => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(n).map_err(over)?;
+                v.resize(n, f16::ZERO);
+                Store::F16(v)
+            }
+        })
+    }
+
+    fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+            Store::F16(v) => {
+                for (d, &s) in v[at..at + src.len()].iter_mut().zip(src) {
+                    *d = f16::from_f32(s);
+                }
+            }
+        }
+    }
+
+    fn read(&self, at: usize, dst: &mut [f32]) {
+        match self {
+            Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
+            Store::F16(v) => {
+                let n = dst.len();
+                for (d, s) in dst.iter_mut().zip(&v[at..at + n]) {
+                    *d = s.to_f32();
+                }
+            }
+        }
+    }
+}
+
+/// The KV cache of one sequence.
+#[derive(Debug)]
+pub struct KvCache {
+    ty: KvType,
+    n_ctx: usize,
+    n_embd_kv: usize,
+    len: usize,
+    /// per layer: `[n_ctx][n_embd_kv]`
+    k: Vec<Store>,
+    /// per layer: `[n_ctx][n_embd_kv]`
+    v: Vec<Store>,
+}
+
+impl KvCache {
+    /// Allocate a cache for `n_ctx` positions; refuses (before allocating) when it would
+    /// exceed `budget_bytes`.
+    pub fn new(config: &Config, n_ctx: usize, ty: KvType, budget_bytes: u64) -> Result<Self> {
+        if n_ctx == 0 {
+            return Err(ModelError::BadHparam {
+                key: "n_ctx".into(),
+                value: "0".into(),
+                why: "must be at least 1",
+            });
+        }
+        let needed = config.kv_cache_bytes(n_ctx, ty.bytes())?;
+        if needed > budget_bytes {
+            return Err(ModelError::OverBudget {
+                what: "KV cache",
+                needed,
+                budget: budget_bytes,
+            });
+        }
+        let per_layer = n_ctx
+            .checked_mul(config.n_embd_kv())
+            .ok_or(ModelError::Overflow("KV cache size"))?;
+        let mut k = Vec::with_capacity(config.n_layer);
+        let mut v = Vec::with_capacity(config.n_layer);
+        for _ in 0..config.n_layer {
+            k.push(Store::new(ty, per_layer)?);
+            v.push(Store::new(ty, per_layer)?);
+        }
+        Ok(KvCache {
+            ty,
+            n_ctx,
+            n_embd_kv: config.n_embd_kv(),
+            len: 0,
+            k,
+            v,
+        })
+    }
+
+    /// Positions filled so far (the position of the next token).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.ty
+    }
+
+    /// Forget every position (reuse the allocation).
+    pub fn reset(&mut self) {
+        self.len = 0;
+    }
+
+    /// Drop positions `n..` (keep a common prefix).
+    pub fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n);
+    }
+
+    /// Bytes held.
+    pub fn nbytes(&self) -> usize {
+        2 * self.k.len() * self.n_ctx * self.n_embd_kv * self.ty.bytes()
+    }
+
+    pub(crate) fn check_room(&self, n_new: usize) -> Result<()> {
+        let needed = self
+            .len
+            .checked_add(n_new)
+            .ok_or(ModelError::Overflow("positions"))?;
+        if needed > self.n_ctx {
+            return Err(ModelError::ContextFull {
+                needed,
+                n_ctx: self.n_ctx,
+            });
+        }
+        Ok(())
+    }
+
+    /// Store K and V rows (`rows * n_embd_kv` values each) at positions `pos..`.
+    pub(crate) fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let at = pos * self.n_embd_kv;
+        self.k[layer].write(at, k);
+        self.v[layer].write(at, v);
+    }
+
+    /// Read K and V for positions `0..n` of one layer as f32 (`[n][n_embd_kv]`).
+    pub(crate) fn read(&self, layer: usize, n: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) {
+        let len = n * self.n_embd_kv;
+        k.resize(len, 0.0);
+        v.resize(len, 0.0);
+        self.k[layer].read(0, k);
+        self.v[layer].read(0, v);
+    }
+
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+}

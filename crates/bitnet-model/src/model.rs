@@ -1,0 +1,503 @@
+//! Weight binding and the forward pass.
+
+use std::borrow::Cow;
+
+use bitnet_gguf::{GgmlType, GgufFile, TensorInfo};
+use bitnet_kernels::{act, Pool, RowMatrix, RowType, TernaryLayout, TernaryMatrix};
+
+use crate::config::{Activation, Config};
+use crate::kv_cache::{KvCache, KvType};
+use crate::names::{self, LayerTensor};
+use crate::numerics::{self, Numerics, RopeRow};
+use crate::{ModelError, Result};
+
+/// One transformer block's weights (ggml `ne` = (in, out); a ternary matrix is `[out][in]`).
+#[derive(Debug)]
+pub struct Layer<'a> {
+    /// [n_embd]
+    pub attn_norm: Vec<f32>,
+    /// [n_embd][n_embd]
+    pub wq: TernaryMatrix<'a>,
+    /// [n_embd_kv][n_embd]
+    pub wk: TernaryMatrix<'a>,
+    /// [n_embd_kv][n_embd]
+    pub wv: TernaryMatrix<'a>,
+    /// [n_embd]
+    pub attn_sub_norm: Vec<f32>,
+    /// [n_embd][n_embd]
+    pub wo: TernaryMatrix<'a>,
+    /// [n_embd]
+    pub ffn_norm: Vec<f32>,
+    /// [n_ff][n_embd]
+    pub w_gate: TernaryMatrix<'a>,
+    /// [n_ff][n_embd]
+    pub w_up: TernaryMatrix<'a>,
+    /// [n_ff]
+    pub ffn_sub_norm: Vec<f32>,
+    /// [n_embd][n_ff]
+    pub w_down: TernaryMatrix<'a>,
+}
+
+/// A loaded model: config, weights borrowed from the GGUF map, and run options.
+#[derive(Debug)]
+pub struct Model<'a> {
+    pub config: Config,
+    /// [n_vocab][n_embd] in its file format (F16 in the official file)
+    pub tok_embd: RowMatrix<'a>,
+    /// the LM head when it is not the tied embedding (`output.weight`, or a quantized copy)
+    pub output: Option<RowMatrix<'a>>,
+    /// [n_embd]
+    pub output_norm: Vec<f32>,
+    pub layers: Vec<Layer<'a>>,
+}
+
+/// Which positions of a batch produce logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outputs {
+    /// No logits (prompt prefix).
+    None,
+    /// Logits of the last position only.
+    Last,
+    /// Logits of every position.
+    All,
+}
+
+/// A named intermediate of the forward pass, for the trace hook.
+#[derive(Debug)]
+pub struct TraceEvent<'t> {
+    /// Step name, e.g. `attn_norm`, `q_rope`, `ffn_out`, `result_norm`.
+    pub name: &'static str,
+    /// Layer index, or `None` for global steps.
+    pub layer: Option<usize>,
+    /// Row-major `[rows][cols]` values.
+    pub data: &'t [f32],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// Everything a forward call needs besides the model and the cache.
+pub struct Exec<'p> {
+    pub pool: &'p Pool,
+    pub numerics: Numerics,
+    /// Called with every named intermediate when set.
+    pub trace: Option<&'p mut dyn FnMut(&TraceEvent<'_>)>,
+}
+
+impl std::fmt::Debug for Exec<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exec")
+            .field("threads", &self.pool.n_threads())
+            .field("numerics", &self.numerics)
+            .field("trace", &self.trace.is_some())
+            .finish()
+    }
+}
+
+impl Exec<'_> {
+    fn emit(&mut self, name: &'static str, layer: Option<usize>, data: &[f32], rows: usize) {
+        if let Some(t) = self.trace.as_mut() {
+            let cols = if rows == 0 { 0 } else { data.len() / rows };
+            t(&TraceEvent {
+                name,
+                layer,
+                data,
+                rows,
+                cols,
+            });
+        }
+    }
+}
+
+fn check_dims(t: &TensorInfo, expected: &[u64]) -> Result<()> {
+    if t.dims != expected {
+        return Err(ModelError::WrongShape {
+            name: t.name.clone(),
+            expected: expected.to_vec(),
+            found: t.dims.clone(),
+        });
+    }
+    Ok(())
+}
+
+fn require<'f>(file: &'f GgufFile, name: &str) -> Result<&'f TensorInfo> {
+    file.tensor(name)
+        .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
+}
+
+/// An F32 vector (norm weights), copied out of the map and checked for NaN/Inf.
+fn bind_f32(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+    let t = require(file, name)?;
+    check_dims(t, &[len as u64])?;
+    if t.ggml_type != GgmlType::F32 {
+        return Err(ModelError::WrongType {
+            name: name.to_string(),
+            expected: "F32",
+            found: t.ggml_type.name().to_string(),
+        });
+    }
+    let bytes = file.tensor_data(t)?;
+    let v: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    if let Some(index) = v.iter().position(|x| !x.is_finite()) {
+        return Err(ModelError::NonFinite {
+            name: name.to_string(),
+            index,
+        });
+    }
+    Ok(v)
+}
+
+fn bind_ternary<'a>(
+    file: &'a GgufFile,
+    name: &str,
+    n_in: usize,
+    n_out: usize,
+) -> Result<TernaryMatrix<'a>> {
+    let t = require(file, name)?;
+    check_dims(t, &[n_in as u64, n_out as u64])?;
+    let sibling = names::sibling_scale_names(name)
+        .iter()
+        .find_map(|s| file.tensor(s))
+        .map(|s| file.tensor_bytes(s))
+        .transpose()?;
+    let m = match t.ggml_type {
+        GgmlType::I2S => {
+            let alignment =
+                usize::try_from(file.alignment()).map_err(|_| ModelError::Overflow("alignment"))?;
+            TernaryMatrix::detect_type36(
+                name,
+                n_out,
+                n_in,
+                file.tensor_bytes(t)?,
+                alignment,
+                sibling,
+            )?
+        }
+        GgmlType::TQ2_0 => TernaryMatrix::new(
+            TernaryLayout::Tq2_0,
+            n_out,
+            n_in,
+            file.tensor_data(t)?,
+            None,
+        )?,
+        GgmlType::TQ1_0 => TernaryMatrix::new(
+            TernaryLayout::Tq1_0,
+            n_out,
+            n_in,
+            file.tensor_data(t)?,
+            None,
+        )?,
+        other => {
+            return Err(ModelError::WrongType {
+                name: name.to_string(),
+                expected: "I2_S, TQ2_0 or TQ1_0",
+                found: other.name().to_string(),
+            })
+        }
+    };
+    Ok(m)
+}
+
+fn row_type(t: &TensorInfo) -> Result<RowType> {
+    Ok(match t.ggml_type {
+        GgmlType::F32 => RowType::F32,
+        GgmlType::F16 => RowType::F16,
+        GgmlType::BF16 => RowType::BF16,
+        GgmlType::Q8_0 => RowType::Q8_0,
+        GgmlType::Q6K => RowType::Q6K,
+        GgmlType::Q4_0 => RowType::Q4_0,
+        other => {
+            return Err(ModelError::WrongType {
+                name: t.name.clone(),
+                expected: "F32, F16, BF16, Q8_0, Q6_K or Q4_0",
+                found: other.name().to_string(),
+            })
+        }
+    })
+}
+
+fn bind_rows<'a>(
+    file: &'a GgufFile,
+    t: &TensorInfo,
+    rows: usize,
+    cols: usize,
+) -> Result<RowMatrix<'a>> {
+    check_dims(t, &[cols as u64, rows as u64])?;
+    let ty = row_type(t)?;
+    Ok(RowMatrix::new(
+        ty,
+        rows,
+        cols,
+        Cow::Borrowed(file.tensor_data(t)?),
+    )?)
+}
+
+impl<'a> Model<'a> {
+    /// Validate the config and bind every tensor (no weight is copied or dequantized, only
+    /// the small F32 norm vectors are).
+    pub fn load(file: &'a GgufFile) -> Result<Self> {
+        let embd = require(file, names::TOKEN_EMBD)?;
+        let vocab_rows = embd.dims.get(1).copied();
+        let config = Config::from_metadata(file.metadata(), vocab_rows)?;
+        let c = &config;
+        let tok_embd = bind_rows(file, embd, c.n_vocab, c.n_embd)?;
+        let output = match file.tensor(names::OUTPUT) {
+            Some(t) => Some(bind_rows(file, t, c.n_vocab, c.n_embd)?),
+            None => None,
+        };
+        let output_norm = bind_f32(file, names::OUTPUT_NORM, c.n_embd)?;
+        let mut layers = Vec::with_capacity(c.n_layer);
+        for il in 0..c.n_layer {
+            let n = |t: LayerTensor| t.name(il);
+            let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
+            layers.push(Layer {
+                attn_norm: bind_f32(file, &n(LayerTensor::AttnNorm), e)?,
+                wq: bind_ternary(file, &n(LayerTensor::AttnQ), e, e)?,
+                wk: bind_ternary(file, &n(LayerTensor::AttnK), e, kv)?,
+                wv: bind_ternary(file, &n(LayerTensor::AttnV), e, kv)?,
+                attn_sub_norm: bind_f32(file, &n(LayerTensor::AttnSubNorm), e)?,
+                wo: bind_ternary(file, &n(LayerTensor::AttnOutput), e, e)?,
+                ffn_norm: bind_f32(file, &n(LayerTensor::FfnNorm), e)?,
+                w_gate: bind_ternary(file, &n(LayerTensor::FfnGate), e, ff)?,
+                w_up: bind_ternary(file, &n(LayerTensor::FfnUp), e, ff)?,
+                ffn_sub_norm: bind_f32(file, &n(LayerTensor::FfnSubNorm), ff)?,
+                w_down: bind_ternary(file, &n(LayerTensor::FfnDown), ff, e)?,
+            });
+        }
+        // A block beyond block_count means the metadata disagrees with the tensors.
+        let extra = format!("blk.{}.", c.n_layer);
+        if let Some(t) = file.tensors().iter().find(|t| t.name.starts_with(&extra)) {
+            return Err(ModelError::UnexpectedTensor(t.name.clone()));
+        }
+        Ok(Model {
+            config,
+            tok_embd,
+            output,
+            output_norm,
+            layers,
+        })
+    }
+
+    /// A KV cache for this model.
+    pub fn new_cache(&self, n_ctx: usize, ty: KvType, budget_bytes: u64) -> Result<KvCache> {
+        KvCache::new(&self.config, n_ctx, ty, budget_bytes)
+    }
+
+    /// The matrix that produces logits: `output.weight` if present, else the tied embedding.
+    pub fn lm_head(&self) -> &RowMatrix<'a> {
+        self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+
+    /// Replace the LM head (e.g. with a quantized copy of the embedding).
+    pub fn set_lm_head(&mut self, m: RowMatrix<'a>) {
+        self.output = Some(m);
+    }
+
+    /// Weight bytes read per generated token (every projection and the LM head).
+    pub fn bytes_per_token(&self) -> usize {
+        let proj: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .iter()
+                    .map(|m| m.nbytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        proj + self.lm_head().nbytes()
+    }
+
+    /// Evaluate `tokens` at positions `cache.len()..` and append their K/V to the cache.
+    /// Returns logits `[rows][n_vocab]` for the rows `outputs` asks for.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        outputs: Outputs,
+        exec: &mut Exec<'_>,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::EmptyBatch);
+        }
+        if let Some(&id) = tokens
+            .iter()
+            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= c.n_vocab))
+        {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                n_vocab: c.n_vocab,
+            });
+        }
+        cache.check_room(n)?;
+        let pos0 = cache.len();
+        let ropes: Vec<RopeRow> = (pos0..pos0 + n)
+            .map(|p| numerics::rope_row(p, c.n_rot, c.rope_freq_base))
+            .collect();
+
+        // 1. h = E[token]                                  [n][n_embd]
+        let mut h = vec![0.0f32; n * c.n_embd];
+        for (row, &t) in h.chunks_exact_mut(c.n_embd).zip(tokens) {
+            self.tok_embd.dequantize_row(t as usize, row)?;
+        }
+        exec.emit("inp_embd", None, &h, n);
+
+        for (il, layer) in self.layers.iter().enumerate() {
+            self.block(il, layer, &mut h, &ropes, cache, exec)?;
+        }
+        cache.advance(n);
+
+        // logits = E · RMS(h, output_norm)
+        let rows: Vec<usize> = match outputs {
+            Outputs::None => return Ok(Vec::new()),
+            Outputs::Last => vec![n - 1],
+            Outputs::All => (0..n).collect(),
+        };
+        let mut hn = vec![0.0f32; rows.len() * c.n_embd];
+        for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(&rows) {
+            numerics::rms_norm(
+                &h[r * c.n_embd..(r + 1) * c.n_embd],
+                &self.output_norm,
+                c.rms_eps,
+                dst,
+            );
+        }
+        exec.emit("result_norm", None, &hn, rows.len());
+        let logits = self.lm_head_logits(&hn, rows.len(), exec)?;
+        exec.emit("result_output", None, &logits, rows.len());
+        Ok(logits)
+    }
+
+    /// One transformer block, in place on `h` ([n][n_embd]).
+    fn block(
+        &self,
+        il: usize,
+        l: &Layer<'_>,
+        h: &mut [f32],
+        ropes: &[RopeRow],
+        cache: &mut KvCache,
+        exec: &mut Exec<'_>,
+    ) -> Result<()> {
+        let c = &self.config;
+        let n = ropes.len();
+        let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
+        let pos0 = cache.len();
+        let li = Some(il);
+
+        // 1. a = RMS(h, attn_norm)
+        let a = self.norm_rows(h, &l.attn_norm, e);
+        exec.emit("attn_norm", li, &a, n);
+        // 2. Q, K, V = Lin(Wq, a), Lin(Wk, a), Lin(Wv, a)
+        let (xq, s) = quantize_rows(&a, e);
+        let mut q = self.lin(&l.wq, &xq, &s, n, exec)?;
+        let mut k = self.lin(&l.wk, &xq, &s, n, exec)?;
+        let v = self.lin(&l.wv, &xq, &s, n, exec)?;
+        exec.emit("Qcur", li, &q, n);
+        exec.emit("Kcur", li, &k, n);
+        exec.emit("Vcur", li, &v, n);
+        // 3. Q, K = RoPE_NEOX(Q, pos), RoPE_NEOX(K, pos)
+        for (t, rope) in ropes.iter().enumerate() {
+            for head in q[t * e..(t + 1) * e].chunks_exact_mut(c.head_dim) {
+                numerics::rope_neox(&mut head[..c.n_rot], rope, exec.numerics);
+            }
+            for head in k[t * kv..(t + 1) * kv].chunks_exact_mut(c.head_dim) {
+                numerics::rope_neox(&mut head[..c.n_rot], rope, exec.numerics);
+            }
+        }
+        exec.emit("q_rope", li, &q, n);
+        exec.emit("k_rope", li, &k, n);
+        // 4. O = Attn(Q, K, V) over the cache (causal, GQA)
+        cache.store(il, pos0, &k, &v);
+        let o = crate::attention::attend(c, &q, cache, il, pos0, n, exec.numerics);
+        exec.emit("kqv_out", li, &o, n);
+        // 5. O = RMS(O, attn_sub_norm)
+        let o = self.norm_rows(&o, &l.attn_sub_norm, e);
+        exec.emit("attn_sub_norm", li, &o, n);
+        // 6. h = h + Lin(Wo, O)
+        let (xq, s) = quantize_rows(&o, e);
+        let attn_out = self.lin(&l.wo, &xq, &s, n, exec)?;
+        add_in_place(h, &attn_out);
+        exec.emit("ffn_inp", li, h, n);
+        // 7. f = RMS(h, ffn_norm)
+        let f = self.norm_rows(h, &l.ffn_norm, e);
+        exec.emit("ffn_norm", li, &f, n);
+        // 8. g = act(Lin(Wgate, f)) * Lin(Wup, f)
+        let (xq, s) = quantize_rows(&f, e);
+        let mut g = self.lin(&l.w_gate, &xq, &s, n, exec)?;
+        let up = self.lin(&l.w_up, &xq, &s, n, exec)?;
+        match c.activation {
+            Activation::Relu2 => g.iter_mut().zip(&up).for_each(|(g, &u)| {
+                let r = g.max(0.0);
+                *g = (r * r) * u;
+            }),
+            Activation::Silu => g.iter_mut().zip(&up).for_each(|(g, &u)| {
+                *g = (*g / (1.0 + (-*g).exp())) * u;
+            }),
+        }
+        exec.emit("ffn_act", li, &g, n);
+        // 9. g = RMS(g, ffn_sub_norm)
+        let g = self.norm_rows(&g, &l.ffn_sub_norm, ff);
+        exec.emit("ffn_sub_norm", li, &g, n);
+        // 10. h = h + Lin(Wdown, g)
+        let (xq, s) = quantize_rows(&g, ff);
+        let down = self.lin(&l.w_down, &xq, &s, n, exec)?;
+        add_in_place(h, &down);
+        exec.emit("l_out", li, h, n);
+        Ok(())
+    }
+
+    fn norm_rows(&self, x: &[f32], w: &[f32], width: usize) -> Vec<f32> {
+        let mut y = vec![0.0f32; x.len()];
+        for (src, dst) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)) {
+            numerics::rms_norm(src, w, self.config.rms_eps, dst);
+        }
+        y
+    }
+
+    /// `Lin(W, x)`: the ternary matmul over int8 activations (FORMATS.md §1).
+    fn lin(
+        &self,
+        w: &TernaryMatrix<'_>,
+        xq: &[i8],
+        s: &[f32],
+        n: usize,
+        exec: &Exec<'_>,
+    ) -> Result<Vec<f32>> {
+        let mut out = vec![0.0f32; n * w.n_out()];
+        w.matmul(xq, s, &mut out, exec.pool)?;
+        Ok(out)
+    }
+
+    /// Logits for `rows` normed hidden states.
+    fn lm_head_logits(&self, hn: &[f32], rows: usize, exec: &Exec<'_>) -> Result<Vec<f32>> {
+        let head = self.lm_head();
+        let n_vocab = self.config.n_vocab;
+        let mut logits = vec![0.0f32; rows * n_vocab];
+        match exec.numerics {
+            Numerics::Fast => head.matmul_f32(hn, &mut logits, exec.pool)?,
+            Numerics::Exact => crate::exact::lm_head(head, hn, rows, &mut logits)?,
+        }
+        Ok(logits)
+    }
+}
+
+/// Per-token int8 quantization of `[n][width]` activations: (codes, scales).
+fn quantize_rows(x: &[f32], width: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut q = vec![0i8; x.len()];
+    let s = x
+        .chunks_exact(width)
+        .zip(q.chunks_exact_mut(width))
+        .map(|(row, qr)| act::quantize_i8(row, qr))
+        .collect();
+    (q, s)
+}
+
+fn add_in_place(h: &mut [f32], d: &[f32]) {
+    for (a, b) in h.iter_mut().zip(d) {
+        *a += b;
+    }
+}
