@@ -1,18 +1,665 @@
 //! AVX2 + FMA + F16C kernels.
+//!
+//! Ternary kernels multiply unsigned codes (u8, ≤ 4) by int8 activations with
+//! `_mm256_maddubs_epi16` (pairs → i16, |pair| ≤ 2·4·128 = 1024, never saturates), add at
+//! most four such i16 vectors (≤ 4096), widen to i32 with `_mm256_madd_epi16(·, 1)` and
+//! accumulate in i32. Results equal the scalar kernels exactly.
+//!
+//! ```text
+//! I2_S / TQ2_0 ("plane" layouts): 32 bytes w; plane l = (w >> 2l) & 3 holds 32 consecutive
+//!   elements, so plane l pairs with 32 consecutive activations:
+//!   I2_S   block 128: plane 3−l (bits 7−2l..6−2l) ↔ x[32l .. 32l+32]
+//!   TQ2_0  half  h:   plane l  (bits 2l..2l+1)   ↔ x[128h + 32l .. +32]
+//! sequential layouts (BitNet32F16, Split32, QK256): 32 bytes = 128 elements 4B+l at byte B,
+//!   plane l ↔ xp[32l .. 32l+32], xp the permuted activations (see ternary::Prepared)
+//! ```
+
+use std::arch::x86_64::*;
 
 use super::scalar;
 use crate::dispatch::{Isa, Kernels};
+use crate::layout::{seq32, tq1_0, tq2_0};
+use crate::ternary::Prepared;
 
 pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Avx2,
-    i2s: scalar::i2s,
-    tq2: scalar::tq2,
-    tq1: scalar::tq1,
-    bitnet32: scalar::bitnet32,
-    split32: scalar::split32,
-    qk256: scalar::qk256,
-    f16_dot_ggml: scalar::f16_dot_ggml,
-    f16_dot_tiny: scalar::f16_dot_tiny,
-    q8_0_dot: scalar::q8_0_dot,
-    f32_dot: scalar::f32_dot_lanes8,
+    i2s,
+    tq2,
+    tq1,
+    bitnet32,
+    split32,
+    qk256,
+    f16_dot_ggml,
+    f16_dot_tiny,
+    q8_0_dot,
+    f32_dot,
 };
+
+/// Dispatch a tile kernel over a const token count.
+macro_rules! tile {
+    ($f:ident, $nt:expr, $($arg:expr),*) => {
+        match $nt {
+            1 => $f::<1>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            _ => $f::<4>($($arg),*),
+        }
+    };
+}
+
+/// Sum of the 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Sum of the 4 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_i32_128(s: __m128i) -> i32 {
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// 32 bytes at `p[off..off+32]`.
+///
+/// # Safety
+/// `off + 32 <= p.len()` (checked in debug builds).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load32(p: &[u8], off: usize) -> __m256i {
+    debug_assert!(off + 32 <= p.len());
+    // SAFETY: in bounds by the caller's contract; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr().add(off).cast()) }
+}
+
+/// 32 int8 at `x[off..off+32]`.
+///
+/// # Safety
+/// `off + 32 <= x.len()` (checked in debug builds).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn loadx(x: &[i8], off: usize) -> __m256i {
+    debug_assert!(off + 32 <= x.len());
+    // SAFETY: in bounds by the caller's contract.
+    unsafe { _mm256_loadu_si256(x.as_ptr().add(off).cast()) }
+}
+
+// ---------------------------------------------------------------------------------------
+// I2_S
+
+fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    let k = p.k;
+    if k % 128 != 0 || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt {
+        return scalar::i2s(w_row, p, t0, nt, out);
+    }
+    // SAFETY: the table holding this function is only handed out after runtime detection of
+    // AVX2 (dispatch::kernels_for); lengths were checked above.
+    unsafe { tile!(i2s_tile, nt, w_row, p, t0, out) }
+}
+
+/// # Safety
+/// AVX2 available; `w_row.len() ≥ K/4`, tokens `t0..t0+NT` exist, `out.len() ≥ NT`.
+#[target_feature(enable = "avx2")]
+unsafe fn i2s_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, out: &mut [i32]) {
+    let k = p.k;
+    let m3 = _mm256_set1_epi8(3);
+    let m55 = _mm256_set1_epi8(0x55);
+    let ones = _mm256_set1_epi16(1);
+    let xs: [&[i8]; NT] = std::array::from_fn(|i| p.token(t0 + i));
+    let mut acc = [_mm256_setzero_si256(); NT];
+    let nblk = k / 128;
+    // Up to 4 blocks are summed in i16 (each block ≤ 4·2·2·128 = 2048 per lane → ≤ 8192).
+    let mut b = 0;
+    while b < nblk {
+        let span = (nblk - b).min(4);
+        let mut s16 = [_mm256_setzero_si256(); NT];
+        for bb in b..b + span {
+            // SAFETY: bb < K/128 so 32·bb + 32 ≤ K/4 ≤ w_row.len().
+            let mut w = unsafe { load32(w_row, 32 * bb) };
+            // Code 11 → 01 (value 0): w ^= (w & w>>1 & 0x55) << 1.
+            let both = _mm256_and_si256(_mm256_and_si256(w, _mm256_srli_epi16::<1>(w)), m55);
+            w = _mm256_xor_si256(w, _mm256_add_epi8(both, both));
+            let c0 = _mm256_and_si256(_mm256_srli_epi16::<6>(w), m3);
+            let c1 = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m3);
+            let c2 = _mm256_and_si256(_mm256_srli_epi16::<2>(w), m3);
+            let c3 = _mm256_and_si256(w, m3);
+            for (t, x) in xs.iter().enumerate() {
+                let o = 128 * bb;
+                // SAFETY: o + 128 ≤ K = x.len().
+                let (x0, x1, x2, x3) = unsafe {
+                    (
+                        loadx(x, o),
+                        loadx(x, o + 32),
+                        loadx(x, o + 64),
+                        loadx(x, o + 96),
+                    )
+                };
+                let a =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0), _mm256_maddubs_epi16(c1, x1));
+                let c =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(c2, x2), _mm256_maddubs_epi16(c3, x3));
+                s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(a, c));
+            }
+        }
+        for t in 0..NT {
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s16[t], ones));
+        }
+        b += span;
+    }
+    for t in 0..NT {
+        out[t] = hsum_i32(acc[t]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// TQ2_0
+
+fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    let k = p.k;
+    let nb = k / 256;
+    if k % 256 != 0
+        || w_row.len() < nb * tq2_0::BLOCK_BYTES
+        || p.x.len() < (t0 + nt) * k
+        || out.len() < nt * nb
+    {
+        return scalar::tq2(w_row, p, t0, nt, out);
+    }
+    // SAFETY: AVX2 detected before this table is used; lengths checked above.
+    unsafe { tile!(tq2_tile, nt, w_row, p, t0, out) }
+}
+
+/// # Safety
+/// AVX2 available; row holds K/256 blocks; tokens exist; `out.len() ≥ NT·K/256`.
+#[target_feature(enable = "avx2")]
+unsafe fn tq2_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, out: &mut [i32]) {
+    let nb = p.k / 256;
+    let m3 = _mm256_set1_epi8(3);
+    let ones = _mm256_set1_epi16(1);
+    let xs: [&[i8]; NT] = std::array::from_fn(|i| p.token(t0 + i));
+    for b in 0..nb {
+        let mut s16 = [_mm256_setzero_si256(); NT];
+        for h in 0..2 {
+            // SAFETY: b·66 + 32h + 32 ≤ 66·nb ≤ w_row.len().
+            let w = unsafe { load32(w_row, b * tq2_0::BLOCK_BYTES + 32 * h) };
+            let c = [
+                _mm256_and_si256(w, m3),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(w), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(w), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<6>(w), m3),
+            ];
+            for (t, x) in xs.iter().enumerate() {
+                let o = 256 * b + 128 * h;
+                // SAFETY: o + 128 ≤ K.
+                let (x0, x1, x2, x3) = unsafe {
+                    (
+                        loadx(x, o),
+                        loadx(x, o + 32),
+                        loadx(x, o + 64),
+                        loadx(x, o + 96),
+                    )
+                };
+                let a = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(c[0], x0),
+                    _mm256_maddubs_epi16(c[1], x1),
+                );
+                let d = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(c[2], x2),
+                    _mm256_maddubs_epi16(c[3], x3),
+                );
+                s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(a, d));
+            }
+        }
+        for t in 0..NT {
+            out[t * nb + b] = hsum_i32(_mm256_madd_epi16(s16[t], ones));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// TQ1_0
+
+/// Trits of 32 bytes for trit index n (premultiplied `v = b·3^n mod 256`):
+/// `((v·3) >> 8)` per byte, computed as mulhi_epu16(v placed in a high byte, 3).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn trit256(v: __m256i) -> __m256i {
+    let three = _mm256_set1_epi16(3);
+    let lo = _mm256_mulhi_epu16(_mm256_slli_epi16::<8>(v), three);
+    let hi = _mm256_mulhi_epu16(_mm256_and_si256(v, _mm256_set1_epi16(-256)), three);
+    _mm256_or_si256(lo, _mm256_slli_epi16::<8>(hi))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn trit128(v: __m128i) -> __m128i {
+    let three = _mm_set1_epi16(3);
+    let lo = _mm_mulhi_epu16(_mm_slli_epi16::<8>(v), three);
+    let hi = _mm_mulhi_epu16(_mm_and_si128(v, _mm_set1_epi16(-256)), three);
+    _mm_or_si128(lo, _mm_slli_epi16::<8>(hi))
+}
+
+/// `v·3 mod 256` per byte.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn times3_256(v: __m256i) -> __m256i {
+    _mm256_add_epi8(_mm256_add_epi8(v, v), v)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn times3_128(v: __m128i) -> __m128i {
+    _mm_add_epi8(_mm_add_epi8(v, v), v)
+}
+
+fn tq1(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    let k = p.k;
+    let nb = k / 256;
+    if k % 256 != 0
+        || w_row.len() < nb * tq1_0::BLOCK_BYTES
+        || p.x.len() < (t0 + nt) * k
+        || out.len() < nt * nb
+    {
+        return scalar::tq1(w_row, p, t0, nt, out);
+    }
+    // SAFETY: AVX2 detected before this table is used; lengths checked above.
+    unsafe { tile!(tq1_tile, nt, w_row, p, t0, out) }
+}
+
+/// # Safety
+/// AVX2 available; row holds K/256 blocks of 54 bytes; tokens exist; `out.len() ≥ NT·K/256`.
+#[target_feature(enable = "avx2")]
+unsafe fn tq1_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, out: &mut [i32]) {
+    let nb = p.k / 256;
+    let ones = _mm256_set1_epi16(1);
+    let ones128 = _mm_set1_epi16(1);
+    let xs: [&[i8]; NT] = std::array::from_fn(|i| p.token(t0 + i));
+    for b in 0..nb {
+        let base = b * tq1_0::BLOCK_BYTES;
+        let blk = &w_row[base..base + tq1_0::BLOCK_BYTES];
+        // SAFETY: 32 ≤ 54.
+        let mut v = unsafe { load32(blk, 0) };
+        // SAFETY: bytes 32..48 of the 54-byte block.
+        let mut v16 = unsafe { _mm_loadu_si128(blk.as_ptr().add(32).cast()) };
+        let mut tr = [_mm256_setzero_si256(); 5];
+        let mut tr16 = [_mm_setzero_si128(); 5];
+        for n in 0..5 {
+            if n > 0 {
+                v = times3_256(v);
+                v16 = times3_128(v16);
+            }
+            tr[n] = trit256(v);
+            tr16[n] = trit128(v16);
+        }
+        for (t, x) in xs.iter().enumerate() {
+            let o = 256 * b;
+            let mut s16 = _mm256_setzero_si256();
+            let mut s16b = _mm_setzero_si128();
+            for n in 0..5 {
+                // SAFETY: o + 32n + 32 ≤ o + 160 ≤ K; o + 160 + 16n + 16 ≤ o + 240.
+                let (xa, xb) = unsafe {
+                    (
+                        loadx(x, o + 32 * n),
+                        _mm_loadu_si128(x.as_ptr().add(o + 160 + 16 * n).cast()),
+                    )
+                };
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(tr[n], xa));
+                s16b = _mm_add_epi16(s16b, _mm_maddubs_epi16(tr16[n], xb));
+            }
+            let wide = _mm256_madd_epi16(s16, ones);
+            let narrow = _mm_madd_epi16(s16b, ones128);
+            let mut sum = hsum_i32(wide) + hsum_i32_128(narrow);
+            // Elements 240..256: 4 trits in each of qh[0..4] (scalar; 16 of 256 elements).
+            for j in 0..4 {
+                for n in 0..4 {
+                    let e = 240 + j + 4 * n;
+                    sum += i32::from(tq1_0::trit(blk[48 + j], n)) * i32::from(x[o + e]);
+                }
+            }
+            out[t * nb + b] = sum;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// BitNet32F16 / Split32WithSibling
+
+fn bitnet32(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    seq32_dispatch(
+        w_row,
+        seq32::INLINE_BLOCK_BYTES,
+        p,
+        t0,
+        nt,
+        out,
+        scalar::bitnet32,
+    );
+}
+
+fn split32(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    seq32_dispatch(w_row, seq32::PACKED_BYTES, p, t0, nt, out, scalar::split32);
+}
+
+fn seq32_dispatch(
+    w_row: &[u8],
+    stride: usize,
+    p: &Prepared<'_>,
+    t0: usize,
+    nt: usize,
+    out: &mut [i32],
+    fallback: crate::dispatch::TernaryKernel,
+) {
+    let k = p.k;
+    let nb = k / 32;
+    if k % 32 != 0
+        || w_row.len() < nb * stride
+        || p.kp < nb.div_ceil(4) * 128
+        || p.xp.len() < (t0 + nt) * p.kp
+        || out.len() < nt * nb
+    {
+        return fallback(w_row, p, t0, nt, out);
+    }
+    // SAFETY: AVX2 detected before this table is used; lengths checked above.
+    unsafe { tile!(seq32_tile, nt, w_row, stride, p, t0, out) }
+}
+
+/// # Safety
+/// AVX2 available; the row holds K/32 blocks of `stride` bytes (codes in the first 8);
+/// permuted tokens `t0..t0+NT` exist with `kp ≥ ceil(K/128)·128`; `out.len() ≥ NT·K/32`.
+#[target_feature(enable = "avx2")]
+unsafe fn seq32_tile<const NT: usize>(
+    w_row: &[u8],
+    stride: usize,
+    p: &Prepared<'_>,
+    t0: usize,
+    out: &mut [i32],
+) {
+    let nb = p.k / 32;
+    let m3 = _mm256_set1_epi8(3);
+    let ones = _mm256_set1_epi16(1);
+    let xs: [&[i8]; NT] = std::array::from_fn(|i| p.token_perm(t0 + i));
+    let mut g = 0;
+    while g < nb {
+        let nblk = (nb - g).min(4);
+        // 4 blocks' codes side by side: byte 8j+m = block g+j, byte m.
+        let mut buf = [0u8; 32];
+        for j in 0..nblk {
+            let s = (g + j) * stride;
+            buf[8 * j..8 * j + 8].copy_from_slice(&w_row[s..s + 8]);
+        }
+        // SAFETY: buf has 32 bytes.
+        let w = unsafe { load32(&buf, 0) };
+        let c = [
+            _mm256_and_si256(w, m3),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(w), m3),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(w), m3),
+            _mm256_and_si256(_mm256_srli_epi16::<6>(w), m3),
+        ];
+        for (t, x) in xs.iter().enumerate() {
+            let o = 32 * g; // = 128 · (g / 4)
+                            // SAFETY: o + 128 ≤ kp.
+            let (x0, x1, x2, x3) = unsafe {
+                (
+                    loadx(x, o),
+                    loadx(x, o + 32),
+                    loadx(x, o + 64),
+                    loadx(x, o + 96),
+                )
+            };
+            let a = _mm256_add_epi16(
+                _mm256_maddubs_epi16(c[0], x0),
+                _mm256_maddubs_epi16(c[1], x1),
+            );
+            let d = _mm256_add_epi16(
+                _mm256_maddubs_epi16(c[2], x2),
+                _mm256_maddubs_epi16(c[3], x3),
+            );
+            // i32 lanes 2j, 2j+1 belong to block j.
+            let s = _mm256_madd_epi16(_mm256_add_epi16(a, d), ones);
+            let mut lanes = [0i32; 8];
+            // SAFETY: lanes is 32 bytes.
+            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), s) };
+            for j in 0..nblk {
+                out[t * nb + g + j] = lanes[2 * j] + lanes[2 * j + 1];
+            }
+        }
+        g += nblk;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// QK256
+
+fn qk256(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    let nb = p.k.div_ceil(256);
+    if w_row.len() < nb * 64
+        || p.kp < nb * 256
+        || p.xp.len() < (t0 + nt) * p.kp
+        || out.len() < nt * nb
+    {
+        return scalar::qk256(w_row, p, t0, nt, out);
+    }
+    // SAFETY: AVX2 detected before this table is used; lengths checked above.
+    unsafe { tile!(qk256_tile, nt, w_row, p, t0, out) }
+}
+
+/// # Safety
+/// AVX2 available; the row holds ceil(K/256)·64 bytes; permuted tokens exist with
+/// `kp ≥ ceil(K/256)·256`; `out.len() ≥ NT·ceil(K/256)`.
+#[target_feature(enable = "avx2")]
+unsafe fn qk256_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, out: &mut [i32]) {
+    let nb = p.k.div_ceil(256);
+    let m3 = _mm256_set1_epi8(3);
+    let ones = _mm256_set1_epi16(1);
+    // u = c + (c >> 1): 0, 1, 3, 4.
+    let lut = _mm256_setr_epi8(
+        0, 1, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0,
+    );
+    let xs: [&[i8]; NT] = std::array::from_fn(|i| p.token_perm(t0 + i));
+    for b in 0..nb {
+        let mut s16 = [_mm256_setzero_si256(); NT];
+        for h in 0..2 {
+            // SAFETY: 64b + 32h + 32 ≤ 64·nb ≤ w_row.len().
+            let w = unsafe { load32(w_row, 64 * b + 32 * h) };
+            let c = [
+                _mm256_shuffle_epi8(lut, _mm256_and_si256(w, m3)),
+                _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<2>(w), m3)),
+                _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(w), m3)),
+                _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<6>(w), m3)),
+            ];
+            for (t, x) in xs.iter().enumerate() {
+                let o = 256 * b + 128 * h;
+                // SAFETY: o + 128 ≤ kp.
+                let (x0, x1, x2, x3) = unsafe {
+                    (
+                        loadx(x, o),
+                        loadx(x, o + 32),
+                        loadx(x, o + 64),
+                        loadx(x, o + 96),
+                    )
+                };
+                let a = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(c[0], x0),
+                    _mm256_maddubs_epi16(c[1], x1),
+                );
+                let d = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(c[2], x2),
+                    _mm256_maddubs_epi16(c[3], x3),
+                );
+                s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(a, d));
+            }
+        }
+        for t in 0..NT {
+            out[t * nb + b] = hsum_i32(_mm256_madd_epi16(s16[t], ones));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Float row dots (orders defined in simd::scalar)
+
+/// 8 f16 at `row[2i..2i+16]` as f32.
+///
+/// # Safety
+/// `2i + 16 <= row.len()`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn load_f16x8(row: &[u8], i: usize) -> __m256 {
+    debug_assert!(2 * i + 16 <= row.len());
+    // SAFETY: in bounds by the caller's contract.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(2 * i).cast())) }
+}
+
+/// # Safety
+/// `i + 8 <= x.len()`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load_f32x8(x: &[f32], i: usize) -> __m256 {
+    debug_assert!(i + 8 <= x.len());
+    // SAFETY: in bounds by the caller's contract.
+    unsafe { _mm256_loadu_ps(x.as_ptr().add(i)) }
+}
+
+/// (t0+t2)+(t1+t3) of t = lo + hi.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn reduce8_tiny(a: __m256) -> f32 {
+    let t = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    // [t0+t2, t1+t3, ..]
+    let u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps::<0b01>(u, u)))
+}
+
+fn f16_dot_ggml(row: &[u8], x: &[f32]) -> f32 {
+    if row.len() < 2 * x.len() {
+        return scalar::f16_dot_ggml(row, x);
+    }
+    // SAFETY: AVX2+FMA+F16C detected before this table is used; length checked.
+    unsafe { f16_dot_ggml_impl(row, x) }
+}
+
+/// # Safety
+/// AVX2, FMA, F16C available; `row.len() ≥ 2·x.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_dot_ggml_impl(row: &[u8], x: &[f32]) -> f32 {
+    let k = x.len();
+    let main = k - k % 32;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut c = 0;
+    while c < main {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let i = c + 8 * j;
+            // SAFETY: i + 8 ≤ main ≤ k.
+            let (w, xv) = unsafe { (load_f16x8(row, i), load_f32x8(x, i)) };
+            *a = _mm256_fmadd_ps(w, xv, *a);
+        }
+        c += 32;
+    }
+    let a = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let t = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let h = _mm_hadd_ps(t, t);
+    let h = _mm_hadd_ps(h, h);
+    let mut sum = f64::from(_mm_cvtss_f32(h));
+    for (i, &xi) in x.iter().enumerate().skip(main) {
+        let w = half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32();
+        sum += f64::from(w * xi);
+    }
+    #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the defined result
+    let r = sum as f32;
+    r
+}
+
+fn f16_dot_tiny(row: &[u8], x: &[f32]) -> f32 {
+    if row.len() < 2 * x.len() {
+        return scalar::f16_dot_tiny(row, x);
+    }
+    // SAFETY: AVX2+FMA+F16C detected before this table is used; length checked.
+    unsafe { f16_dot_tiny_impl(row, x) }
+}
+
+/// # Safety
+/// AVX2, FMA, F16C available; `row.len() ≥ 2·x.len()`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_dot_tiny_impl(row: &[u8], x: &[f32]) -> f32 {
+    let k = x.len();
+    let main = k - k % 8;
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < main {
+        // SAFETY: i + 8 ≤ main ≤ k.
+        let (w, xv) = unsafe { (load_f16x8(row, i), load_f32x8(x, i)) };
+        acc = _mm256_fmadd_ps(w, xv, acc);
+        i += 8;
+    }
+    let mut r = reduce8_tiny(acc);
+    for (i, &xi) in x.iter().enumerate().skip(main) {
+        r += half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32() * xi;
+    }
+    r
+}
+
+fn f32_dot(w: &[f32], x: &[f32]) -> f32 {
+    // SAFETY: AVX2+FMA detected before this table is used; loads stay within min length.
+    unsafe { f32_dot_impl(w, x) }
+}
+
+/// # Safety
+/// AVX2 and FMA available.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn f32_dot_impl(w: &[f32], x: &[f32]) -> f32 {
+    let k = x.len().min(w.len());
+    let main = k - k % 8;
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < main {
+        // SAFETY: i + 8 ≤ main ≤ min(w.len(), x.len()).
+        let (a, b) = unsafe { (load_f32x8(w, i), load_f32x8(x, i)) };
+        acc = _mm256_fmadd_ps(a, b, acc);
+        i += 8;
+    }
+    let mut r = reduce8_tiny(acc);
+    for i in main..k {
+        r += w[i] * x[i];
+    }
+    r
+}
+
+fn q8_0_dot(row: &[u8], x: &[f32]) -> f32 {
+    if row.len() < x.len() / 32 * 34 {
+        return scalar::q8_0_dot(row, x);
+    }
+    // SAFETY: AVX2+FMA+F16C detected before this table is used; length checked.
+    unsafe { q8_0_dot_impl(row, x) }
+}
+
+/// # Safety
+/// AVX2, FMA available; `row.len() ≥ (x.len()/32)·34`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_dot_impl(row: &[u8], x: &[f32]) -> f32 {
+    let nb = x.len() / 32;
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        let blk = &row[34 * b..34 * b + 34];
+        let d = _mm256_set1_ps(half::f16::from_le_bytes([blk[0], blk[1]]).to_f32());
+        let mut bl = _mm256_setzero_ps();
+        for j in 0..4 {
+            // SAFETY: 2 + 8j + 8 ≤ 34; 32b + 8j + 8 ≤ 32·nb ≤ x.len().
+            let (q, xv) = unsafe {
+                (
+                    _mm_loadl_epi64(blk.as_ptr().add(2 + 8 * j).cast()),
+                    load_f32x8(x, 32 * b + 8 * j),
+                )
+            };
+            let qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            bl = _mm256_fmadd_ps(qf, xv, bl);
+        }
+        acc = _mm256_fmadd_ps(d, bl, acc);
+    }
+    reduce8_tiny(acc)
+}

@@ -1,4 +1,5 @@
 //! Test helpers: a deterministic RNG and a minimal test-only GGUF tensor-table walker.
+#![allow(clippy::cast_possible_truncation, clippy::unwrap_used, clippy::panic)]
 #![allow(dead_code)]
 
 /// xorshift64* — deterministic, dependency-free.
