@@ -704,6 +704,12 @@ fn read_tensor_info(r: &mut Reader<'_>, bitnet_context: bool) -> Result<TensorIn
             reason: format!("n_dims is {n_dims}, must be 1..={}", limits.max_dims),
         });
     }
+    if to_u64(n_dims).saturating_mul(8) > r.remaining() {
+        return Err(GgufError::Truncated {
+            what: "tensor dimension",
+            offset: r.offset(),
+        });
+    }
     r.charge_n(to_u64(n_dims), std::mem::size_of::<u64>())?;
     let mut dims = Vec::with_capacity(n_dims);
     for _ in 0..n_dims {

@@ -557,6 +557,18 @@ fn dimensions() {
         dims_case(3, &[2, 2, 2], G_F32).parse_with(&lim),
         E::BadDims { .. }
     );
+    // With the dims cap lifted, a huge n_dims is still refused before allocating.
+    let lim = Limits {
+        max_dims: usize::MAX,
+        ..Limits::default()
+    };
+    assert_err!(
+        dims_case(0xFFFF_FFFF, &[1; 8], G_F32).parse_with(&lim),
+        E::Truncated {
+            what: "tensor dimension",
+            ..
+        }
+    );
 }
 
 // ---------------------------------------------------------------- 9. types
