@@ -1,0 +1,167 @@
+//! Reference tokenizations: Hugging Face `tokenizers` with the LLaMA-3 tokenizer.json
+//! and bitnet.cpp's `llama-tokenize` (shared/golden, see its README).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use bitnet_gguf::{GgufFile, Limits};
+use bitnet_tokenizer::{PreTokenizer, PreTokenizerSource, Tokenizer};
+
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden");
+
+fn metadata(rel: &str) -> GgufFile {
+    GgufFile::open(Path::new(&format!("{GOLDEN}/{rel}")), &Limits::default()).unwrap()
+}
+
+fn llama3(pre: Option<PreTokenizer>) -> &'static Tokenizer {
+    static AUTO: OnceLock<Tokenizer> = OnceLock::new();
+    static DEFAULT: OnceLock<Tokenizer> = OnceLock::new();
+    let cell = match pre {
+        None => &AUTO,
+        Some(PreTokenizer::Default) => &DEFAULT,
+        Some(other) => panic!("no cached tokenizer for {other:?}"),
+    };
+    cell.get_or_init(|| {
+        let f = metadata("tokenizer/llama3-vocab.gguf");
+        Tokenizer::from_gguf(f.metadata(), pre).unwrap()
+    })
+}
+
+fn tiny(pre: Option<PreTokenizer>) -> Tokenizer {
+    let f = metadata("tiny/bitnet-tiny-i2_s.gguf");
+    Tokenizer::from_gguf(f.metadata(), pre).unwrap()
+}
+
+struct Case {
+    text: String,
+    hf: Vec<u32>,
+    bitnetcpp: Vec<u32>,
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+        .collect()
+}
+
+fn cases() -> Vec<Case> {
+    let s = std::fs::read_to_string(format!("{GOLDEN}/tokenizer/cases.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            text: c["text"].as_str().unwrap().to_owned(),
+            hf: ids(&c["hf_llama3_ids"]),
+            bitnetcpp: ids(&c["bitnetcpp_default_ids"]),
+        })
+        .collect()
+}
+
+#[test]
+fn llama3_vocab_metadata() {
+    let t = llama3(None);
+    assert_eq!(t.n_vocab(), 128_256);
+    assert_eq!(t.bos(), Some(128_000));
+    assert_eq!(t.eos(), Some(128_001));
+    assert_eq!(t.pad(), Some(128_001));
+    assert!(t.add_bos());
+    assert!(t.is_llama3_vocab());
+    assert_eq!(t.pre(), PreTokenizer::Llama3);
+    assert_eq!(t.pre_source(), PreTokenizerSource::Llama3Vocab);
+    assert_eq!(t.token_id("<|eot_id|>"), Some(128_009));
+    assert_eq!(t.eot(), Some(128_009));
+    assert_eq!(t.eom(), None);
+    assert_eq!(t.eog_tokens(), &[128_001, 128_009]);
+    assert!(t.is_eog(128_009) && t.is_eog(128_001) && !t.is_eog(128_000));
+    assert_eq!(t.piece(128_000).unwrap(), "<|begin_of_text|>");
+    assert_eq!(t.token_bytes(128_000).unwrap(), b"<|begin_of_text|>");
+    assert_eq!(t.piece(220).unwrap(), "Ġ");
+    assert_eq!(t.token_bytes(220).unwrap(), b" ");
+}
+
+#[test]
+fn cases_match_hf_llama3_by_default() {
+    let t = llama3(None);
+    let cases = cases();
+    assert_eq!(cases.len(), 12);
+    for c in &cases {
+        assert_eq!(
+            t.encode(&c.text, false, true).unwrap(),
+            c.hf,
+            "text {:?}",
+            c.text
+        );
+    }
+}
+
+#[test]
+fn cases_match_bitnetcpp_in_default_mode() {
+    let t = llama3(Some(PreTokenizer::Default));
+    assert_eq!(t.pre_source(), PreTokenizerSource::Override);
+    for c in &cases() {
+        assert_eq!(
+            t.encode(&c.text, false, true).unwrap(),
+            c.bitnetcpp,
+            "text {:?}",
+            c.text
+        );
+    }
+}
+
+#[test]
+fn cases_decode_back_to_their_text() {
+    for c in &cases() {
+        assert_eq!(llama3(None).decode(&c.hf).unwrap(), c.text);
+        assert_eq!(llama3(None).decode(&c.bitnetcpp).unwrap(), c.text);
+    }
+}
+
+#[test]
+fn with_bos_prepends_128000() {
+    let t = llama3(None);
+    assert_eq!(
+        t.encode("Hello world", true, false).unwrap(),
+        vec![128_000, 9906, 1917]
+    );
+    assert_eq!(t.encode("", true, false).unwrap(), vec![128_000]);
+    assert_eq!(t.encode("", false, false).unwrap(), Vec::<u32>::new());
+}
+
+const TINY_PROMPTS: [&str; 4] = ["p1_english", "p2_unicode", "p3_digits_punct", "p4_code_ws"];
+
+#[test]
+fn tiny_prompts_match_bitnetcpp_in_default_mode() {
+    let t = tiny(Some(PreTokenizer::Default));
+    assert_eq!(t.n_vocab(), 4256);
+    assert_eq!(t.bos(), Some(4000));
+    assert_eq!(t.eos(), Some(4001));
+    assert_eq!(t.eot(), Some(4009));
+    assert_eq!(t.eog_tokens(), &[4001, 4009]);
+    assert!(t.add_bos());
+    for p in TINY_PROMPTS {
+        let text = std::fs::read_to_string(format!("{GOLDEN}/tiny/{p}.txt")).unwrap();
+        let json = std::fs::read_to_string(format!("{GOLDEN}/tiny/{p}.tokens.json")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let want = ids(&v["prompt_tokens"]);
+        let listed =
+            std::fs::read_to_string(format!("{GOLDEN}/tiny/{p}.llama-tokenize.ids.txt")).unwrap();
+        let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+        assert_eq!(ids(&listed), want, "{p}: golden files disagree");
+        assert_eq!(t.encode(&text, t.add_bos(), true).unwrap(), want, "{p}");
+        assert_eq!(t.decode(&want[1..]).unwrap(), text, "{p}");
+    }
+}
+
+#[test]
+fn tiny_vocab_counts_as_llama3() {
+    let t = tiny(None);
+    assert!(t.is_llama3_vocab());
+    assert_eq!(t.pre(), PreTokenizer::Llama3);
+    // Ids below 4000 are LLaMA-3's own: "The" = 791 and " the" = 279 (cases.json #2).
+    assert_eq!(t.encode("The the", false, false).unwrap(), vec![791, 279]);
+    assert_eq!(t.encode("<|eot_id|>", false, true).unwrap(), vec![4009]);
+}
