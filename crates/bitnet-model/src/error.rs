@@ -39,6 +39,12 @@ pub enum ModelError {
     NonFinite { name: String, index: usize },
     #[error("unexpected tensor '{0}' (not part of this architecture)")]
     UnexpectedTensor(String),
+    #[error(
+        "tensor '{0}' has exactly n/4 bytes and no scale tensor: it is either a bitnet.cpp I2_S \
+         tensor missing its 32-byte scale tail (a truncated or corrupt file) or a QK256 tensor \
+         without its companion scales; refusing to guess (scales would default to 1.0)"
+    )]
+    MissingScales(String),
     #[error("token id {id} is out of range (vocabulary has {n_vocab} tokens)")]
     TokenOutOfRange { id: u32, n_vocab: usize },
     #[error("context is full: {needed} positions needed, the cache holds {n_ctx}")]

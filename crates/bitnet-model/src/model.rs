@@ -166,14 +166,18 @@ fn bind_ternary<'a>(
         GgmlType::I2S => {
             let alignment =
                 usize::try_from(file.alignment()).map_err(|_| ModelError::Overflow("alignment"))?;
-            TernaryMatrix::detect_type36(
+            let m = TernaryMatrix::detect_type36(
                 name,
                 n_out,
                 n_in,
                 file.tensor_bytes(t)?,
                 alignment,
                 sibling,
-            )?
+            )?;
+            if m.scales_default_to_one() {
+                return Err(ModelError::MissingScales(name.to_string()));
+            }
+            m
         }
         GgmlType::TQ2_0 => TernaryMatrix::new(
             TernaryLayout::Tq2_0,
