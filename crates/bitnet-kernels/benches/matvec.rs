@@ -1,1 +1,322 @@
-fn main() {}
+//! Weight-streaming benchmark: `cargo bench -p bitnet-kernels --bench matvec`.
+//!
+//! For the 2B-4T per-layer I2_S shapes and the 128256×2560 LM head (F16, Q8_0), measures
+//! weight bytes per second per tier, thread count and thread pool (ours vs rayon), next to a
+//! plain read of buffers of the same size measured in the same run, and prints the ratio.
+//!
+//! Each configuration cycles over enough copies of the weights to exceed the last-level cache
+//! (≥ 64 MiB in total), as a decode step does over 30 layers; the read baseline cycles over
+//! the same buffers. Timing: best-of-5 medians would hide noise on a shared machine, so we
+//! report the median of `SAMPLES` samples, each ≥ `MIN_SAMPLE` long.
+//!
+//! Env: `BENCH_FILTER=substring` runs only matching rows; `BENCH_QUICK=1` shortens samples.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::panic
+)]
+
+use std::hint::black_box;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use bitnet_kernels::layout::i2s;
+use bitnet_kernels::{
+    act, part_range, supported_isas, F16DotOrder, Isa, Pool, RowMatrix, RowType, TernaryLayout,
+    TernaryMatrix,
+};
+
+const SAMPLES: usize = 7;
+const WORKING_SET: usize = 64 << 20;
+
+fn min_sample() -> Duration {
+    if std::env::var_os("BENCH_QUICK").is_some() {
+        Duration::from_millis(20)
+    } else {
+        Duration::from_millis(80)
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Median seconds per call of `f(i)` (i = call counter, for rotating buffers).
+fn time_per_call(mut f: impl FnMut(usize)) -> f64 {
+    let mut i = 0usize;
+    // Warm up and calibrate.
+    let t = Instant::now();
+    let mut calls = 0usize;
+    while t.elapsed() < min_sample() / 4 || calls < 2 {
+        f(i);
+        i += 1;
+        calls += 1;
+    }
+    let per = t.elapsed().as_secs_f64() / calls as f64;
+    let reps = ((min_sample().as_secs_f64() / per).ceil() as usize).max(2);
+    let mut samples: Vec<f64> = (0..SAMPLES)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..reps {
+                f(i);
+                i += 1;
+            }
+            t.elapsed().as_secs_f64() / reps as f64
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[SAMPLES / 2]
+}
+
+/// Plain read of `buf` split over the threads (sum of u64 words).
+fn read_all(buf: &[u8], runner: &dyn Fn(usize, usize, &(dyn Fn(Range<usize>) + Sync))) -> u64 {
+    let words: &[u64] = bytemuck::cast_slice(&buf[..buf.len() / 8 * 8]);
+    let chunks = words.len().div_ceil(512);
+    let total = std::sync::atomic::AtomicU64::new(0);
+    runner(chunks, 1, &|r: Range<usize>| {
+        let w = &words[r.start * 512..(r.end * 512).min(words.len())];
+        // Four independent sums so the loop is limited by loads, not by add latency.
+        let mut s = [0u64; 4];
+        let mut it = w.chunks_exact(4);
+        for c in &mut it {
+            for l in 0..4 {
+                s[l] = s[l].wrapping_add(c[l]);
+            }
+        }
+        let rest: u64 = it.remainder().iter().fold(0, |a, &b| a.wrapping_add(b));
+        let v = s.iter().fold(rest, |a, &b| a.wrapping_add(b));
+        total.fetch_add(v, std::sync::atomic::Ordering::Relaxed);
+    });
+    total.into_inner()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum PoolKind {
+    Ours,
+    Rayon,
+}
+
+struct Runners {
+    ours: [Pool; 2],
+    rayon: [rayon::ThreadPool; 2],
+}
+
+impl Runners {
+    fn run(
+        &self,
+        kind: PoolKind,
+        threads: usize,
+        n: usize,
+        grain: usize,
+        f: &(dyn Fn(Range<usize>) + Sync),
+    ) {
+        match kind {
+            PoolKind::Ours => self.ours[threads - 1].for_rows(n, grain, f),
+            PoolKind::Rayon => {
+                let parts = threads.min(n.div_ceil(grain)).max(1);
+                self.rayon[threads - 1].install(|| {
+                    rayon::scope(|s| {
+                        for i in 1..parts {
+                            s.spawn(move |_| f(part_range(n, grain, parts, i)));
+                        }
+                        f(part_range(n, grain, parts, 0));
+                    })
+                });
+            }
+        }
+    }
+}
+
+struct Row {
+    name: String,
+    tier: Isa,
+    threads: usize,
+    pool: &'static str,
+    us: f64,
+    gbs: f64,
+    read_gbs: f64,
+}
+
+fn copies_for(bytes: usize) -> usize {
+    WORKING_SET.div_ceil(bytes).clamp(1, 64)
+}
+
+fn filter_ok(name: &str) -> bool {
+    std::env::var("BENCH_FILTER").map_or(true, |f| name.contains(&f))
+}
+
+fn main() {
+    let runners = Runners {
+        ours: [Pool::new(1), Pool::new(2)],
+        rayon: [
+            rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap(),
+            rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap(),
+        ],
+    };
+    let isas = supported_isas();
+    println!("{}", bitnet_kernels::isa_report());
+    let mut rows: Vec<Row> = Vec::new();
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+
+    // --- ternary I2_S matvec on the 2B-4T shapes (out × in) ---
+    for (n_out, k) in [(2560, 2560), (640, 2560), (6912, 2560), (2560, 6912)] {
+        let name = format!("I2_S matvec {n_out}x{k}");
+        if !filter_ok(&name) {
+            continue;
+        }
+        let bytes = TernaryLayout::I2S.tensor_bytes(n_out, k).unwrap();
+        let copies = copies_for(bytes);
+        let codes: Vec<u8> = (0..n_out * k).map(|_| (rng.next() % 3) as u8).collect();
+        let one = i2s::pack_codes(&codes, 0.5).unwrap();
+        let bufs: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
+        let mats: Vec<TernaryMatrix<'_>> = bufs
+            .iter()
+            .map(|b| TernaryMatrix::new(TernaryLayout::I2S, n_out, k, b, None).unwrap())
+            .collect();
+        let x: Vec<f32> = (0..k).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
+        let mut q = vec![0i8; k];
+        let s = [act::quantize_i8(&x, &mut q)];
+        let mut out = vec![0f32; n_out];
+        for threads in [1, 2] {
+            let read = bandwidth(&bufs, &runners, threads);
+            for &isa in &isas {
+                for kind in [PoolKind::Ours, PoolKind::Rayon] {
+                    if kind == PoolKind::Rayon && isa == Isa::Scalar {
+                        continue;
+                    }
+                    let t = time_per_call(|i| {
+                        let m = &mats[i % copies];
+                        m.matmul_with_runner(isa, &q, &s, &mut out, &|n, g, f| {
+                            runners.run(kind, threads, n, g, f)
+                        })
+                        .unwrap()
+                        .unwrap();
+                        black_box(&out);
+                    });
+                    let r = Row {
+                        name: name.clone(),
+                        tier: isa,
+                        threads,
+                        pool: if kind == PoolKind::Ours { "ours" } else { "rayon" },
+                        us: t * 1e6,
+                        gbs: mats[0].nbytes() as f64 / t / 1e9,
+                        read_gbs: read,
+                    };
+                    print_row(&r);
+                    rows.push(r);
+                }
+            }
+        }
+    }
+
+    // --- LM head 128256 × 2560, one token ---
+    let (v, d) = (128_256usize, 2560usize);
+    let f16_bytes: Vec<u8> = (0..v * d)
+        .flat_map(|_| half::f16::from_f32(((rng.next() % 2001) as f32 / 1000.0 - 1.0) * 0.05).to_le_bytes())
+        .collect();
+    let f16m = RowMatrix::new(RowType::F16, v, d, std::borrow::Cow::Borrowed(&f16_bytes)).unwrap();
+    let x: Vec<f32> = (0..d).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
+    let mut logits = vec![0f32; v];
+    for ty in [RowType::F16, RowType::Q8_0] {
+        let name = format!("LM head {ty:?} {v}x{d}");
+        if !filter_ok(&name) {
+            continue;
+        }
+        let m = if ty == RowType::F16 {
+            f16m.clone()
+        } else {
+            RowMatrix::quantize_from(&f16m, ty, &runners.ours[1]).unwrap()
+        };
+        let bufs = [m.data().to_vec()];
+        for threads in [1, 2] {
+            let read = bandwidth(&bufs, &runners, threads);
+            for &isa in &isas {
+                let t = time_per_call(|_| {
+                    m.matmul_f32_on(isa, &x, &mut logits, &runners.ours[threads - 1], F16DotOrder::Auto)
+                        .unwrap()
+                        .unwrap();
+                    black_box(&logits);
+                });
+                let r = Row {
+                    name: name.clone(),
+                    tier: isa,
+                    threads,
+                    pool: "ours",
+                    us: t * 1e6,
+                    gbs: m.nbytes() as f64 / t / 1e9,
+                    read_gbs: read,
+                };
+                print_row(&r);
+                rows.push(r);
+            }
+        }
+    }
+
+    println!("\n=== summary: weight GB/s vs plain read GB/s of the same bytes (same run) ===");
+    println!(
+        "{:<28} {:>7} {:>3} {:>6} {:>10} {:>8} {:>8} {:>6}",
+        "kernel", "tier", "thr", "pool", "us/call", "GB/s", "read", "ratio"
+    );
+    for r in &rows {
+        println!(
+            "{:<28} {:>7} {:>3} {:>6} {:>10.1} {:>8.2} {:>8.2} {:>5.0}%",
+            r.name,
+            r.tier.name(),
+            r.threads,
+            r.pool,
+            r.us,
+            r.gbs,
+            r.read_gbs,
+            100.0 * r.gbs / r.read_gbs
+        );
+    }
+    // Speed-ups of interest.
+    for (n_out, k) in [(2560, 2560), (640, 2560), (6912, 2560), (2560, 6912)] {
+        let name = format!("I2_S matvec {n_out}x{k}");
+        let find = |tier: Isa, thr: usize, pool: &str| {
+            rows.iter()
+                .find(|r| r.name == name && r.tier == tier && r.threads == thr && r.pool == pool)
+                .map(|r| r.us)
+        };
+        if let (Some(sc), Some(av)) = (find(Isa::Scalar, 1, "ours"), find(Isa::Avx2, 1, "ours")) {
+            println!("{name}: avx2 / scalar speed-up (1 thread) = {:.1}x", sc / av);
+        }
+        for thr in [1, 2] {
+            if let (Some(o), Some(r)) = (find(isas[isas.len() - 1], thr, "ours"), find(isas[isas.len() - 1], thr, "rayon")) {
+                println!("{name}: {thr} thread(s): ours {o:.1} us, rayon {r:.1} us");
+            }
+        }
+    }
+}
+
+fn bandwidth(bufs: &[Vec<u8>], runners: &Runners, threads: usize) -> f64 {
+    let bytes = bufs[0].len();
+    let t = time_per_call(|i| {
+        black_box(read_all(&bufs[i % bufs.len()], &|n, g, f| {
+            runners.run(PoolKind::Ours, threads, n, g, f)
+        }));
+    });
+    bytes as f64 / t / 1e9
+}
+
+fn print_row(r: &Row) {
+    println!(
+        "{:<28} {:>7} thr={} {:<5} {:>10.1} us  {:>7.2} GB/s  (read {:.2} GB/s, {:.0}%)",
+        r.name,
+        r.tier.name(),
+        r.threads,
+        r.pool,
+        r.us,
+        r.gbs,
+        r.read_gbs,
+        100.0 * r.gbs / r.read_gbs
+    );
+}

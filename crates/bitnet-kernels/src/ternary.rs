@@ -367,6 +367,21 @@ impl<'a> TernaryMatrix<'a> {
         kernels_for(isa).map(|k| self.matmul_with(k, xq, s, out, pool))
     }
 
+    /// [`Self::matmul_on`] with a caller-supplied parallel-for in place of [`Pool::for_rows`]
+    /// (`runner(n, grain, f)` must call `f` on disjoint ranges covering `0..n` and return
+    /// after all calls finished). Used by the benchmarks to compare thread pools.
+    #[doc(hidden)]
+    pub fn matmul_with_runner(
+        &self,
+        isa: Isa,
+        xq: &[i8],
+        s: &[f32],
+        out: &mut [f32],
+        runner: &dyn Fn(usize, usize, &(dyn Fn(Range<usize>) + Sync)),
+    ) -> Option<Result<(), KernelError>> {
+        kernels_for(isa).map(|k| self.matmul_impl(k, xq, s, out, runner))
+    }
+
     fn matmul_with(
         &self,
         kern: &Kernels,
@@ -374,6 +389,17 @@ impl<'a> TernaryMatrix<'a> {
         s: &[f32],
         out: &mut [f32],
         pool: &Pool,
+    ) -> Result<(), KernelError> {
+        self.matmul_impl(kern, xq, s, out, &|n, g, f| pool.for_rows(n, g, f))
+    }
+
+    fn matmul_impl(
+        &self,
+        kern: &Kernels,
+        xq: &[i8],
+        s: &[f32],
+        out: &mut [f32],
+        runner: &dyn Fn(usize, usize, &(dyn Fn(Range<usize>) + Sync)),
     ) -> Result<(), KernelError> {
         let n_tok = s.len();
         let nx = n_tok
@@ -413,7 +439,7 @@ impl<'a> TernaryMatrix<'a> {
         let f = |rows: Range<usize>| {
             self.rows_kernel(kernel, &p, &bsum, s, rows, &outp);
         };
-        pool.for_rows(self.n_out, ROW_GRAIN, &f);
+        runner(self.n_out, ROW_GRAIN, &f);
         Ok(())
     }
 

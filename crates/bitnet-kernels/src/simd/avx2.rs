@@ -21,7 +21,10 @@ use crate::dispatch::{Isa, Kernels};
 use crate::layout::{seq32, tq1_0, tq2_0};
 use crate::ternary::Prepared;
 
-pub(crate) static TABLE: Kernels = Kernels {
+pub(crate) static TABLE: Kernels = TABLE_BASE;
+
+/// The AVX2 table as a constant, so higher tiers can start from it.
+pub(crate) const TABLE_BASE: Kernels = Kernels {
     isa: Isa::Avx2,
     i2s,
     tq2,
@@ -155,6 +158,31 @@ unsafe fn i2s_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, o
     for t in 0..NT {
         out[t] = hsum_i32(acc[t]);
     }
+}
+
+/// `Σ u·q` of one I2_S block (32 bytes of `w`, 128 activations).
+///
+/// # Safety
+/// AVX2 available; `w.len() ≥ 32`, `x.len() ≥ 128` (checked in debug builds).
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn i2s_block(w: &[u8], x: &[i8]) -> i32 {
+    debug_assert!(w.len() >= 32 && x.len() >= 128);
+    let m3 = _mm256_set1_epi8(3);
+    let m55 = _mm256_set1_epi8(0x55);
+    // SAFETY: lengths per the contract.
+    let (mut w, x0, x1, x2, x3) =
+        unsafe { (load32(w, 0), loadx(x, 0), loadx(x, 32), loadx(x, 64), loadx(x, 96)) };
+    let both = _mm256_and_si256(_mm256_and_si256(w, _mm256_srli_epi16::<1>(w)), m55);
+    w = _mm256_xor_si256(w, _mm256_add_epi8(both, both));
+    let a = _mm256_add_epi16(
+        _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<6>(w), m3), x0),
+        _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(w), m3), x1),
+    );
+    let c = _mm256_add_epi16(
+        _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<2>(w), m3), x2),
+        _mm256_maddubs_epi16(_mm256_and_si256(w, m3), x3),
+    );
+    hsum_i32(_mm256_madd_epi16(_mm256_add_epi16(a, c), _mm256_set1_epi16(1)))
 }
 
 // ---------------------------------------------------------------------------------------

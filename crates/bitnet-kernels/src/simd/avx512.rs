@@ -1,18 +1,256 @@
-//! AVX-512 F + BW kernels (I2_S, TQ2_0); the rest from the AVX2 tier.
+//! AVX-512 F + BW kernels for I2_S and TQ2_0 (VNNI `vpdpbusd` when the CPU has it); every
+//! other entry comes from the AVX2 tier (an AVX-512 CPU has AVX2).
+//!
+//! ```text
+//! I2_S:  one 64-byte load = blocks b, b+1; plane l (bits 7−2l..6−2l) of the low 32 bytes
+//!        ↔ x[128b + 32l ..], of the high 32 bytes ↔ x[128(b+1) + 32l ..]
+//! TQ2_0: one 64-byte load = qs of block b; plane l (bits 2l..2l+1) of the low half
+//!        ↔ x[256b + 32l ..], of the high half ↔ x[256b + 128 + 32l ..]
+//! ```
+//! Without VNNI: `maddubs` (u8 code × i8 → i16 pairs, |·| ≤ 2·3·128) summed over ≤ 4 planes
+//! (≤ 3072) then `madd(·, 1)` into i32; with VNNI: `dpbusd` straight into i32.
+//! This tier cannot run on the development machine: it is compiled everywhere, selected only
+//! by runtime detection, and its tests run wherever the CPU has AVX-512 BW.
 
-use super::scalar;
+use std::arch::x86_64::*;
+
+use super::{avx2, scalar};
 use crate::dispatch::{Isa, Kernels};
+use crate::layout::tq2_0;
+use crate::ternary::Prepared;
 
 pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Avx512,
-    i2s: scalar::i2s,
-    tq2: scalar::tq2,
-    tq1: scalar::tq1,
-    bitnet32: scalar::bitnet32,
-    split32: scalar::split32,
-    qk256: scalar::qk256,
-    f16_dot_ggml: scalar::f16_dot_ggml,
-    f16_dot_tiny: scalar::f16_dot_tiny,
-    q8_0_dot: scalar::q8_0_dot,
-    f32_dot: scalar::f32_dot_lanes8,
+    i2s,
+    tq2,
+    ..avx2::TABLE_BASE
 };
+
+fn has_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+macro_rules! tile {
+    ($f:ident, $nt:expr, $($arg:expr),*) => {
+        match $nt {
+            1 => $f::<1>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            3 => $f::<3>($($arg),*),
+            _ => $f::<4>($($arg),*),
+        }
+    };
+}
+
+/// `[x[a..a+32], x[b..b+32]]` as one 512-bit vector.
+///
+/// # Safety
+/// `a + 32 <= x.len()` and `b + 32 <= x.len()`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn load_x2(x: &[i8], a: usize, b: usize) -> __m512i {
+    debug_assert!(a + 32 <= x.len() && b + 32 <= x.len());
+    // SAFETY: in bounds by the caller's contract.
+    unsafe {
+        let lo = _mm256_loadu_si256(x.as_ptr().add(a).cast());
+        let hi = _mm256_loadu_si256(x.as_ptr().add(b).cast());
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    }
+}
+
+/// Four code planes of 64 bytes of weights (values 0..=3), in x order `[p0, p1, p2, p3]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn planes(w: __m512i, msb_first: bool) -> [__m512i; 4] {
+    let m3 = _mm512_set1_epi8(3);
+    let a = _mm512_and_si512(w, m3);
+    let b = _mm512_and_si512(_mm512_srli_epi16::<2>(w), m3);
+    let c = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m3);
+    let d = _mm512_and_si512(_mm512_srli_epi16::<6>(w), m3);
+    if msb_first {
+        [d, c, b, a]
+    } else {
+        [a, b, c, d]
+    }
+}
+
+/// `Σ planes[l] · xs[l]` added to the i32 accumulator.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn dot4(acc: __m512i, c: &[__m512i; 4], x: &[__m512i; 4]) -> __m512i {
+    let s = _mm512_add_epi16(
+        _mm512_add_epi16(_mm512_maddubs_epi16(c[0], x[0]), _mm512_maddubs_epi16(c[1], x[1])),
+        _mm512_add_epi16(_mm512_maddubs_epi16(c[2], x[2]), _mm512_maddubs_epi16(c[3], x[3])),
+    );
+    _mm512_add_epi32(acc, _mm512_madd_epi16(s, _mm512_set1_epi16(1)))
+}
+
+/// VNNI form of [`dot4`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn dot4_vnni(acc: __m512i, c: &[__m512i; 4], x: &[__m512i; 4]) -> __m512i {
+    let acc = _mm512_dpbusd_epi32(acc, c[0], x[0]);
+    let acc = _mm512_dpbusd_epi32(acc, c[1], x[1]);
+    let acc = _mm512_dpbusd_epi32(acc, c[2], x[2]);
+    _mm512_dpbusd_epi32(acc, c[3], x[3])
+}
+
+/// I2_S code 11 → 01 in every pair.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn sanitize(w: __m512i) -> __m512i {
+    let both = _mm512_and_si512(
+        _mm512_and_si512(w, _mm512_srli_epi16::<1>(w)),
+        _mm512_set1_epi8(0x55),
+    );
+    _mm512_xor_si512(w, _mm512_add_epi8(both, both))
+}
+
+// ---------------------------------------------------------------------------------------
+// I2_S
+
+fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    let k = p.k;
+    if k % 128 != 0 || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt {
+        return scalar::i2s(w_row, p, t0, nt, out);
+    }
+    // SAFETY: this table is handed out only after runtime detection of AVX-512 F+BW (and
+    // AVX2); the VNNI variant only when avx512vnni is detected; lengths checked above.
+    unsafe {
+        if has_vnni() {
+            tile!(i2s_tile_vnni, nt, w_row, p, t0, out)
+        } else {
+            tile!(i2s_tile, nt, w_row, p, t0, out)
+        }
+    }
+}
+
+macro_rules! i2s_body {
+    ($w_row:ident, $p:ident, $t0:ident, $out:ident, $NT:ident, $dot:ident) => {{
+        let k = $p.k;
+        let xs: [&[i8]; $NT] = std::array::from_fn(|i| $p.token($t0 + i));
+        let mut acc = [_mm512_setzero_si512(); $NT];
+        let nblk = k / 128;
+        let mut b = 0;
+        while b + 2 <= nblk {
+            // SAFETY: 32b + 64 ≤ K/4 ≤ w_row.len().
+            let w = sanitize(unsafe { _mm512_loadu_si512($w_row.as_ptr().add(32 * b).cast()) });
+            let c = planes(w, true);
+            for (t, x) in xs.iter().enumerate() {
+                let o = 128 * b;
+                // SAFETY: o + 256 ≤ K.
+                let xv = unsafe {
+                    [
+                        load_x2(x, o, o + 128),
+                        load_x2(x, o + 32, o + 160),
+                        load_x2(x, o + 64, o + 192),
+                        load_x2(x, o + 96, o + 224),
+                    ]
+                };
+                acc[t] = $dot(acc[t], &c, &xv);
+            }
+            b += 2;
+        }
+        for t in 0..$NT {
+            $out[t] = _mm512_reduce_add_epi32(acc[t]);
+        }
+        if b < nblk {
+            // One odd block left: the AVX2 kernel on a one-block slice view.
+            let mut tail = [0i32; 4];
+            for t in 0..$NT {
+                // SAFETY: AVX-512 F implies AVX2; the slices have 32 and 128 elements.
+                tail[t] = unsafe {
+                    avx2::i2s_block(&$w_row[32 * b..32 * b + 32], &xs[t][128 * b..128 * b + 128])
+                };
+            }
+            for t in 0..$NT {
+                $out[t] += tail[t];
+            }
+        }
+    }};
+}
+
+/// # Safety
+/// AVX-512 F+BW available; `w_row.len() ≥ K/4`; tokens exist; `out.len() ≥ NT`.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn i2s_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, out: &mut [i32]) {
+    i2s_body!(w_row, p, t0, out, NT, dot4)
+}
+
+/// # Safety
+/// As [`i2s_tile`], plus AVX-512 VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn i2s_tile_vnni<const NT: usize>(
+    w_row: &[u8],
+    p: &Prepared<'_>,
+    t0: usize,
+    out: &mut [i32],
+) {
+    i2s_body!(w_row, p, t0, out, NT, dot4_vnni)
+}
+
+// ---------------------------------------------------------------------------------------
+// TQ2_0
+
+fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    let k = p.k;
+    let nb = k / 256;
+    if k % 256 != 0
+        || w_row.len() < nb * tq2_0::BLOCK_BYTES
+        || p.x.len() < (t0 + nt) * k
+        || out.len() < nt * nb
+    {
+        return scalar::tq2(w_row, p, t0, nt, out);
+    }
+    // SAFETY: as in `i2s`.
+    unsafe {
+        if has_vnni() {
+            tile!(tq2_tile_vnni, nt, w_row, p, t0, out)
+        } else {
+            tile!(tq2_tile, nt, w_row, p, t0, out)
+        }
+    }
+}
+
+macro_rules! tq2_body {
+    ($w_row:ident, $p:ident, $t0:ident, $out:ident, $NT:ident, $dot:ident) => {{
+        let nb = $p.k / 256;
+        let xs: [&[i8]; $NT] = std::array::from_fn(|i| $p.token($t0 + i));
+        for b in 0..nb {
+            // SAFETY: 66b + 64 ≤ 66·nb ≤ w_row.len().
+            let w = unsafe { _mm512_loadu_si512($w_row.as_ptr().add(b * tq2_0::BLOCK_BYTES).cast()) };
+            let c = planes(w, false);
+            for (t, x) in xs.iter().enumerate() {
+                let o = 256 * b;
+                // SAFETY: o + 256 ≤ K.
+                let xv = unsafe {
+                    [
+                        load_x2(x, o, o + 128),
+                        load_x2(x, o + 32, o + 160),
+                        load_x2(x, o + 64, o + 192),
+                        load_x2(x, o + 96, o + 224),
+                    ]
+                };
+                $out[t * nb + b] = _mm512_reduce_add_epi32($dot(_mm512_setzero_si512(), &c, &xv));
+            }
+        }
+    }};
+}
+
+/// # Safety
+/// AVX-512 F+BW available; the row holds K/256 blocks; tokens exist; `out.len() ≥ NT·K/256`.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn tq2_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, out: &mut [i32]) {
+    tq2_body!(w_row, p, t0, out, NT, dot4)
+}
+
+/// # Safety
+/// As [`tq2_tile`], plus AVX-512 VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tq2_tile_vnni<const NT: usize>(
+    w_row: &[u8],
+    p: &Prepared<'_>,
+    t0: usize,
+    out: &mut [i32],
+) {
+    tq2_body!(w_row, p, t0, out, NT, dot4_vnni)
+}
