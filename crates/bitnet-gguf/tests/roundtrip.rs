@@ -438,3 +438,32 @@ fn metadata_getters_name_key_and_types() {
     assert_eq!(md.get_int("neg").unwrap(), -5);
     assert!(matches!(md.get_int("u64"), Err(E::OutOfRange { .. })));
 }
+
+/// NaN payloads survive a write → read → write cycle bit for bit (PartialEq cannot show
+/// this; found while fuzzing, where a harness compared values with `==`).
+#[test]
+fn nan_values_round_trip_bitwise() {
+    let nan32 = f32::from_bits(0x7fc0_1234);
+    let nan64 = f64::from_bits(0xfff8_0000_0000_abcd);
+    let write = |kvs: &[(&str, Value)]| {
+        let mut w = GgufWriter::new(Vec::new(), 32).unwrap();
+        for (k, v) in kvs {
+            w.add_kv(k, v.clone()).unwrap();
+        }
+        w.finish().unwrap()
+    };
+    let kvs = [
+        ("a", Value::F32(nan32)),
+        ("b", Value::F64(nan64)),
+        ("c", Value::Array(Array::F32(vec![0.0, nan32, -1.7e38]))),
+    ];
+    let once = write(&kvs);
+    let f = parse(once.clone());
+    assert_eq!(f.metadata().get_f32("a").unwrap().to_bits(), 0x7fc0_1234);
+    assert_eq!(
+        f.metadata().get_f32_array("c").unwrap()[1].to_bits(),
+        0x7fc0_1234
+    );
+    let again: Vec<(&str, Value)> = f.metadata().iter().map(|(k, v)| (k, v.clone())).collect();
+    assert_eq!(write(&again), once);
+}
