@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use bitnet_kernels::layout::i2s;
 use bitnet_kernels::{
-    act, part_range, supported_isas, F16DotOrder, Isa, Pool, RowMatrix, RowType, TernaryLayout,
-    TernaryMatrix,
+    act, part_range, supported_isas, F16DotOrder, Isa, Pool, RowMatrix, RowRunner, RowType,
+    TernaryLayout, TernaryMatrix,
 };
 
 const SAMPLES: usize = 7;
@@ -77,7 +77,7 @@ fn time_per_call(mut f: impl FnMut(usize)) -> f64 {
 }
 
 /// Plain read of `buf` split over the threads (sum of u64 words).
-fn read_all(buf: &[u8], runner: &dyn Fn(usize, usize, &(dyn Fn(Range<usize>) + Sync))) -> u64 {
+fn read_all(buf: &[u8], runner: &RowRunner<'_>) -> u64 {
     let words: &[u64] = bytemuck::cast_slice(&buf[..buf.len() / 8 * 8]);
     let chunks = words.len().div_ceil(512);
     let total = std::sync::atomic::AtomicU64::new(0);
@@ -157,8 +157,14 @@ fn main() {
     let runners = Runners {
         ours: [Pool::new(1), Pool::new(2)],
         rayon: [
-            rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap(),
-            rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap(),
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap(),
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(2)
+                .build()
+                .unwrap(),
         ],
     };
     let isas = supported_isas();
@@ -181,7 +187,9 @@ fn main() {
             .iter()
             .map(|b| TernaryMatrix::new(TernaryLayout::I2S, n_out, k, b, None).unwrap())
             .collect();
-        let x: Vec<f32> = (0..k).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
+        let x: Vec<f32> = (0..k)
+            .map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
         let mut q = vec![0i8; k];
         let s = [act::quantize_i8(&x, &mut q)];
         let mut out = vec![0f32; n_out];
@@ -205,7 +213,11 @@ fn main() {
                         name: name.clone(),
                         tier: isa,
                         threads,
-                        pool: if kind == PoolKind::Ours { "ours" } else { "rayon" },
+                        pool: if kind == PoolKind::Ours {
+                            "ours"
+                        } else {
+                            "rayon"
+                        },
                         us: t * 1e6,
                         gbs: mats[0].nbytes() as f64 / t / 1e9,
                         read_gbs: read,
@@ -220,10 +232,14 @@ fn main() {
     // --- LM head 128256 × 2560, one token ---
     let (v, d) = (128_256usize, 2560usize);
     let f16_bytes: Vec<u8> = (0..v * d)
-        .flat_map(|_| half::f16::from_f32(((rng.next() % 2001) as f32 / 1000.0 - 1.0) * 0.05).to_le_bytes())
+        .flat_map(|_| {
+            half::f16::from_f32(((rng.next() % 2001) as f32 / 1000.0 - 1.0) * 0.05).to_le_bytes()
+        })
         .collect();
     let f16m = RowMatrix::new(RowType::F16, v, d, std::borrow::Cow::Borrowed(&f16_bytes)).unwrap();
-    let x: Vec<f32> = (0..d).map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0).collect();
+    let x: Vec<f32> = (0..d)
+        .map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
     let mut logits = vec![0f32; v];
     for ty in [RowType::F16, RowType::Q8_0] {
         let name = format!("LM head {ty:?} {v}x{d}");
@@ -240,9 +256,15 @@ fn main() {
             let read = bandwidth(&bufs, &runners, threads);
             for &isa in &isas {
                 let t = time_per_call(|_| {
-                    m.matmul_f32_on(isa, &x, &mut logits, &runners.ours[threads - 1], F16DotOrder::Auto)
-                        .unwrap()
-                        .unwrap();
+                    m.matmul_f32_on(
+                        isa,
+                        &x,
+                        &mut logits,
+                        &runners.ours[threads - 1],
+                        F16DotOrder::Auto,
+                    )
+                    .unwrap()
+                    .unwrap();
                     black_box(&logits);
                 });
                 let r = Row {
@@ -287,10 +309,16 @@ fn main() {
                 .map(|r| r.us)
         };
         if let (Some(sc), Some(av)) = (find(Isa::Scalar, 1, "ours"), find(Isa::Avx2, 1, "ours")) {
-            println!("{name}: avx2 / scalar speed-up (1 thread) = {:.1}x", sc / av);
+            println!(
+                "{name}: avx2 / scalar speed-up (1 thread) = {:.1}x",
+                sc / av
+            );
         }
         for thr in [1, 2] {
-            if let (Some(o), Some(r)) = (find(isas[isas.len() - 1], thr, "ours"), find(isas[isas.len() - 1], thr, "rayon")) {
+            if let (Some(o), Some(r)) = (
+                find(isas[isas.len() - 1], thr, "ours"),
+                find(isas[isas.len() - 1], thr, "rayon"),
+            ) {
                 println!("{name}: {thr} thread(s): ours {o:.1} us, rayon {r:.1} us");
             }
         }

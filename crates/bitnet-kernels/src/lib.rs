@@ -26,4 +26,4 @@ pub use error::KernelError;
 pub use layout::{ExternalScales, TernaryLayout};
 pub use pool::{part_range, Pool};
 pub use rows::{F16DotOrder, RowMatrix, RowType};
-pub use ternary::{detect_candidates, TernaryMatrix, ROW_GRAIN, TOKEN_TILE};
+pub use ternary::{detect_candidates, RowRunner, TernaryMatrix, ROW_GRAIN, TOKEN_TILE};

@@ -201,7 +201,7 @@ fn worker_loop(sh: &Shared, index: usize) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 != 0 || start.elapsed() < SPIN {
+            if !spins.is_multiple_of(1024) || start.elapsed() < SPIN {
                 std::hint::spin_loop();
             } else {
                 // Spurious wake-ups are fine: the loop re-checks the epoch.

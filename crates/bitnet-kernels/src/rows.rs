@@ -90,7 +90,7 @@ impl RowType {
     /// Bytes of one row of `cols` elements (cols must be a multiple of the block).
     pub fn row_bytes(self, cols: usize) -> Result<usize, KernelError> {
         let be = self.block_elems();
-        if cols % be != 0 {
+        if !cols.is_multiple_of(be) {
             return Err(KernelError::ShapeMismatch {
                 what: "row length (multiple of the block size)",
                 expected: be,
@@ -271,7 +271,7 @@ impl<'a> RowMatrix<'a> {
         pool: &Pool,
         order: F16DotOrder,
     ) -> Result<(), KernelError> {
-        if self.cols == 0 || x.len() % self.cols != 0 {
+        if self.cols == 0 || !x.len().is_multiple_of(self.cols) {
             return Err(KernelError::ShapeMismatch {
                 what: "x (a multiple of cols)",
                 expected: self.cols,

@@ -18,6 +18,10 @@ use crate::layout::{i2s, qk256, seq32, tq1_0, tq2_0, ExternalScales, TernaryLayo
 use crate::pool::{Pool, SharedMut};
 use crate::KernelError;
 
+/// A parallel-for over rows: `runner(n, grain, f)` calls `f` on disjoint ranges covering
+/// `0..n` and returns once all calls have finished (e.g. `|n, g, f| pool.for_rows(n, g, f)`).
+pub type RowRunner<'r> = dyn Fn(usize, usize, &(dyn Fn(Range<usize>) + Sync)) + 'r;
+
 /// Tokens processed together per weight row (weights decoded once per tile).
 pub const TOKEN_TILE: usize = 4;
 
@@ -377,7 +381,7 @@ impl<'a> TernaryMatrix<'a> {
         xq: &[i8],
         s: &[f32],
         out: &mut [f32],
-        runner: &dyn Fn(usize, usize, &(dyn Fn(Range<usize>) + Sync)),
+        runner: &RowRunner<'_>,
     ) -> Option<Result<(), KernelError>> {
         kernels_for(isa).map(|k| self.matmul_impl(k, xq, s, out, runner))
     }
@@ -399,7 +403,7 @@ impl<'a> TernaryMatrix<'a> {
         xq: &[i8],
         s: &[f32],
         out: &mut [f32],
-        runner: &dyn Fn(usize, usize, &(dyn Fn(Range<usize>) + Sync)),
+        runner: &RowRunner<'_>,
     ) -> Result<(), KernelError> {
         let n_tok = s.len();
         let nx = n_tok

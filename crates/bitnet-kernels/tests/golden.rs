@@ -1,5 +1,10 @@
 //! Decoding every I2_S tensor of the golden tiny model gives exactly the F32 file's values,
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
 //! and type-36 detection picks bitnet.cpp's I2_S for each of them.
 
 mod common;

@@ -1,5 +1,10 @@
 //! Every tier the host supports against the scalar reference, and the scalar reference
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
 //! against an independent computation from unpacked values (FORMATS.md §1 formula).
 
 mod common;
@@ -205,6 +210,7 @@ fn every_tier_matches_scalar_and_reference() {
 #[test]
 fn default_tier_is_used_and_reported() {
     let r = bitnet_kernels::isa_report();
+    eprintln!("{r}");
     assert!(r.contains(bitnet_kernels::isa().name()), "{r}");
     assert!(supported_isas().contains(&Isa::Scalar));
 }

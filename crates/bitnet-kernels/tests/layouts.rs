@@ -1,5 +1,10 @@
 //! Layout tests: worked examples, pack/unpack round trips, flavor detection.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
 
 mod common;
 
@@ -94,7 +99,10 @@ fn tq2_0_layout_and_round_trip() {
     let packed = tq2_0::pack(&v, &scales).unwrap();
     assert_eq!(packed.len(), n_out * k / 256 * 66);
     let codes = tq2_0::unpack_codes(&packed);
-    assert!(codes.iter().zip(&v).all(|(&c, &x)| i32::from(c) - 1 == i32::from(x)));
+    assert!(codes
+        .iter()
+        .zip(&v)
+        .all(|(&c, &x)| i32::from(c) - 1 == i32::from(x)));
     let m = TernaryMatrix::new(TernaryLayout::Tq2_0, n_out, k, &packed, None).unwrap();
     let mut row = vec![0f32; k];
     for r in 0..n_out {
@@ -120,11 +128,16 @@ fn tq1_0_trits_and_round_trip() {
     let mut rng = Rng::new(4);
     let (n_out, k) = (2, 768);
     let v = ternary(&mut rng, n_out * k);
-    let scales: Vec<f32> = (0..n_out * k / 256).map(|i| 0.25 * (i + 1) as f32).collect();
+    let scales: Vec<f32> = (0..n_out * k / 256)
+        .map(|i| 0.25 * (i + 1) as f32)
+        .collect();
     let packed = tq1_0::pack(&v, &scales).unwrap();
     assert_eq!(packed.len(), n_out * k / 256 * 54);
     let codes = tq1_0::unpack_codes(&packed);
-    assert!(codes.iter().zip(&v).all(|(&c, &x)| i32::from(c) - 1 == i32::from(x)));
+    assert!(codes
+        .iter()
+        .zip(&v)
+        .all(|(&c, &x)| i32::from(c) - 1 == i32::from(x)));
     // Element positions per FORMATS.md §2.
     assert_eq!(tq1_0::position(0), (0, 0));
     assert_eq!(tq1_0::position(33), (1, 1));
@@ -155,15 +168,25 @@ fn seq32_layouts_round_trip() {
     assert_eq!((inline[0] >> 6) & 3, (v[3] + 2) as u8);
     assert_eq!(inline[1] & 3, (v[4] + 2) as u8);
     let codes = seq32::unpack_codes(&inline, 10);
-    assert!(codes.iter().zip(&v).all(|(&c, &x)| i32::from(c) - 2 == i32::from(x)));
+    assert!(codes
+        .iter()
+        .zip(&v)
+        .all(|(&c, &x)| i32::from(c) - 2 == i32::from(x)));
     let (packed, sib) = seq32::pack_split(&v, &scales).unwrap();
     assert_eq!(packed.len(), nb * 8);
     assert_eq!(seq32::unpack_codes(&packed, 8), codes);
     let mi = TernaryMatrix::new(TernaryLayout::BitNet32F16, n_out, k, &inline, None).unwrap();
-    let ms =
-        TernaryMatrix::new(TernaryLayout::Split32WithSibling, n_out, k, &packed, Some(&sib))
-            .unwrap();
-    assert!(TernaryMatrix::new(TernaryLayout::Split32WithSibling, n_out, k, &packed, None).is_err());
+    let ms = TernaryMatrix::new(
+        TernaryLayout::Split32WithSibling,
+        n_out,
+        k,
+        &packed,
+        Some(&sib),
+    )
+    .unwrap();
+    assert!(
+        TernaryMatrix::new(TernaryLayout::Split32WithSibling, n_out, k, &packed, None).is_err()
+    );
     let (mut a, mut b) = (vec![0f32; k], vec![0f32; k]);
     for r in 0..n_out {
         mi.dequantize_row(r, &mut a).unwrap();
@@ -187,18 +210,27 @@ fn qk256_round_trip_ragged_rows() {
     assert_eq!(packed.len(), n_out * 2 * 64);
     // byte = c0 | c1<<2 | c2<<4 | c3<<6
     let c = |x: i8| qk256::LUT.iter().position(|&l| l == x).unwrap() as u8;
-    assert_eq!(packed[0], c(v[0]) | c(v[1]) << 2 | c(v[2]) << 4 | c(v[3]) << 6);
+    assert_eq!(
+        packed[0],
+        c(v[0]) | c(v[1]) << 2 | c(v[2]) << 4 | c(v[3]) << 6
+    );
     for r in 0..n_out {
         let row = &packed[r * 128..(r + 1) * 128];
         let codes = qk256::unpack_row_codes(row, k);
-        assert!(codes.iter().zip(&v[r * k..]).all(|(&cc, &x)| qk256::LUT[cc as usize] == x));
+        assert!(codes
+            .iter()
+            .zip(&v[r * k..])
+            .all(|(&cc, &x)| qk256::LUT[cc as usize] == x));
     }
     // Without a companion tensor every scale is 1.0.
     let m = TernaryMatrix::new(TernaryLayout::Qk256, n_out, k, &packed, None).unwrap();
     assert!(m.scales_default_to_one());
     let mut row = vec![0f32; k];
     m.dequantize_row(2, &mut row).unwrap();
-    assert!(row.iter().zip(&v[2 * k..]).all(|(&a, &b)| a == f32::from(b)));
+    assert!(row
+        .iter()
+        .zip(&v[2 * k..])
+        .all(|(&a, &b)| a == f32::from(b)));
     // With f16 companion scales (one per 256-block).
     let sc: Vec<u8> = (0..n_out * 2)
         .flat_map(|i| half::f16::from_f32(0.5 * (i + 1) as f32).to_le_bytes())
@@ -214,17 +246,45 @@ fn qk256_round_trip_ragged_rows() {
 fn sizes_per_formats_table() {
     let (n_out, k) = (2560, 6912);
     let n = n_out * k;
-    assert_eq!(TernaryLayout::I2S.tensor_bytes(n_out, k).unwrap(), n / 4 + 32);
-    assert_eq!(TernaryLayout::Qk256.tensor_bytes(n_out, k).unwrap(), n / 256 * 64);
-    assert_eq!(TernaryLayout::Split32WithSibling.tensor_bytes(n_out, k).unwrap(), n / 32 * 8);
-    assert_eq!(TernaryLayout::BitNet32F16.tensor_bytes(n_out, k).unwrap(), n / 32 * 10);
-    assert_eq!(TernaryLayout::Tq2_0.tensor_bytes(n_out, k).unwrap(), n / 256 * 66);
-    assert_eq!(TernaryLayout::Tq1_0.tensor_bytes(n_out, k).unwrap(), n / 256 * 54);
+    assert_eq!(
+        TernaryLayout::I2S.tensor_bytes(n_out, k).unwrap(),
+        n / 4 + 32
+    );
+    assert_eq!(
+        TernaryLayout::Qk256.tensor_bytes(n_out, k).unwrap(),
+        n / 256 * 64
+    );
+    assert_eq!(
+        TernaryLayout::Split32WithSibling
+            .tensor_bytes(n_out, k)
+            .unwrap(),
+        n / 32 * 8
+    );
+    assert_eq!(
+        TernaryLayout::BitNet32F16.tensor_bytes(n_out, k).unwrap(),
+        n / 32 * 10
+    );
+    assert_eq!(
+        TernaryLayout::Tq2_0.tensor_bytes(n_out, k).unwrap(),
+        n / 256 * 66
+    );
+    assert_eq!(
+        TernaryLayout::Tq1_0.tensor_bytes(n_out, k).unwrap(),
+        n / 256 * 54
+    );
     // 2B-4T per-layer I2_S bytes (MODEL.md): 17,367,264.
-    let layer: usize = [(2560, 2560), (640, 2560), (640, 2560), (2560, 2560), (6912, 2560), (6912, 2560), (2560, 6912)]
-        .iter()
-        .map(|&(o, i)| TernaryLayout::I2S.tensor_bytes(o, i).unwrap())
-        .sum();
+    let layer: usize = [
+        (2560, 2560),
+        (640, 2560),
+        (640, 2560),
+        (2560, 2560),
+        (6912, 2560),
+        (6912, 2560),
+        (2560, 6912),
+    ]
+    .iter()
+    .map(|&(o, i)| TernaryLayout::I2S.tensor_bytes(o, i).unwrap())
+    .sum();
     assert_eq!(layer, 17_367_264);
     assert!(TernaryLayout::I2S.tensor_bytes(4, 96).is_err());
     assert!(TernaryLayout::Tq2_0.tensor_bytes(4, 128).is_err());
@@ -238,7 +298,8 @@ fn detect(
     sib: Option<&[u8]>,
 ) -> Result<TernaryLayout, KernelError> {
     let buf = vec![0u8; avail];
-    TernaryMatrix::detect_type36("blk.0.attn_q.weight", n_out, k, &buf, align, sib).map(|m| m.layout())
+    TernaryMatrix::detect_type36("blk.0.attn_q.weight", n_out, k, &buf, align, sib)
+        .map(|m| m.layout())
 }
 
 #[test]
@@ -246,12 +307,24 @@ fn detect_each_layout_by_exact_size() {
     let (n_out, k) = (2560, 2560);
     let n = n_out * k;
     // bitnet.cpp I2_S, exactly and with padding up to the alignment.
-    assert_eq!(detect(n_out, k, n / 4 + 32, 32, None).unwrap(), TernaryLayout::I2S);
-    assert_eq!(detect(640, 2560, 640 * 640 + 32, 32, None).unwrap(), TernaryLayout::I2S);
+    assert_eq!(
+        detect(n_out, k, n / 4 + 32, 32, None).unwrap(),
+        TernaryLayout::I2S
+    );
+    assert_eq!(
+        detect(640, 2560, 640 * 640 + 32, 32, None).unwrap(),
+        TernaryLayout::I2S
+    );
     // QK256: n/4 bytes — 32 fewer than I2_S; with and without a companion scale tensor.
-    assert_eq!(detect(n_out, k, n / 4, 32, None).unwrap(), TernaryLayout::Qk256);
+    assert_eq!(
+        detect(n_out, k, n / 4, 32, None).unwrap(),
+        TernaryLayout::Qk256
+    );
     let comp = vec![0u8; n / 256 * 4];
-    assert_eq!(detect(n_out, k, n / 4, 32, Some(&comp)).unwrap(), TernaryLayout::Qk256);
+    assert_eq!(
+        detect(n_out, k, n / 4, 32, Some(&comp)).unwrap(),
+        TernaryLayout::Qk256
+    );
     // Split32: the same n/4 bytes, told apart by a sibling of one scale per 32 elements.
     let sib32 = vec![0u8; n / 32 * 2];
     assert_eq!(
@@ -259,11 +332,17 @@ fn detect_each_layout_by_exact_size() {
         TernaryLayout::Split32WithSibling
     );
     // BitNet32F16: n/32·10.
-    assert_eq!(detect(n_out, k, n / 32 * 10, 32, None).unwrap(), TernaryLayout::BitNet32F16);
+    assert_eq!(
+        detect(n_out, k, n / 32 * 10, 32, None).unwrap(),
+        TernaryLayout::BitNet32F16
+    );
     // QK256 with ragged rows: 3 × 300 → 3 rows × 2 blocks × 64 bytes = 384.
     assert_eq!(detect(3, 300, 384, 32, None).unwrap(), TernaryLayout::Qk256);
     // Padding of the last block of a tensor: accepted up to the alignment.
-    assert_eq!(detect(1, 64, 32, 32, None).unwrap(), TernaryLayout::BitNet32F16);
+    assert_eq!(
+        detect(1, 64, 32, 32, None).unwrap(),
+        TernaryLayout::BitNet32F16
+    );
 }
 
 #[test]
@@ -287,7 +366,12 @@ fn detect_ambiguous_and_truncated_name_everything() {
     let n = n_out * k;
     let e = detect(n_out, k, n / 4 + 32, 256, None).unwrap_err();
     match &e {
-        KernelError::AmbiguousLayout { tensor, n_elements, available, candidates } => {
+        KernelError::AmbiguousLayout {
+            tensor,
+            n_elements,
+            available,
+            candidates,
+        } => {
             assert_eq!(tensor, "blk.0.attn_q.weight");
             assert_eq!(*n_elements, n);
             assert_eq!(*available, n / 4 + 32);
@@ -297,7 +381,10 @@ fn detect_ambiguous_and_truncated_name_everything() {
         other => panic!("{other}"),
     }
     let msg = e.to_string();
-    assert!(msg.contains("blk.0.attn_q.weight") && msg.contains(&n.to_string()), "{msg}");
+    assert!(
+        msg.contains("blk.0.attn_q.weight") && msg.contains(&n.to_string()),
+        "{msg}"
+    );
     // Tiny tensor with padding: 1×64 with a sibling of two f16 scales → Split32 (16 bytes)
     // and BitNet32F16 (20 bytes) both pad to 32.
     let sib = [0u8; 4];
@@ -308,7 +395,12 @@ fn detect_ambiguous_and_truncated_name_everything() {
     let n = n_out * k;
     let e = detect(n_out, k, n / 4 - 1, 32, None).unwrap_err();
     match &e {
-        KernelError::NoLayout { tensor, available, candidates, .. } => {
+        KernelError::NoLayout {
+            tensor,
+            available,
+            candidates,
+            ..
+        } => {
             assert_eq!(tensor, "blk.0.attn_q.weight");
             assert_eq!(*available, n / 4 - 1);
             assert_eq!(candidates.len(), 4);

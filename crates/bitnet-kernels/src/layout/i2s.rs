@@ -58,7 +58,7 @@ pub const fn sanitize_byte(b: u8) -> u8 {
 /// Pack codes (0..=3, one per element; n % 128 == 0) and β into an I2_S tensor
 /// (`n/4 + 32` bytes; the 28 unused tail bytes are written as zero).
 pub fn pack_codes(codes: &[u8], beta: f32) -> Result<Vec<u8>, KernelError> {
-    if codes.len() % BLOCK_ELEMS != 0 {
+    if !codes.len().is_multiple_of(BLOCK_ELEMS) {
         return Err(KernelError::BadRowLength {
             layout: super::TernaryLayout::I2S,
             cols: codes.len(),

@@ -91,7 +91,7 @@ impl TernaryLayout {
     /// Check that K suits the layout.
     pub fn check_k(self, n_in: usize) -> Result<(), KernelError> {
         let multiple = self.k_multiple();
-        if n_in == 0 || n_in % multiple != 0 {
+        if n_in == 0 || !n_in.is_multiple_of(multiple) {
             return Err(KernelError::BadRowLength {
                 layout: self,
                 cols: n_in,

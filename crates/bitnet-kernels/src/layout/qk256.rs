@@ -54,7 +54,7 @@ pub fn pack_row(values: &[i8]) -> Result<Vec<u8>, KernelError> {
 
 /// Pack a matrix (n_out rows of K values) row by row.
 pub fn pack(values: &[i8], n_in: usize) -> Result<Vec<u8>, KernelError> {
-    if n_in == 0 || values.len() % n_in != 0 {
+    if n_in == 0 || !values.len().is_multiple_of(n_in) {
         return Err(KernelError::ShapeMismatch {
             what: "QK256 values",
             expected: n_in,

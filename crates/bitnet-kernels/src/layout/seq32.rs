@@ -55,7 +55,7 @@ pub const fn value_of_code(c: u8) -> i8 {
 }
 
 fn check(layout: TernaryLayout, values: &[i8], n_scales: usize) -> Result<(), KernelError> {
-    if values.len() % BLOCK_ELEMS != 0 || n_scales != values.len() / BLOCK_ELEMS {
+    if !values.len().is_multiple_of(BLOCK_ELEMS) || n_scales != values.len() / BLOCK_ELEMS {
         return Err(KernelError::BadRowLength {
             layout,
             cols: values.len(),

@@ -62,7 +62,7 @@ pub fn code(b: &[u8], e: usize) -> u8 {
 
 /// Pack ternary values (n % 256 == 0) with one scale per block (stored as f16).
 pub fn pack(values: &[i8], scales: &[f32]) -> Result<Vec<u8>, KernelError> {
-    if values.len() % BLOCK_ELEMS != 0 || scales.len() != values.len() / BLOCK_ELEMS {
+    if !values.len().is_multiple_of(BLOCK_ELEMS) || scales.len() != values.len() / BLOCK_ELEMS {
         return Err(KernelError::BadRowLength {
             layout: TernaryLayout::Tq1_0,
             cols: values.len(),

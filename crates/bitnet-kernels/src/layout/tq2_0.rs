@@ -41,7 +41,7 @@ pub fn code(qs: &[u8], e: usize) -> u8 {
 
 /// Pack ternary values (n % 256 == 0) with one scale per 256-element block (stored as f16).
 pub fn pack(values: &[i8], scales: &[f32]) -> Result<Vec<u8>, KernelError> {
-    if values.len() % BLOCK_ELEMS != 0 || scales.len() != values.len() / BLOCK_ELEMS {
+    if !values.len().is_multiple_of(BLOCK_ELEMS) || scales.len() != values.len() / BLOCK_ELEMS {
         return Err(KernelError::BadRowLength {
             layout: TernaryLayout::Tq2_0,
             cols: values.len(),

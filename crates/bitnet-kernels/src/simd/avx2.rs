@@ -98,7 +98,8 @@ unsafe fn loadx(x: &[i8], off: usize) -> __m256i {
 
 fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     let k = p.k;
-    if k % 128 != 0 || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt {
+    if !k.is_multiple_of(128) || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt
+    {
         return scalar::i2s(w_row, p, t0, nt, out);
     }
     // SAFETY: the table holding this function is only handed out after runtime detection of
@@ -170,8 +171,15 @@ pub(crate) unsafe fn i2s_block(w: &[u8], x: &[i8]) -> i32 {
     let m3 = _mm256_set1_epi8(3);
     let m55 = _mm256_set1_epi8(0x55);
     // SAFETY: lengths per the contract.
-    let (mut w, x0, x1, x2, x3) =
-        unsafe { (load32(w, 0), loadx(x, 0), loadx(x, 32), loadx(x, 64), loadx(x, 96)) };
+    let (mut w, x0, x1, x2, x3) = unsafe {
+        (
+            load32(w, 0),
+            loadx(x, 0),
+            loadx(x, 32),
+            loadx(x, 64),
+            loadx(x, 96),
+        )
+    };
     let both = _mm256_and_si256(_mm256_and_si256(w, _mm256_srli_epi16::<1>(w)), m55);
     w = _mm256_xor_si256(w, _mm256_add_epi8(both, both));
     let a = _mm256_add_epi16(
@@ -182,7 +190,10 @@ pub(crate) unsafe fn i2s_block(w: &[u8], x: &[i8]) -> i32 {
         _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16::<2>(w), m3), x2),
         _mm256_maddubs_epi16(_mm256_and_si256(w, m3), x3),
     );
-    hsum_i32(_mm256_madd_epi16(_mm256_add_epi16(a, c), _mm256_set1_epi16(1)))
+    hsum_i32(_mm256_madd_epi16(
+        _mm256_add_epi16(a, c),
+        _mm256_set1_epi16(1),
+    ))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -191,7 +202,7 @@ pub(crate) unsafe fn i2s_block(w: &[u8], x: &[i8]) -> i32 {
 fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     let k = p.k;
     let nb = k / 256;
-    if k % 256 != 0
+    if !k.is_multiple_of(256)
         || w_row.len() < nb * tq2_0::BLOCK_BYTES
         || p.x.len() < (t0 + nt) * k
         || out.len() < nt * nb
@@ -288,7 +299,7 @@ fn times3_128(v: __m128i) -> __m128i {
 fn tq1(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     let k = p.k;
     let nb = k / 256;
-    if k % 256 != 0
+    if !k.is_multiple_of(256)
         || w_row.len() < nb * tq1_0::BLOCK_BYTES
         || p.x.len() < (t0 + nt) * k
         || out.len() < nt * nb
@@ -384,7 +395,7 @@ fn seq32_dispatch(
 ) {
     let k = p.k;
     let nb = k / 32;
-    if k % 32 != 0
+    if !k.is_multiple_of(32)
         || w_row.len() < nb * stride
         || p.kp < nb.div_ceil(4) * 128
         || p.xp.len() < (t0 + nt) * p.kp

@@ -78,8 +78,14 @@ fn planes(w: __m512i, msb_first: bool) -> [__m512i; 4] {
 #[target_feature(enable = "avx512f,avx512bw")]
 fn dot4(acc: __m512i, c: &[__m512i; 4], x: &[__m512i; 4]) -> __m512i {
     let s = _mm512_add_epi16(
-        _mm512_add_epi16(_mm512_maddubs_epi16(c[0], x[0]), _mm512_maddubs_epi16(c[1], x[1])),
-        _mm512_add_epi16(_mm512_maddubs_epi16(c[2], x[2]), _mm512_maddubs_epi16(c[3], x[3])),
+        _mm512_add_epi16(
+            _mm512_maddubs_epi16(c[0], x[0]),
+            _mm512_maddubs_epi16(c[1], x[1]),
+        ),
+        _mm512_add_epi16(
+            _mm512_maddubs_epi16(c[2], x[2]),
+            _mm512_maddubs_epi16(c[3], x[3]),
+        ),
     );
     _mm512_add_epi32(acc, _mm512_madd_epi16(s, _mm512_set1_epi16(1)))
 }
@@ -110,7 +116,8 @@ fn sanitize(w: __m512i) -> __m512i {
 
 fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     let k = p.k;
-    if k % 128 != 0 || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt {
+    if !k.is_multiple_of(128) || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt
+    {
         return scalar::i2s(w_row, p, t0, nt, out);
     }
     // SAFETY: this table is handed out only after runtime detection of AVX-512 F+BW (and
@@ -194,7 +201,7 @@ unsafe fn i2s_tile_vnni<const NT: usize>(
 fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     let k = p.k;
     let nb = k / 256;
-    if k % 256 != 0
+    if !k.is_multiple_of(256)
         || w_row.len() < nb * tq2_0::BLOCK_BYTES
         || p.x.len() < (t0 + nt) * k
         || out.len() < nt * nb
@@ -216,8 +223,9 @@ macro_rules! tq2_body {
         let nb = $p.k / 256;
         let xs: [&[i8]; $NT] = std::array::from_fn(|i| $p.token($t0 + i));
         for b in 0..nb {
+            let wp = $w_row[b * tq2_0::BLOCK_BYTES..].as_ptr();
             // SAFETY: 66b + 64 ≤ 66·nb ≤ w_row.len().
-            let w = unsafe { _mm512_loadu_si512($w_row.as_ptr().add(b * tq2_0::BLOCK_BYTES).cast()) };
+            let w = unsafe { _mm512_loadu_si512(wp.cast()) };
             let c = planes(w, false);
             for (t, x) in xs.iter().enumerate() {
                 let o = 256 * b;

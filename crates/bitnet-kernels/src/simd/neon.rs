@@ -166,8 +166,7 @@ macro_rules! tq2_fns {
                             let c = planes(unsafe { ldw(w_row, off) }, false);
                             for (l, cl) in c.iter().enumerate() {
                                 // SAFETY: as above.
-                                let xv =
-                                    unsafe { ldx(x, 256 * b + 128 * g + 32 * l + 16 * h) };
+                                let xv = unsafe { ldx(x, 256 * b + 128 * g + 32 * l + 16 * h) };
                                 acc = $dot(acc, *cl, xv);
                             }
                         }

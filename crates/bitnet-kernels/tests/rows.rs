@@ -1,0 +1,266 @@
+//! Row formats: dequantization against hand-built blocks, every tier's dots against the
+//! scalar order (bit-identical) and against f64 (stated bound), quantizers' error bounds.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
+
+mod common;
+
+use std::borrow::Cow;
+
+use bitnet_kernels::rows::{dequantize_row_bytes, quantize_row_into};
+use bitnet_kernels::{supported_isas, F16DotOrder, Pool, RowMatrix, RowType};
+use common::Rng;
+
+fn f16b(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_le_bytes()
+}
+
+#[test]
+fn q8_0_block_by_hand() {
+    let mut blk = Vec::new();
+    blk.extend_from_slice(&f16b(0.5));
+    blk.extend((0..32).map(|i| (i as i8 - 16) as u8));
+    let mut out = [0f32; 32];
+    dequantize_row_bytes(RowType::Q8_0, &blk, &mut out);
+    for (i, &o) in out.iter().enumerate() {
+        assert_eq!(o, 0.5 * (i as f32 - 16.0));
+    }
+}
+
+#[test]
+fn q4_0_block_by_hand() {
+    let mut blk = Vec::new();
+    blk.extend_from_slice(&f16b(0.25));
+    // byte j: low nibble = element j, high nibble = element j + 16.
+    blk.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let mut out = [0f32; 32];
+    dequantize_row_bytes(RowType::Q4_0, &blk, &mut out);
+    for j in 0..16 {
+        assert_eq!(out[j], 0.25 * (j as f32 - 8.0));
+        assert_eq!(out[j + 16], 0.25 * ((15 - j) as f32 - 8.0));
+    }
+}
+
+#[test]
+fn q6_k_block_by_hand() {
+    // Levels L (0..64) placed per the ggml layout, written here element by element:
+    // element 128h + 32g + l (g = 0..4, l = 0..32): low 4 bits in ql[64h + l + 32(g&1)]
+    // (high nibble if g >= 2), high 2 bits in qh[32h + l] at bits 2g; scale index
+    // 8h + l/16 + 2g; w = (d · scale) · (L − 32).
+    let mut rng = Rng::new(9);
+    let levels: Vec<u8> = (0..256).map(|_| rng.below(64) as u8).collect();
+    let scales: Vec<i8> = (0..16).map(|i| (i as i8) * 7 - 50).collect();
+    let mut b = vec![0u8; 210];
+    for h in 0..2 {
+        for g in 0..4 {
+            for l in 0..32 {
+                let lv = levels[128 * h + 32 * g + l];
+                let qi = 64 * h + l + 32 * (g & 1);
+                b[qi] |= if g >= 2 { (lv & 15) << 4 } else { lv & 15 };
+                b[128 + 32 * h + l] |= (lv >> 4) << (2 * g);
+            }
+        }
+    }
+    for (i, &s) in scales.iter().enumerate() {
+        b[192 + i] = s as u8;
+    }
+    b[208..210].copy_from_slice(&f16b(0.125));
+    let mut out = [0f32; 256];
+    dequantize_row_bytes(RowType::Q6K, &b, &mut out);
+    for h in 0..2 {
+        for g in 0..4 {
+            for l in 0..32 {
+                let e = 128 * h + 32 * g + l;
+                let sc = f32::from(scales[8 * h + l / 16 + 2 * g]);
+                let want = (0.125 * sc) * (f32::from(levels[e]) - 32.0);
+                assert_eq!(out[e], want, "element {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn quantizers_error_bounds() {
+    let mut rng = Rng::new(10);
+    let x: Vec<f32> = (0..512).map(|_| rng.f32() * 0.7).collect();
+    for (ty, bound_in_d) in [
+        (RowType::Q8_0, 0.5),
+        (RowType::Q4_0, 1.0),
+        (RowType::Q6K, 0.0),
+    ] {
+        let mut enc = vec![0u8; ty.row_bytes(512).unwrap()];
+        quantize_row_into(ty, &x, &mut enc);
+        let mut dec = vec![0f32; 512];
+        dequantize_row_bytes(ty, &enc, &mut dec);
+        let be = ty.block_elems();
+        for (blk, (xb, db)) in x.chunks(be).zip(dec.chunks(be)).enumerate() {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let max_err = xb
+                .iter()
+                .zip(db)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            let limit = match ty {
+                // d = amax/127: rounding gives d/2; d is stored as f16 (relative error
+                // ≤ 2^-11) and multiplies |q| ≤ 127.
+                RowType::Q8_0 => (bound_in_d + 127.0 / 2048.0) * amax / 127.0 * 1.001 + 1e-7,
+                // d = amax/8: rounding and the clamp at 15 give d; f16 d times |q| ≤ 8.
+                RowType::Q4_0 => (bound_in_d + 8.0 / 2048.0) * amax / 8.0 * 1.001 + 1e-7,
+                // 6-bit levels: a few percent of the block max.
+                _ => amax * 0.05,
+            };
+            assert!(
+                max_err <= limit,
+                "{ty:?} block {blk}: err {max_err} > {limit}"
+            );
+        }
+    }
+    // All-zero input encodes to zeros.
+    for ty in [RowType::Q8_0, RowType::Q4_0, RowType::Q6K] {
+        let mut enc = vec![0u8; ty.row_bytes(256).unwrap()];
+        quantize_row_into(ty, &[0.0; 256], &mut enc);
+        let mut dec = vec![1f32; 256];
+        dequantize_row_bytes(ty, &enc, &mut dec);
+        assert!(dec.iter().all(|&v| v == 0.0), "{ty:?}");
+    }
+}
+
+fn random_rows(rng: &mut Rng, ty: RowType, rows: usize, cols: usize) -> Vec<u8> {
+    let x: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+    let rb = ty.row_bytes(cols).unwrap();
+    let mut out = vec![0u8; rows * rb];
+    for r in 0..rows {
+        quantize_row_into(
+            ty,
+            &x[r * cols..(r + 1) * cols],
+            &mut out[r * rb..(r + 1) * rb],
+        );
+    }
+    out
+}
+
+#[test]
+fn row_dots_every_tier_matches_scalar_and_f64() {
+    let mut rng = Rng::new(11);
+    let pools = [Pool::new(1), Pool::new(2)];
+    let types = [
+        RowType::F32,
+        RowType::F16,
+        RowType::BF16,
+        RowType::Q8_0,
+        RowType::Q6K,
+        RowType::Q4_0,
+    ];
+    for ty in types {
+        for _ in 0..6 {
+            let rows = 1 + rng.below(40);
+            let be = ty.block_elems().max(1);
+            let cols = match ty {
+                RowType::F32 | RowType::F16 | RowType::BF16 => 1 + rng.below(300),
+                _ => be * (1 + rng.below(4)),
+            };
+            let data = random_rows(&mut rng, ty, rows, cols);
+            let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&data)).unwrap();
+            for n_tok in [1usize, 3] {
+                let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32()).collect();
+                for order in [F16DotOrder::Auto, F16DotOrder::Ggml, F16DotOrder::Lanes8] {
+                    let mut want = vec![0f32; n_tok * rows];
+                    m.matmul_f32_on(bitnet_kernels::Isa::Scalar, &x, &mut want, &pools[0], order)
+                        .unwrap()
+                        .unwrap();
+                    // Scalar against f64 with dequantized rows: |Δ| ≤ 2·cols·ε·Σ|w·x|.
+                    let mut w = vec![0f32; cols];
+                    for r in 0..rows {
+                        m.dequantize_row(r, &mut w).unwrap();
+                        for t in 0..n_tok {
+                            let xt = &x[t * cols..(t + 1) * cols];
+                            let exact: f64 = w
+                                .iter()
+                                .zip(xt)
+                                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                                .sum();
+                            let mag: f64 = w
+                                .iter()
+                                .zip(xt)
+                                .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                                .sum();
+                            let got = f64::from(want[t * rows + r]);
+                            let bound = 2.0 * cols as f64 * f64::from(f32::EPSILON) * mag + 1e-30;
+                            assert!(
+                                (got - exact).abs() <= bound,
+                                "{ty:?} {rows}x{cols}: {got} vs {exact}"
+                            );
+                        }
+                    }
+                    for isa in supported_isas() {
+                        for pool in &pools {
+                            let mut got = vec![f32::NAN; n_tok * rows];
+                            m.matmul_f32_on(isa, &x, &mut got, pool, order)
+                                .unwrap()
+                                .unwrap();
+                            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{ty:?} {rows}x{cols} {isa:?} {order:?} idx {i}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn quantize_from_f16_embedding() {
+    let mut rng = Rng::new(12);
+    let (rows, cols) = (37, 512);
+    let data = random_rows(&mut rng, RowType::F16, rows, cols);
+    let src = RowMatrix::new(RowType::F16, rows, cols, Cow::Borrowed(&data)).unwrap();
+    let pool = Pool::new(2);
+    for ty in [RowType::Q8_0, RowType::Q6K, RowType::Q4_0, RowType::BF16] {
+        let q = RowMatrix::quantize_from(&src, ty, &pool).unwrap();
+        assert_eq!(q.rows(), rows);
+        assert_eq!(q.nbytes(), rows * ty.row_bytes(cols).unwrap());
+        let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+        for r in 0..rows {
+            src.dequantize_row(r, &mut a).unwrap();
+            q.dequantize_row(r, &mut b).unwrap();
+            // Row by row equal to the single-row quantizer.
+            let mut enc = vec![0u8; ty.row_bytes(cols).unwrap()];
+            quantize_row_into(ty, &a, &mut enc);
+            let mut c = vec![0f32; cols];
+            dequantize_row_bytes(ty, &enc, &mut c);
+            assert_eq!(b, c);
+        }
+    }
+    assert!(RowMatrix::new(RowType::Q8_0, 2, 48, Cow::Owned(vec![0; 68])).is_err());
+    assert!(RowMatrix::new(RowType::Q8_0, 2, 64, Cow::Owned(vec![0; 135])).is_err());
+    let mut out = vec![0f32; 512];
+    assert!(src.dequantize_row(rows, &mut out).is_err());
+}
+
+#[test]
+fn ggml_f16_order_by_hand() {
+    // 32 elements: w = 1, x = 2^-24 · [1..32] in lane order; the ggml order reduces
+    // (a0+a2)+(a1+a3) lane-wise, then (t0+t1)+(t2+t3) of lo+hi — exact here, so the
+    // result is the plain sum; a single huge value shows that leftovers go through f64.
+    let w: Vec<u8> = (0..33).flat_map(|_| f16b(1.0)).collect();
+    let mut x: Vec<f32> = (1..=32).map(|i| i as f32).collect();
+    x.push(0.5);
+    let m = RowMatrix::new(RowType::F16, 1, 33, Cow::Borrowed(&w)).unwrap();
+    let pool = Pool::new(1);
+    for isa in supported_isas() {
+        let mut out = [0f32; 1];
+        m.matmul_f32_on(isa, &x, &mut out, &pool, F16DotOrder::Ggml)
+            .unwrap()
+            .unwrap();
+        assert_eq!(out[0], 528.5);
+    }
+}
