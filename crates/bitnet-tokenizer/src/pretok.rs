@@ -3,8 +3,21 @@
 //! A pre-tokenizer is a list of regexes applied in sequence. Each regex cuts every
 //! current piece into its matches *and* the gaps between them (HF `Split` with
 //! `Isolated` behaviour; llama.cpp `unicode_regex_split`), so no text is ever dropped.
+//!
+//! # Linear time without look-ahead
+//! The LLaMA-3 and GPT-2 patterns contain `\s+(?!\S)`, a look-ahead that needs a
+//! backtracking engine; backtracking engines (fancy-regex, Oniguruma) run out of stack
+//! on long runs of one letter (fancy-regex gives up on 1.6 million `a`s). Here each
+//! pattern runs on the `regex` crate (finite automata, linear time, no stack) with that
+//! branch rewritten to `\s+`, and the look-ahead is applied afterwards: a whitespace
+//! run matched by that branch and followed by more text gives back its last character,
+//! which is exactly what `\s+(?!\S)` does (the run is maximal, so it is followed by
+//! a non-space or the end; at the end it is kept whole; a single character falls
+//! through to the plain `\s+` alternative, or to an unmatched gap in GPT-2's
+//! pattern, which becomes the same one-character piece). A differential test checks
+//! the rewrite against the original patterns on fancy-regex.
 
-use fancy_regex::Regex;
+use regex::Regex;
 
 use crate::TokenizerError;
 
@@ -73,29 +86,69 @@ pub(crate) fn truncate(s: &str, max: usize) -> String {
     s[..end].to_owned()
 }
 
-/// Backtracking budget per regex search. The patterns above backtrack at most a few
-/// steps per match; this only bounds pathological engine behaviour.
-const BACKTRACK_LIMIT: usize = 10_000_000;
+/// How a compiled pattern's last alternative must be post-processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tail {
+    /// Plain pattern: matches are used as found.
+    Plain,
+    /// The pattern ended in `\s+(?!\S)` (rewritten to `\s+`). `newline_branch`: an
+    /// earlier alternative (`\s*[\r\n]+`) matches whitespace runs containing a line
+    /// break, so only runs without one can come from the rewritten branch.
+    WsLookahead { newline_branch: bool },
+}
+
+/// The look-ahead-free form of each pattern (see the module docs).
+fn rewrite(pattern: &str) -> (String, Tail) {
+    if let Some(head) = pattern.strip_suffix(r"|\s+(?!\S)|\s+") {
+        let newline_branch = head.ends_with(r"|\s*[\r\n]+");
+        return (format!(r"{head}|\s+"), Tail::WsLookahead { newline_branch });
+    }
+    if let Some(head) = pattern.strip_suffix(r"|\s+(?!\S)") {
+        return (
+            format!(r"{head}|\s+"),
+            Tail::WsLookahead {
+                newline_branch: false,
+            },
+        );
+    }
+    (pattern.to_owned(), Tail::Plain)
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    re: Regex,
+    tail: Tail,
+}
 
 /// A compiled pre-tokenizer.
 #[derive(Debug, Clone)]
 pub(crate) struct Splitter {
-    regexes: Vec<Regex>,
+    rules: Vec<Rule>,
+    /// `\A\s+\z`: whitespace exactly as the patterns' `\s` defines it.
+    ws_only: Regex,
+}
+
+fn compile(pattern: &str) -> Result<Regex, TokenizerError> {
+    Regex::new(pattern).map_err(|e| TokenizerError::Regex(e.to_string()))
 }
 
 impl Splitter {
     pub(crate) fn new(pre: PreTokenizer) -> Result<Self, TokenizerError> {
-        let regexes = pre
+        let rules = pre
             .regexes()
             .iter()
-            .map(|r| {
-                fancy_regex::RegexBuilder::new(r)
-                    .backtrack_limit(BACKTRACK_LIMIT)
-                    .build()
-                    .map_err(|e| TokenizerError::Regex(e.to_string()))
+            .map(|p| {
+                let (pattern, tail) = rewrite(p);
+                Ok(Rule {
+                    re: compile(&pattern)?,
+                    tail,
+                })
             })
-            .collect::<Result<_, _>>()?;
-        Ok(Self { regexes })
+            .collect::<Result<_, TokenizerError>>()?;
+        Ok(Self {
+            rules,
+            ws_only: compile(r"\A\s+\z")?,
+        })
     }
 
     /// Cuts `text` into pieces (matches and gaps of every regex in turn), in order.
@@ -103,42 +156,86 @@ impl Splitter {
     pub(crate) fn split<'t>(&self, text: &'t str) -> Result<Vec<&'t str>, TokenizerError> {
         let mut pieces = vec![text];
         let mut next = Vec::new();
-        for re in &self.regexes {
+        for rule in &self.rules {
             next.clear();
             for &piece in &pieces {
-                split_one(re, piece, &mut next)?;
+                self.split_one(rule, piece, &mut next);
             }
             std::mem::swap(&mut pieces, &mut next);
         }
         pieces.retain(|p| !p.is_empty());
         Ok(pieces)
     }
-}
 
-fn split_one<'t>(re: &Regex, text: &'t str, out: &mut Vec<&'t str>) -> Result<(), TokenizerError> {
-    let mut prev = 0;
-    for m in re.find_iter(text) {
-        let m = m.map_err(|e| TokenizerError::Regex(e.to_string()))?;
-        if m.start() > prev {
-            out.push(&text[prev..m.start()]);
-        }
-        if m.end() > m.start() {
-            out.push(m.as_str());
-        }
-        prev = m.end();
+    /// Whether a match is a whitespace run from the rewritten `\s+(?!\S)` branch.
+    fn is_lookahead_ws_run(&self, m: &str, newline_branch: bool) -> bool {
+        self.ws_only.is_match(m) && !(newline_branch && m.contains(['\r', '\n']))
     }
-    if prev < text.len() {
-        out.push(&text[prev..]);
+
+    fn split_one<'t>(&self, rule: &Rule, text: &'t str, out: &mut Vec<&'t str>) {
+        let mut pos = 0; // where the next search starts
+        let mut emitted = 0; // end of the last piece pushed
+        while pos < text.len() {
+            let Some(m) = rule.re.find_at(text, pos) else {
+                break;
+            };
+            let (start, mut end) = (m.start(), m.end());
+            if end == start {
+                // No pattern here matches the empty string; skip a character if one did.
+                pos = text[start..]
+                    .chars()
+                    .next()
+                    .map_or(text.len(), |c| start + c.len_utf8());
+                continue;
+            }
+            if let Tail::WsLookahead { newline_branch } = rule.tail {
+                if end < text.len() && self.is_lookahead_ws_run(m.as_str(), newline_branch) {
+                    // `\s+(?!\S)`: leave the run's last character to the next piece,
+                    // unless the run is a single character.
+                    let last = m.as_str().chars().next_back().map_or(0, char::len_utf8);
+                    if end - start > last {
+                        end -= last;
+                    }
+                }
+            }
+            if start > emitted {
+                out.push(&text[emitted..start]);
+            }
+            out.push(&text[start..end]);
+            emitted = end;
+            pos = end;
+        }
+        if emitted < text.len() {
+            out.push(&text[emitted..]);
+        }
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::Strategy;
+    use proptest::prelude::*;
+
+    const ALL: [PreTokenizer; 3] = [
+        PreTokenizer::Llama3,
+        PreTokenizer::Default,
+        PreTokenizer::Gpt2,
+    ];
+
+    fn index(pre: PreTokenizer) -> usize {
+        ALL.iter().position(|&p| p == pre).unwrap()
+    }
+
+    /// Compiled once per test binary: the Unicode classes make compilation slow.
+    fn splitter(pre: PreTokenizer) -> &'static Splitter {
+        static CELLS: [std::sync::OnceLock<Splitter>; 3] =
+            [const { std::sync::OnceLock::new() }; 3];
+        CELLS[index(pre)].get_or_init(|| Splitter::new(pre).unwrap())
+    }
 
     fn split(pre: PreTokenizer, text: &str) -> Vec<&str> {
-        Splitter::new(pre).unwrap().split(text).unwrap()
+        splitter(pre).split(text).unwrap()
     }
 
     #[test]
@@ -179,6 +276,99 @@ mod tests {
             split(PreTokenizer::Default, "I'm 12345 ok."),
             vec!["I", "'", "m", " ", "123", "45", " ok", "."]
         );
+    }
+
+    #[test]
+    fn rewrite_only_touches_the_lookahead() {
+        let (l3, tail) = rewrite(LLAMA3_REGEX);
+        assert_eq!(
+            tail,
+            Tail::WsLookahead {
+                newline_branch: true
+            }
+        );
+        assert_eq!(
+            l3.replace(r"|\s*[\r\n]+|\s+", r"|\s*[\r\n]+|\s+(?!\S)|\s+"),
+            LLAMA3_REGEX
+        );
+        let (g2, tail) = rewrite(GPT2_REGEX);
+        assert_eq!(
+            tail,
+            Tail::WsLookahead {
+                newline_branch: false
+            }
+        );
+        assert_eq!(format!("{}(?!\\S)", g2), GPT2_REGEX);
+        for r in [DEFAULT_REGEXES[0], DEFAULT_REGEXES[2], DEFAULT_REGEXES[3]] {
+            assert_eq!(rewrite(r), (r.to_owned(), Tail::Plain));
+        }
+    }
+
+    /// The original patterns on a backtracking engine, with HF `Split`/`Isolated`
+    /// semantics: the oracle for the rewrite.
+    fn oracle(pre: PreTokenizer, text: &str) -> Vec<String> {
+        static CELLS: [std::sync::OnceLock<Vec<fancy_regex::Regex>>; 3] =
+            [const { std::sync::OnceLock::new() }; 3];
+        let regexes = CELLS[index(pre)].get_or_init(|| {
+            pre.regexes()
+                .iter()
+                .map(|r| fancy_regex::Regex::new(r).unwrap())
+                .collect()
+        });
+        let mut pieces = vec![text.to_owned()];
+        for re in regexes {
+            let mut next = Vec::new();
+            for p in &pieces {
+                let mut prev = 0;
+                for m in re.find_iter(p) {
+                    let m = m.unwrap();
+                    if m.start() > prev {
+                        next.push(p[prev..m.start()].to_owned());
+                    }
+                    next.push(m.as_str().to_owned());
+                    prev = m.end();
+                }
+                if prev < p.len() {
+                    next.push(p[prev..].to_owned());
+                }
+            }
+            pieces = next;
+        }
+        pieces
+    }
+
+    fn ws_heavy_text() -> impl Strategy<Value = String> {
+        let frag = prop_oneof![
+            "[ \t\r\n\u{a0}\u{3000}\u{2028}\u{85}\u{b}\u{c}]{1,5}",
+            "[a-zA-Z\u{e9}\u{65e5}]{1,3}",
+            "[0-9\u{663}]{1,5}",
+            "[!-/:-@\\[-`{-~\u{bf}\u{2014}]{1,3}",
+            "'[sStTmMdD]|'[rRvVlL][eElL]",
+            any::<char>().prop_map(String::from),
+        ];
+        prop::collection::vec(frag, 0..30).prop_map(|v| v.concat())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 400, ..Default::default() })]
+
+        #[test]
+        fn rewrite_matches_lookahead_patterns(text in ws_heavy_text()) {
+            for pre in ALL {
+                let got: Vec<String> = split(pre, &text).into_iter().map(str::to_owned).collect();
+                proptest::prop_assert_eq!(got, oracle(pre, &text), "{:?} on {:?}", pre, text);
+            }
+        }
+    }
+
+    #[test]
+    fn long_runs_do_not_fail() {
+        for unit in ["a", " ", "\n", " a", "1", "!"] {
+            let text = unit.repeat(2_000_000);
+            for pre in [PreTokenizer::Llama3, PreTokenizer::Default] {
+                assert_eq!(split(pre, &text).concat(), text);
+            }
+        }
     }
 
     #[test]
