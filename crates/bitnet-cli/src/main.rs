@@ -1,2 +1,53 @@
+//! `bitnet`: run, inspect and make BitNet b1.58 models.
 #![forbid(unsafe_code)]
-fn main() {}
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+mod download;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bitnet",
+    version,
+    about = "Fast, exact BitNet b1.58 inference on any CPU"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show a GGUF file's metadata and tensor table without reading tensor data.
+    Inspect(cmd::inspect::Args),
+    /// Write a seeded synthetic BitNet model with the official file's layout.
+    Synth(cmd::synth::Args),
+    /// Write raw little-endian f32 logits for a prompt (the parity tool).
+    Logits(cmd::logits::Args),
+    /// Generate text for a prompt, streamed to stdout.
+    Run(cmd::run::Args),
+    /// Chat interactively (line editing, history; the KV cache is kept across turns).
+    Chat(cmd::chat::Args),
+    /// Show the token ids and pieces of a text.
+    Tokenize(cmd::tokenize::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Synth(a) => cmd::synth::run(a),
+        Command::Logits(a) => cmd::logits::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

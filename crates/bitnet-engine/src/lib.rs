@@ -1,1 +1,354 @@
+//! Sessions, the generation loop, stop rules and the context policy.
 #![forbid(unsafe_code)]
+
+mod stop;
+
+use std::time::{Duration, Instant};
+
+use bitnet_kernels::Pool;
+use bitnet_model::{Exec, KvCache, KvType, Model, ModelError, Numerics, Outputs};
+use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
+use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+
+pub use stop::StopMatcher;
+
+/// Errors of a generation.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the context is full: {n_past} of {n_ctx} positions used (raise --ctx-size or start a new session)")]
+    ContextFull { n_past: usize, n_ctx: usize },
+    #[error("exact numerics needs an f16 KV cache")]
+    ExactNeedsF16,
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// What to do when generation reaches the end of the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContextPolicy {
+    /// Fail with [`EngineError::ContextFull`] (the default: never silently lose context).
+    #[default]
+    Error,
+    /// Stop generating and report [`FinishReason::Length`].
+    Stop,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token (EOS, `<|eot_id|>`, `<|eom_id|>`).
+    Eog,
+    /// A stop string matched.
+    StopString,
+    /// `max_tokens` reached, or the context filled under [`ContextPolicy::Stop`].
+    Length,
+    /// The caller cancelled.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// OpenAI's `finish_reason`.
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            FinishReason::Eog | FinishReason::StopString | FinishReason::Cancelled => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// Generation parameters.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    pub max_tokens: usize,
+    pub sampler: SamplerParams,
+    /// Text that ends generation; never emitted, matched across token boundaries.
+    pub stop: Vec<String>,
+    pub context_policy: ContextPolicy,
+}
+
+impl Default for GenParams {
+    fn default() -> Self {
+        GenParams {
+            max_tokens: 128,
+            sampler: SamplerParams::default(),
+            stop: Vec::new(),
+            context_policy: ContextPolicy::Error,
+        }
+    }
+}
+
+/// Timings and counts of one generation.
+#[derive(Debug, Clone, Copy)]
+pub struct GenStats {
+    /// Prompt tokens evaluated (after reusing the cached prefix).
+    pub prompt_tokens: usize,
+    /// Prompt tokens found in the cache and not evaluated again.
+    pub cached_tokens: usize,
+    pub prompt_time: Duration,
+    pub generated_tokens: usize,
+    pub generation_time: Duration,
+    pub finish: FinishReason,
+}
+
+impl GenStats {
+    pub fn prompt_tok_s(&self) -> f64 {
+        rate(self.prompt_tokens, self.prompt_time)
+    }
+    pub fn generation_tok_s(&self) -> f64 {
+        rate(self.generated_tokens, self.generation_time)
+    }
+}
+
+fn rate(n: usize, t: Duration) -> f64 {
+    let s = t.as_secs_f64();
+    if s > 0.0 {
+        n as f64 / s
+    } else {
+        0.0
+    }
+}
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    pub threads: usize,
+    pub numerics: Numerics,
+    pub kv_type: KvType,
+    /// Tokens per prefill batch (bitnet.cpp's ubatch is 512; exact numerics depends on it).
+    pub n_batch: usize,
+    /// Upper bound for one session's KV cache.
+    pub kv_budget_bytes: u64,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            threads: 1,
+            numerics: Numerics::Fast,
+            kv_type: KvType::F16,
+            n_batch: 512,
+            kv_budget_bytes: 8 << 30,
+        }
+    }
+}
+
+/// A model, its tokenizer and a thread pool that lives for the whole run.
+#[derive(Debug)]
+pub struct Engine<'a> {
+    pub model: Model<'a>,
+    pub tokenizer: Tokenizer,
+    pool: Pool,
+    opts: EngineOptions,
+}
+
+/// One conversation: its KV cache and the tokens it holds.
+#[derive(Debug)]
+pub struct Session {
+    cache: KvCache,
+    tokens: Vec<u32>,
+}
+
+impl Session {
+    /// Tokens in the cache.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+    pub fn n_ctx(&self) -> usize {
+        self.cache.n_ctx()
+    }
+    pub fn reset(&mut self) {
+        self.cache.reset();
+        self.tokens.clear();
+    }
+    pub fn kv_bytes(&self) -> usize {
+        self.cache.nbytes()
+    }
+}
+
+/// A piece of generated output.
+#[derive(Debug)]
+pub enum Event<'t> {
+    /// Newly generated text (complete UTF-8, stop strings held back).
+    Text(&'t str),
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(model: Model<'a>, tokenizer: Tokenizer, opts: EngineOptions) -> Result<Self> {
+        if opts.numerics == Numerics::Exact && opts.kv_type != KvType::F16 {
+            return Err(EngineError::ExactNeedsF16);
+        }
+        let pool = Pool::new(opts.threads.max(1));
+        Ok(Engine {
+            model,
+            tokenizer,
+            pool,
+            opts,
+        })
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.opts
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// A new session with room for `n_ctx` positions (at most the training context).
+    pub fn new_session(&self, n_ctx: usize) -> Result<Session> {
+        let n_ctx = n_ctx.min(self.model.config.n_ctx_train).max(1);
+        let cache = self
+            .model
+            .new_cache(n_ctx, self.opts.kv_type, self.opts.kv_budget_bytes)?;
+        Ok(Session {
+            cache,
+            tokens: Vec::new(),
+        })
+    }
+
+    /// Evaluate `tokens` after the session's cached ones, in batches; logits of the last.
+    pub fn eval(&self, s: &mut Session, tokens: &[u32], outputs: Outputs) -> Result<Vec<f32>> {
+        if s.cache.len() + tokens.len() > s.cache.n_ctx() {
+            return Err(EngineError::ContextFull {
+                n_past: s.cache.len() + tokens.len(),
+                n_ctx: s.cache.n_ctx(),
+            });
+        }
+        let mut exec = Exec {
+            pool: &self.pool,
+            numerics: self.opts.numerics,
+            trace: None,
+        };
+        let chunks: Vec<&[u32]> = tokens.chunks(self.opts.n_batch.max(1)).collect();
+        let mut logits = Vec::new();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let out = if i + 1 == chunks.len() {
+                outputs
+            } else {
+                Outputs::None
+            };
+            let l = self.model.forward(chunk, &mut s.cache, out, &mut exec)?;
+            if outputs == Outputs::All {
+                logits.extend(l);
+            } else {
+                logits = l;
+            }
+            s.tokens.extend_from_slice(chunk);
+        }
+        Ok(logits)
+    }
+
+    /// Generate after `prompt` (the full token sequence of the conversation so far, or just
+    /// the new part when `append` is true). The cached prefix shared with `prompt` is reused.
+    /// `on_event` returns `false` to cancel.
+    pub fn generate(
+        &self,
+        s: &mut Session,
+        prompt: &[u32],
+        append: bool,
+        params: &GenParams,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<GenStats> {
+        // 1. Reuse the cached prefix (full-history callers), keep one token to evaluate.
+        let full: Vec<u32> = if append {
+            [s.tokens.as_slice(), prompt].concat()
+        } else {
+            prompt.to_vec()
+        };
+        if full.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        let common = s
+            .tokens
+            .iter()
+            .zip(&full)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(full.len() - 1);
+        s.cache.truncate(common);
+        s.tokens.truncate(common);
+        let new = &full[common..];
+
+        // 2. Prefill.
+        let t0 = Instant::now();
+        let mut logits = self.eval(s, new, Outputs::Last)?;
+        let prompt_time = t0.elapsed();
+
+        // 3. Decode loop.
+        let mut sampler = Sampler::new(params.sampler.clone())?;
+        for &t in &full {
+            sampler.accept(t);
+        }
+        let mut decoder = StreamDecoder::new();
+        let mut stops = StopMatcher::new(&params.stop);
+        let t1 = Instant::now();
+        let mut generated = 0usize;
+        let finish = loop {
+            if generated >= params.max_tokens {
+                break FinishReason::Length;
+            }
+            let tok = sampler.sample(&logits)?;
+            sampler.accept(tok);
+            generated += 1;
+            if self.tokenizer.is_eog(tok) {
+                // The EOG token enters the history (a chat turn ends with it) but not the text.
+                if s.cache.len() < s.cache.n_ctx() {
+                    self.eval(s, &[tok], Outputs::None)?;
+                }
+                break FinishReason::Eog;
+            }
+            // Control tokens (reserved specials) are not text: they enter the cache but are
+            // never printed, as in llama-server.
+            let is_control =
+                self.tokenizer.token_kind(tok) == Some(bitnet_tokenizer::TokenKind::Control);
+            let piece = if is_control {
+                String::new()
+            } else {
+                decoder.push(&self.tokenizer, tok)?
+            };
+            let (emit, hit) = stops.push(&piece);
+            if !emit.is_empty() && !on_event(Event::Text(&emit)) {
+                break FinishReason::Cancelled;
+            }
+            if hit {
+                break FinishReason::StopString;
+            }
+            if s.cache.len() >= s.cache.n_ctx() {
+                match params.context_policy {
+                    ContextPolicy::Error => {
+                        return Err(EngineError::ContextFull {
+                            n_past: s.cache.len() + 1,
+                            n_ctx: s.cache.n_ctx(),
+                        })
+                    }
+                    ContextPolicy::Stop => break FinishReason::Length,
+                }
+            }
+            logits = self.eval(s, &[tok], Outputs::Last)?;
+        };
+        if !matches!(finish, FinishReason::StopString | FinishReason::Cancelled) {
+            let tail = decoder.finish();
+            let (mut emit, _) = stops.push(&tail);
+            emit.push_str(&stops.finish());
+            if !emit.is_empty() {
+                on_event(Event::Text(&emit));
+            }
+        }
+        Ok(GenStats {
+            prompt_tokens: new.len(),
+            cached_tokens: common,
+            prompt_time,
+            generated_tokens: generated,
+            generation_time: t1.elapsed(),
+            finish,
+        })
+    }
+}

@@ -1,0 +1,196 @@
+//! Pieces shared by subcommands: opening a model, thread defaults.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use bitnet_gguf::{GgufFile, Limits};
+
+/// Open a GGUF file (memory-mapped, or read into memory with `in_memory`).
+pub fn open_gguf(path: &Path, in_memory: bool) -> Result<GgufFile> {
+    let limits = Limits::default();
+    let f = if in_memory {
+        GgufFile::open_in_memory(path, &limits)
+    } else {
+        GgufFile::open(path, &limits)
+    };
+    f.with_context(|| format!("cannot open model {}", path.display()))
+}
+
+/// Physical cores (logical / 2 when SMT is on), at least 1.
+pub fn default_threads() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    physical_cores().unwrap_or(logical).clamp(1, logical)
+}
+
+fn physical_cores() -> Option<usize> {
+    // Linux: count distinct (physical id, core id) pairs.
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mut cores = std::collections::BTreeSet::new();
+    let (mut phys, mut core) = (None::<String>, None::<String>);
+    for line in info.lines().chain(std::iter::once("")) {
+        if line.trim().is_empty() {
+            if let (Some(p), Some(c)) = (phys.take(), core.take()) {
+                cores.insert((p, c));
+            }
+            continue;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            match k.trim() {
+                "physical id" => phys = Some(v.trim().to_string()),
+                "core id" => core = Some(v.trim().to_string()),
+                _ => {}
+            }
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
+/// Human-readable bytes.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// Options every command that runs a model shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// Model file (GGUF). Without it, --hf is used.
+    #[arg(short, long)]
+    pub model: Option<std::path::PathBuf>,
+    /// Hugging Face repo[:file] to download into the HF cache when -m is not given.
+    #[arg(
+        long,
+        default_value = "microsoft/bitnet-b1.58-2B-4T-gguf:ggml-model-i2_s.gguf"
+    )]
+    pub hf: String,
+    /// Threads (default: physical cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's training context, at most 4096).
+    #[arg(short = 'c', long)]
+    pub ctx_size: Option<usize>,
+    /// fast (default) or exact (bit-identical to bitnet.cpp's logits).
+    #[arg(long, default_value = "fast")]
+    pub numerics: bitnet_model::Numerics,
+    /// KV cache element type: f16 (default) or f32.
+    #[arg(long, default_value = "f16")]
+    pub kv_cache: bitnet_model::KvType,
+    /// Read the whole model into memory instead of memory-mapping it.
+    #[arg(long)]
+    pub in_memory: bool,
+    /// Pre-tokenizer override: llama3 or default (bitnet.cpp's fallback).
+    #[arg(long)]
+    pub pre: Option<String>,
+}
+
+impl ModelArgs {
+    /// The local model path, downloading it first when needed.
+    pub fn path(&self) -> Result<std::path::PathBuf> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => crate::download::resolve_hf(&self.hf, true),
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads.unwrap_or_else(default_threads)
+    }
+
+    pub fn pre_tokenizer(&self) -> Result<Option<bitnet_tokenizer::PreTokenizer>> {
+        self.pre
+            .as_deref()
+            .map(|s| bitnet_tokenizer::PreTokenizer::from_gguf_name(s).map_err(anyhow::Error::from))
+            .transpose()
+    }
+}
+
+/// Build the engine over an opened file.
+pub fn load_engine<'a>(file: &'a GgufFile, a: &ModelArgs) -> Result<bitnet_engine::Engine<'a>> {
+    let model = bitnet_model::Model::load(file).context("cannot load model")?;
+    let tokenizer = bitnet_tokenizer::Tokenizer::from_gguf(file.metadata(), a.pre_tokenizer()?)
+        .context("cannot build the tokenizer")?;
+    let opts = bitnet_engine::EngineOptions {
+        threads: a.threads(),
+        numerics: a.numerics,
+        kv_type: a.kv_cache,
+        ..Default::default()
+    };
+    Ok(bitnet_engine::Engine::new(model, tokenizer, opts)?)
+}
+
+/// The session context size: `--ctx-size`, else the training context capped at 4096.
+pub fn ctx_size(a: &ModelArgs, engine: &bitnet_engine::Engine<'_>) -> usize {
+    a.ctx_size
+        .unwrap_or_else(|| engine.model.config.n_ctx_train.min(4096))
+}
+
+/// Peak resident memory of this process (Linux `VmHWM`), in bytes.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// Sampling flags in llama.cpp's spelling and defaults.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArgs {
+    /// Temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    /// Top-k (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: i32,
+    /// Top-p (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Min-p (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Tokens the repetition penalties look back over.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// RNG seed (default: random, printed in the summary).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> Result<bitnet_sampling::SamplerParams> {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        let p = bitnet_sampling::SamplerParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}

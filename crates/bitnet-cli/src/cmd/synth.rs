@@ -1,0 +1,107 @@
+//! `bitnet synth`: write a seeded synthetic BitNet model.
+
+use std::io::BufWriter;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::common::{human_bytes, open_gguf};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Output file.
+    #[arg(short, long)]
+    out: PathBuf,
+    /// Shape preset: tiny, small or 2b (the full 2B-4T shapes).
+    #[arg(long, default_value = "tiny")]
+    preset: Preset,
+    /// Take the tokenizer metadata from this GGUF (e.g. a vocab-only LLaMA-3 file).
+    /// Default: the tiny golden model's 4256-token vocabulary, built in.
+    #[arg(long)]
+    vocab: Option<PathBuf>,
+    /// Ternary weight layout: i2_s, tq2_0, tq1_0, bitnet32f16, split32, qk256.
+    #[arg(long, default_value = "i2_s")]
+    layout: WeightLayout,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Override the preset's shapes.
+    #[arg(long)]
+    n_embd: Option<usize>,
+    #[arg(long)]
+    n_layer: Option<usize>,
+    #[arg(long)]
+    n_ff: Option<usize>,
+    #[arg(long)]
+    n_head: Option<usize>,
+    #[arg(long)]
+    n_head_kv: Option<usize>,
+    #[arg(long)]
+    n_ctx: Option<usize>,
+    /// Hide the progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let mut spec = SynthSpec::preset(a.preset);
+    spec.layout = a.layout;
+    spec.seed = a.seed;
+    for (dst, src) in [
+        (&mut spec.n_embd, a.n_embd),
+        (&mut spec.n_layer, a.n_layer),
+        (&mut spec.n_ff, a.n_ff),
+        (&mut spec.n_head, a.n_head),
+        (&mut spec.n_head_kv, a.n_head_kv),
+        (&mut spec.n_ctx, a.n_ctx),
+    ] {
+        if let Some(v) = src {
+            *dst = v;
+        }
+    }
+    let vocab = match &a.vocab {
+        Some(p) => synth::vocab_from_gguf(&open_gguf(p, false)?)?,
+        None => synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF)?,
+    };
+    let file = std::fs::File::create(&a.out)
+        .with_context(|| format!("cannot create {}", a.out.display()))?;
+    let bar = if a.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )?
+        .progress_chars("=> "),
+    );
+    bar.set_message(format!("writing {}", a.out.display()));
+    let start = std::time::Instant::now();
+    let w = synth::write(
+        &spec,
+        &vocab,
+        BufWriter::with_capacity(1 << 22, file),
+        &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        },
+    )?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    bar.finish_and_clear();
+    let size = std::fs::metadata(&a.out)?.len();
+    eprintln!(
+        "wrote {} ({} bytes, {}) in {:.1} s: {:?} layout, {} layers, n_embd {}, seed {}",
+        a.out.display(),
+        size,
+        human_bytes(size),
+        start.elapsed().as_secs_f64(),
+        spec.layout,
+        spec.n_layer,
+        spec.n_embd,
+        spec.seed
+    );
+    Ok(())
+}
