@@ -246,6 +246,44 @@ impl<'a> Engine<'a> {
         Ok(logits)
     }
 
+    /// One decode step for several sessions at once: `tokens[i]` is appended to
+    /// `sessions[i]`; every ternary matmul is shared (continuous batching). Returns the
+    /// last-position logits of each session.
+    pub fn decode_batch(
+        &self,
+        sessions: &mut [&mut Session],
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>> {
+        for s in sessions.iter() {
+            if s.cache.len() >= s.cache.n_ctx() {
+                return Err(EngineError::ContextFull {
+                    n_past: s.cache.len() + 1,
+                    n_ctx: s.cache.n_ctx(),
+                });
+            }
+        }
+        let mut exec = Exec {
+            pool: &self.pool,
+            numerics: self.opts.numerics,
+            trace: None,
+        };
+        let mut seqs: Vec<bitnet_model::Seq<'_>> = sessions
+            .iter_mut()
+            .zip(tokens.chunks(1))
+            .map(|(s, t)| bitnet_model::Seq {
+                tokens: t,
+                cache: &mut s.cache,
+                outputs: Outputs::Last,
+            })
+            .collect();
+        let logits = self.model.forward_seqs(&mut seqs, &mut exec)?;
+        drop(seqs);
+        for (s, &t) in sessions.iter_mut().zip(tokens) {
+            s.tokens.push(t);
+        }
+        Ok(logits)
+    }
+
     /// Generate after `prompt` (the full token sequence of the conversation so far, or just
     /// the new part when `append` is true). The cached prefix shared with `prompt` is reused.
     /// `on_event` returns `false` to cancel.

@@ -14,5 +14,5 @@ pub mod numerics;
 pub use config::{Activation, Config};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, KvType};
-pub use model::{Exec, Layer, Model, Outputs, TraceEvent};
+pub use model::{Exec, Layer, Model, Outputs, Seq, TraceEvent};
 pub use numerics::Numerics;

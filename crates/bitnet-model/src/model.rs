@@ -51,6 +51,14 @@ pub struct Model<'a> {
     pub layers: Vec<Layer<'a>>,
 }
 
+/// One sequence of a batch: its new tokens, its cache, the logits it wants.
+#[derive(Debug)]
+pub struct Seq<'c> {
+    pub tokens: &'c [u32],
+    pub cache: &'c mut KvCache,
+    pub outputs: Outputs,
+}
+
 /// Which positions of a batch produce logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outputs {
@@ -323,57 +331,92 @@ impl<'a> Model<'a> {
         outputs: Outputs,
         exec: &mut Exec<'_>,
     ) -> Result<Vec<f32>> {
+        let mut seqs = [Seq {
+            tokens,
+            cache,
+            outputs,
+        }];
+        let mut out = self.forward_seqs(&mut seqs, exec)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Evaluate several sequences in one pass: their tokens share every ternary matmul
+    /// (continuous batching), attention runs per sequence over its own cache. Returns the
+    /// logits of each sequence as [`Model::forward`] would.
+    pub fn forward_seqs(&self, seqs: &mut [Seq<'_>], exec: &mut Exec<'_>) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
-        let n = tokens.len();
-        if n == 0 {
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if n == 0 || seqs.iter().any(|s| s.tokens.is_empty()) {
             return Err(ModelError::EmptyBatch);
         }
-        if let Some(&id) = tokens
-            .iter()
-            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= c.n_vocab))
-        {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                n_vocab: c.n_vocab,
-            });
+        let mut tokens = Vec::with_capacity(n);
+        let mut ropes: Vec<RopeRow> = Vec::with_capacity(n);
+        for s in seqs.iter() {
+            if let Some(&id) = s
+                .tokens
+                .iter()
+                .find(|&&t| usize::try_from(t).map_or(true, |t| t >= c.n_vocab))
+            {
+                return Err(ModelError::TokenOutOfRange {
+                    id,
+                    n_vocab: c.n_vocab,
+                });
+            }
+            s.cache.check_room(s.tokens.len())?;
+            let pos0 = s.cache.len();
+            tokens.extend_from_slice(s.tokens);
+            ropes.extend(
+                (pos0..pos0 + s.tokens.len())
+                    .map(|p| numerics::rope_row(p, c.n_rot, c.rope_freq_base)),
+            );
         }
-        cache.check_room(n)?;
-        let pos0 = cache.len();
-        let ropes: Vec<RopeRow> = (pos0..pos0 + n)
-            .map(|p| numerics::rope_row(p, c.n_rot, c.rope_freq_base))
-            .collect();
 
         // 1. h = E[token]                                  [n][n_embd]
         let mut h = vec![0.0f32; n * c.n_embd];
-        for (row, &t) in h.chunks_exact_mut(c.n_embd).zip(tokens) {
-            self.tok_embd.dequantize_row(t as usize, row)?;
+        for (row, &t) in h.chunks_exact_mut(c.n_embd).zip(&tokens) {
+            let r = usize::try_from(t).map_err(|_| ModelError::TokenOutOfRange {
+                id: t,
+                n_vocab: c.n_vocab,
+            })?;
+            self.tok_embd.dequantize_row(r, row)?;
         }
         exec.emit("inp_embd", None, &h, n);
 
         for (il, layer) in self.layers.iter().enumerate() {
-            self.block(il, layer, &mut h, &ropes, cache, exec)?;
+            self.block(il, layer, &mut h, &ropes, seqs, exec)?;
         }
-        cache.advance(n);
 
-        // logits = E · RMS(h, output_norm)
-        let rows: Vec<usize> = match outputs {
-            Outputs::None => return Ok(Vec::new()),
-            Outputs::Last => vec![n - 1],
-            Outputs::All => (0..n).collect(),
-        };
-        let mut hn = vec![0.0f32; rows.len() * c.n_embd];
-        for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(&rows) {
-            numerics::rms_norm(
-                &h[r * c.n_embd..(r + 1) * c.n_embd],
-                &self.output_norm,
-                c.rms_eps,
-                dst,
-            );
+        // logits = E · RMS(h, output_norm), per sequence
+        let mut result = Vec::with_capacity(seqs.len());
+        let mut first = 0;
+        for s in seqs.iter_mut() {
+            let len = s.tokens.len();
+            s.cache.advance(len);
+            let rows: Vec<usize> = match s.outputs {
+                Outputs::None => Vec::new(),
+                Outputs::Last => vec![first + len - 1],
+                Outputs::All => (first..first + len).collect(),
+            };
+            first += len;
+            if rows.is_empty() {
+                result.push(Vec::new());
+                continue;
+            }
+            let mut hn = vec![0.0f32; rows.len() * c.n_embd];
+            for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(&rows) {
+                numerics::rms_norm(
+                    &h[r * c.n_embd..(r + 1) * c.n_embd],
+                    &self.output_norm,
+                    c.rms_eps,
+                    dst,
+                );
+            }
+            exec.emit("result_norm", None, &hn, rows.len());
+            let logits = self.lm_head_logits(&hn, rows.len(), exec)?;
+            exec.emit("result_output", None, &logits, rows.len());
+            result.push(logits);
         }
-        exec.emit("result_norm", None, &hn, rows.len());
-        let logits = self.lm_head_logits(&hn, rows.len(), exec)?;
-        exec.emit("result_output", None, &logits, rows.len());
-        Ok(logits)
+        Ok(result)
     }
 
     /// One transformer block, in place on `h` ([n][n_embd]).
@@ -383,13 +426,12 @@ impl<'a> Model<'a> {
         l: &Layer<'_>,
         h: &mut [f32],
         ropes: &[RopeRow],
-        cache: &mut KvCache,
+        seqs: &mut [Seq<'_>],
         exec: &mut Exec<'_>,
     ) -> Result<()> {
         let c = &self.config;
         let n = ropes.len();
         let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
-        let pos0 = cache.len();
         let li = Some(il);
 
         // 1. a = RMS(h, attn_norm)
@@ -414,9 +456,30 @@ impl<'a> Model<'a> {
         }
         exec.emit("q_rope", li, &q, n);
         exec.emit("k_rope", li, &k, n);
-        // 4. O = Attn(Q, K, V) over the cache (causal, GQA)
-        cache.store(il, pos0, &k, &v);
-        let o = crate::attention::attend(c, &q, cache, il, pos0, n, exec.numerics);
+        // 4. O = Attn(Q, K, V) over each sequence's cache (causal, GQA)
+        let mut o = Vec::with_capacity(n * e);
+        let mut first = 0;
+        for sq in seqs.iter_mut() {
+            let (len, pos0) = (sq.tokens.len(), sq.cache.len());
+            let rows = first..first + len;
+            sq.cache.store(
+                il,
+                pos0,
+                &k[rows.start * kv..rows.end * kv],
+                &v[rows.start * kv..rows.end * kv],
+            );
+            let q_rows = &q[rows.start * e..rows.end * e];
+            o.extend(crate::attention::attend(
+                c,
+                q_rows,
+                sq.cache,
+                il,
+                pos0,
+                len,
+                exec.numerics,
+            ));
+            first += len;
+        }
         exec.emit("kqv_out", li, &o, n);
         // 5. O = RMS(O, attn_sub_norm)
         let o = self.norm_rows(&o, &l.attn_sub_norm, e);

@@ -1,0 +1,82 @@
+//! Several sequences in one forward pass give the same logits as each sequence alone.
+
+use bitnet_gguf::{GgufFile, Limits};
+use bitnet_kernels::Pool;
+use bitnet_model::{Exec, KvType, Model, Numerics, Outputs, Seq};
+
+#[test]
+fn batched_sequences_match_single_sequences() {
+    let f = GgufFile::from_bytes(
+        bitnet_testkit::tiny_model_bytes(3).unwrap(),
+        &Limits::default(),
+    )
+    .unwrap();
+    let m = Model::load(&f).unwrap();
+    let pool = Pool::new(2);
+    let mut exec = Exec {
+        pool: &pool,
+        numerics: Numerics::Fast,
+        trace: None,
+    };
+    let prompts: [&[u32]; 3] = [&[4000, 10, 20, 30, 40], &[4000, 7], &[4000, 99, 98, 97]];
+    // alone
+    let mut alone = Vec::new();
+    for p in prompts {
+        let mut c = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
+        m.forward(p, &mut c, Outputs::Last, &mut exec).unwrap();
+        let step = m.forward(&[123], &mut c, Outputs::Last, &mut exec).unwrap();
+        alone.push(step);
+    }
+    // prefill separately, then one batched decode step
+    let mut caches: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let mut c = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
+            m.forward(p, &mut c, Outputs::None, &mut exec).unwrap();
+            c
+        })
+        .collect();
+    let mut seqs: Vec<Seq<'_>> = caches
+        .iter_mut()
+        .map(|c| Seq {
+            tokens: &[123],
+            cache: c,
+            outputs: Outputs::Last,
+        })
+        .collect();
+    let batched = m.forward_seqs(&mut seqs, &mut exec).unwrap();
+    for (i, (a, b)) in alone.iter().zip(&batched).enumerate() {
+        let max = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(max <= 1e-5, "sequence {i}: max |Δ| {max}");
+    }
+    // mixed batch: one sequence prefilling while another decodes
+    let mut c1 = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
+    let mut c2 = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
+    m.forward(prompts[1], &mut c2, Outputs::None, &mut exec)
+        .unwrap();
+    let mut seqs = vec![
+        Seq {
+            tokens: prompts[0],
+            cache: &mut c1,
+            outputs: Outputs::None,
+        },
+        Seq {
+            tokens: &[123],
+            cache: &mut c2,
+            outputs: Outputs::Last,
+        },
+    ];
+    let out = m.forward_seqs(&mut seqs, &mut exec).unwrap();
+    assert!(out[0].is_empty());
+    let max = out[1]
+        .iter()
+        .zip(&alone[1])
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(max <= 1e-5, "mixed batch: max |Δ| {max}");
+    assert_eq!((c1.len(), c2.len()), (5, 3));
+}
