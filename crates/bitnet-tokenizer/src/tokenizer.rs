@@ -360,14 +360,23 @@ impl Tokenizer {
         Ok(&self.bytes[self.offsets[i]..self.offsets[i + 1]])
     }
 
-    /// Decodes ids to text; invalid UTF-8 (e.g. a character cut off at the end)
-    /// becomes U+FFFD.
-    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+    /// The concatenated bytes of `ids` (see [`Tokenizer::token_bytes`]).
+    pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
         let mut out = Vec::new();
         for &id in ids {
             out.extend_from_slice(self.token_bytes(id)?);
         }
-        Ok(String::from_utf8_lossy(&out).into_owned())
+        Ok(out)
+    }
+
+    /// Decodes ids to text; invalid UTF-8 (e.g. a character cut off at the end)
+    /// becomes U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        let bytes = self.decode_bytes(ids)?;
+        Ok(match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
     }
 
     /// Encodes text. `add_bos` prepends BOS (an error if the vocabulary has none);
