@@ -498,5 +498,11 @@ fn min_p(cands: &mut Vec<Cand>, p: f32) {
     cands.retain(|c| f64::from(c.logit) >= threshold);
 }
 
+// A sampler moves with its sequence between threads.
+const _: () = {
+    const fn movable<T: Send + Sync>() {}
+    movable::<Sampler>();
+};
+
 #[cfg(test)]
 mod tests;

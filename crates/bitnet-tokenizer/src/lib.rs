@@ -34,3 +34,10 @@ pub use pretok::{PreTokenizer, DEFAULT_REGEXES, GPT2_REGEX, LLAMA3_REGEX};
 pub use stream::StreamDecoder;
 pub use tokenizer::{PreTokenizerSource, Tokenizer, EOM_TEXT, EOT_TEXT};
 pub use vocab::{keys, TokenKind, VocabData};
+
+// A tokenizer is shared between request threads; a decoder moves with its stream.
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<Tokenizer>();
+    shareable::<StreamDecoder>();
+};

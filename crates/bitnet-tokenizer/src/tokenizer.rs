@@ -205,7 +205,9 @@ impl Tokenizer {
         };
         let llama3_vocab = LLAMA3_MARKERS.iter().all(|m| is_control(m));
 
-        let (pre, pre_source) = match (pre, &v.pre) {
+        // An empty name counts as absent, as in llama.cpp.
+        let pre_key = v.pre.as_deref().filter(|name| !name.is_empty());
+        let (pre, pre_source) = match (pre, pre_key) {
             (Some(p), _) => (p, PreTokenizerSource::Override),
             (None, Some(name)) => (
                 PreTokenizer::from_gguf_name(name)?,

@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bitnet_gguf::{Array, GgufFile, Limits, Metadata, Value};
-use bitnet_tokenizer::{keys, PreTokenizer, StreamDecoder, Tokenizer, TokenizerError, VocabData};
+use bitnet_tokenizer::{
+    keys, PreTokenizer, PreTokenizerSource, StreamDecoder, Tokenizer, TokenizerError, VocabData,
+};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden");
 
@@ -108,6 +110,25 @@ fn hostile_vocabularies_are_typed_errors() {
         }),
         TokenizerError::UnknownPreTokenizer(_)
     ));
+    // An empty key counts as absent (not a LLaMA-3 vocabulary: llama.cpp's default).
+    let t = build(VocabData {
+        pre: Some(String::new()),
+        ..small_vocab()
+    })
+    .unwrap();
+    assert_eq!(
+        (t.pre(), t.pre_source()),
+        (PreTokenizer::Default, PreTokenizerSource::Fallback)
+    );
+    let t = build(VocabData {
+        pre: Some("gpt-2".into()),
+        ..small_vocab()
+    })
+    .unwrap();
+    assert_eq!(
+        (t.pre(), t.pre_source()),
+        (PreTokenizer::Gpt2, PreTokenizerSource::Metadata)
+    );
     // An override does not look at the key.
     assert!(Tokenizer::from_vocab(
         VocabData {
