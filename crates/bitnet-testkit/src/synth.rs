@@ -186,10 +186,7 @@ enum Kind {
         n_in: usize,
     },
     /// the sibling scale tensor of the projection planned just before it
-    Scales {
-        n_out: usize,
-        n_in: usize,
-    },
+    Scales,
 }
 
 fn plan(spec: &SynthSpec, n_vocab: usize) -> Vec<Planned> {
@@ -211,7 +208,7 @@ fn plan(spec: &SynthSpec, n_vocab: usize) -> Vec<Planned> {
             dims: vec![u(n)],
             kind: Kind::Norm,
         };
-        let mut proj = |v: &mut Vec<Planned>, stem: &str, n_in: usize, n_out: usize| {
+        let proj = |v: &mut Vec<Planned>, stem: &str, n_in: usize, n_out: usize| {
             let name = format!("blk.{il}.{stem}.weight");
             v.push(Planned {
                 name: name.clone(),
@@ -226,7 +223,7 @@ fn plan(spec: &SynthSpec, n_vocab: usize) -> Vec<Planned> {
                 v.push(Planned {
                     name: format!("{name}.scale"),
                     dims: vec![u(per_row * n_out)],
-                    kind: Kind::Scales { n_out, n_in },
+                    kind: Kind::Scales,
                 });
             }
         };
@@ -263,7 +260,7 @@ fn tensor_type_and_size(spec: &SynthSpec, p: &Planned) -> Result<(u32, u64), Syn
     let size = |x: usize| x as u64;
     Ok(match p.kind {
         Kind::Embedding => (1, size(n * 2)),
-        Kind::Norm | Kind::Scales { .. } => (0, size(n * 4)),
+        Kind::Norm | Kind::Scales => (0, size(n * 4)),
         Kind::Projection { n_out, n_in } => {
             let bytes = match spec.layout {
                 WeightLayout::I2S => n / 4 + 32,
@@ -423,7 +420,20 @@ pub fn write<W: Write>(
     spec.validate()?;
     let n_vocab = n_vocab_of(vocab)?;
     let plan = plan(spec, n_vocab);
-    let get = |key: &str| vocab.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    // The official file's (stale) chat template, from the built-in vocabulary, when the
+    // given vocabulary has none: the key set then matches the official file.
+    let builtin = vocab_from_gguf_bytes(crate::TINY_VOCAB_GGUF)?;
+    let get = |key: &str| {
+        vocab
+            .iter()
+            .chain(
+                builtin
+                    .iter()
+                    .filter(|(k, _)| k == "tokenizer.chat_template"),
+            )
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
     let u32v = |x: usize| Value::U32(x as u32);
 
     let mut gw = GgufWriter::new(w, 32)?;
@@ -513,7 +523,7 @@ pub fn write<W: Write>(
                 pending_scales = s;
                 w
             }
-            Kind::Scales { .. } => pending_scales.take().unwrap_or_default(),
+            Kind::Scales => pending_scales.take().unwrap_or_default(),
         };
         gw.write_tensor_data(&p.name, &bytes)?;
         done += bytes.len() as u64;

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use std::io::Write;
+
 use anyhow::{bail, Result};
 use bitnet_gguf::{Array, GgufFile, Value};
 use serde_json::json;
@@ -105,8 +107,9 @@ fn memory_estimate(f: &GgufFile) -> Option<(u64, u64)> {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let mut out = std::io::stdout().lock();
     if a.system {
-        println!("{}", system_report());
+        writeln!(out, "{}", system_report())?;
         if a.file.is_none() {
             return Ok(());
         }
@@ -130,16 +133,17 @@ pub fn run(a: Args) -> Result<()> {
             })
             .collect();
         let mem = memory_estimate(&f);
-        let out = json!({
+        let doc = json!({
             "file": path.display().to_string(), "version": f.version(), "alignment": f.alignment(),
             "data_offset": f.data_offset(), "file_size": f.file_size(), "architecture": f.architecture(),
             "metadata": kv, "tensors": tensors,
             "memory": mem.map(|(w, kv)| json!({"weights_bytes": w, "kv_cache_f16_bytes": kv})),
         });
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "{}: GGUF v{}, {} KV pairs, {} tensors, alignment {}, data at byte {}, {} bytes",
         path.display(),
         f.version(),
@@ -148,30 +152,41 @@ pub fn run(a: Args) -> Result<()> {
         f.alignment(),
         f.data_offset(),
         f.file_size()
-    );
-    println!("architecture: {}", f.architecture().unwrap_or("(none)"));
-    println!("\n{:>3}  {:<48} {:<5} value", "#", "key", "type");
+    )?;
+    writeln!(
+        out,
+        "architecture: {}",
+        f.architecture().unwrap_or("(none)")
+    )?;
+    writeln!(out, "\n{:>3}  {:<48} {:<5} value", "#", "key", "type")?;
     for (i, (k, v)) in md.iter().enumerate() {
-        println!("{i:>3}  {k:<48} {:<5} {}", v.type_name(), scalar_str(v));
+        writeln!(
+            out,
+            "{i:>3}  {k:<48} {:<5} {}",
+            v.type_name(),
+            scalar_str(v)
+        )?;
     }
     if !f.tensors().is_empty() {
-        println!(
+        writeln!(
+            out,
             "\n{:>4}  {:<32} {:<8} {:<18} {:>12} {:>12} {:>12}",
             "#", "name", "type", "ne", "bytes", "offset", "available"
-        );
+        )?;
         for (i, t) in f.tensors().iter().enumerate() {
             let dims: Vec<String> = t.dims.iter().map(u64::to_string).collect();
             let bytes = t
                 .nbytes()
                 .map_or_else(|| "?".to_string(), |b| b.to_string());
-            println!(
+            writeln!(
+                out,
                 "{i:>4}  {:<32} {:<8} {:<18} {bytes:>12} {:>12} {:>12}",
                 t.name,
                 t.ggml_type.name(),
                 format!("[{}]", dims.join(", ")),
                 t.offset,
                 t.available
-            );
+            )?;
         }
         let mut by_type: std::collections::BTreeMap<&str, (usize, u64)> = Default::default();
         for t in f.tensors() {
@@ -183,15 +198,16 @@ pub fn run(a: Args) -> Result<()> {
             .iter()
             .map(|(k, (n, b))| format!("{k}: {n} tensors / {b} bytes"))
             .collect();
-        println!("\ntypes: {}", summary.join(", "));
+        writeln!(out, "\ntypes: {}", summary.join(", "))?;
     }
     if let Some((w, kv)) = memory_estimate(&f) {
-        println!(
+        writeln!(
+            out,
             "memory to run: weights {} (memory-mapped) + KV cache {} (f16, full context) = {}",
             human_bytes(w),
             human_bytes(kv),
             human_bytes(w + kv)
-        );
+        )?;
     }
     Ok(())
 }
