@@ -9,7 +9,8 @@
 //! the same buffers. Timing: best-of-5 medians would hide noise on a shared machine, so we
 //! report the median of `SAMPLES` samples, each ≥ `MIN_SAMPLE` long.
 //!
-//! Env: `BENCH_FILTER=substring` runs only matching rows; `BENCH_QUICK=1` shortens samples.
+//! Env: `BENCH_FILTER=substring` runs only matching rows; `BENCH_QUICK=1` shortens samples;
+//! `BENCH_HOT=1` uses a single copy of each weight matrix (cache-resident compute speed).
 
 #![allow(
     clippy::unwrap_used,
@@ -146,6 +147,10 @@ struct Row {
 }
 
 fn copies_for(bytes: usize) -> usize {
+    // BENCH_HOT=1: one copy, so small shapes stay in cache (measures compute, not memory).
+    if std::env::var_os("BENCH_HOT").is_some() {
+        return 1;
+    }
     WORKING_SET.div_ceil(bytes).clamp(1, 64)
 }
 
@@ -185,7 +190,11 @@ fn main() {
         let bufs: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
         let mats: Vec<TernaryMatrix<'_>> = bufs
             .iter()
-            .map(|b| TernaryMatrix::new(TernaryLayout::I2S, n_out, k, b, None).unwrap())
+            .map(|b| {
+                let mut m = TernaryMatrix::new(TernaryLayout::I2S, n_out, k, b, None).unwrap();
+                assert_eq!(m.check_codes(), 0);
+                m
+            })
             .collect();
         let x: Vec<f32> = (0..k)
             .map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0)

@@ -101,6 +101,8 @@ pub(crate) struct Kernels {
     #[allow(dead_code)] // kept for debugging output of the table
     pub isa: Isa,
     pub i2s: TernaryKernel,
+    /// I2_S for tensors verified to hold no code 11 (may skip the fix-up).
+    pub i2s_clean: TernaryKernel,
     pub tq2: TernaryKernel,
     pub tq1: TernaryKernel,
     pub bitnet32: TernaryKernel,
@@ -115,6 +117,7 @@ pub(crate) struct Kernels {
 static SCALAR: Kernels = Kernels {
     isa: Isa::Scalar,
     i2s: scalar::i2s,
+    i2s_clean: scalar::i2s,
     tq2: scalar::tq2,
     tq1: scalar::tq1,
     bitnet32: scalar::bitnet32,

@@ -1,18 +1,27 @@
 //! A purpose-built thread pool for row-partitioned kernels.
 //!
-//! Why not rayon: a decode step runs ~7 matvecs per layer of 20–60 µs each; the pool's
-//! dispatch cost must be well under a microsecond. Workers spin briefly on an epoch counter
-//! after each job (so back-to-back matvecs start without a syscall), then park. The caller
-//! runs part 0 itself. `benches/matvec.rs` measures this pool against rayon on the 2B-4T
-//! shapes.
+//! Why not rayon: a decode step runs ~7 matvecs per layer of 20–100 µs each; the pool's
+//! dispatch cost must be a small fraction of that. Workers spin briefly on an epoch counter
+//! after each job (so back-to-back matvecs start without a wake-up syscall), then park; the
+//! caller works too. `benches/matvec.rs` measures this pool against rayon on the 2B-4T shapes.
 //!
 //! Work split: `n` rows are cut into `ceil(n / grain)` units of `grain` rows (the last one
-//! ragged), and thread `i` of `p` gets units `[i·u/p, (i+1)·u/p)` — contiguous, balanced to
-//! within one unit, covering `0..n` exactly once for any `n` (e.g. 640 rows on 2 threads).
+//! ragged), grouped into `min(units, CHUNKS_PER_THREAD · threads)` contiguous chunks by
+//! [`part_range`] (balanced to within one unit, covering `0..n` exactly once for any `n`,
+//! e.g. 640 rows on 2 threads). Threads claim chunks from an atomic counter, so a worker
+//! the OS has not scheduled yet (2-core machines are often oversubscribed) simply gets no
+//! chunk instead of stalling the caller.
+//!
+//! Protocol (all in `for_rows` / `worker_loop`): the caller writes the job slot, opens the
+//! job (`open = true`, SeqCst) and bumps the epoch; a woken worker increments `active`, then
+//! reads `open` (both SeqCst) and only if it is open reads the job slot and claims chunks.
+//! When no chunk is left the caller closes the job and waits for `active == 0`. A worker that
+//! checks in after the close sees `open == false` and never touches the job, so the caller
+//! waits only for workers that are running a chunk.
 //!
 //! Unsafe: the job closure is borrowed for the duration of [`Pool::for_rows`] only; its
 //! lifetime is erased to hand it to the workers, which is sound because `for_rows` does not
-//! return (or unwind) before every worker has finished with it.
+//! return (or unwind) before every worker that saw the job open has finished with it.
 
 use std::cell::{Cell, UnsafeCell};
 use std::ops::Range;
@@ -22,35 +31,50 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-/// How long an idle worker spins before parking.
-const SPIN: Duration = Duration::from_micros(300);
+/// How long an idle worker spins before parking (covers the gap between consecutive
+/// matvecs of a decode step without a wake-up syscall).
+const SPIN: Duration = Duration::from_micros(100);
+/// Spin iterations of the caller waiting for workers before it parks (a few µs): on an
+/// oversubscribed machine a spinning caller can keep the worker it waits for off the CPU.
+const CALLER_SPINS: u32 = 2000;
+/// Chunks per thread: enough to rebalance when a thread starts late, few enough that each
+/// chunk is a long contiguous stream of weight rows.
+pub const CHUNKS_PER_THREAD: usize = 4;
 
 type JobFn = dyn Fn(Range<usize>) + Sync;
 
 #[derive(Clone, Copy)]
 struct Job {
     f: *const JobFn,
+    /// The calling thread, unparked by the last worker to leave.
+    caller: *const Thread,
     n: usize,
     grain: usize,
-    parts: usize,
+    chunks: usize,
 }
 
 struct Shared {
-    /// Incremented (Release) after `job` is written; workers read `job` after seeing it (Acquire).
+    /// Bumped after a job is opened; workers wake on a change.
     epoch: AtomicU64,
-    /// Written only by the thread holding `Pool::lock`, while no worker runs a job.
+    /// Written only by the lock holder while `open == false`; read by workers only after they
+    /// incremented `active` and then saw `open == true`.
     job: UnsafeCell<Option<Job>>,
-    /// Workers that have not finished the current job.
-    remaining: AtomicUsize,
-    /// The panic payload of a worker's closure during the current job.
+    /// The current job accepts workers.
+    open: AtomicBool,
+    /// Workers that checked in and have not left.
+    active: AtomicUsize,
+    /// Next chunk index to claim.
+    next: AtomicUsize,
+    /// The panic payload of a closure run by a worker during the current job.
     panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
     shutdown: AtomicBool,
 }
 
-// SAFETY: `job` is only written while no worker reads it (see the field comments); the raw
-// closure pointer it holds points to a `Sync` closure.
+// SAFETY: `job` is accessed under the protocol in the module doc (no write while a reader may
+// hold it); the raw pointers it holds point to a `Sync` closure and a `Thread` that outlive
+// every access.
 unsafe impl Sync for Shared {}
-// SAFETY: as above; the pointer is only dereferenced while the closure is alive.
+// SAFETY: as above.
 unsafe impl Send for Shared {}
 
 thread_local! {
@@ -74,13 +98,41 @@ impl std::fmt::Debug for Pool {
     }
 }
 
-/// Rows `[a, b)` of part `i` of `parts` (see the module doc).
+/// Rows of part `i` of `parts` (see the module doc): contiguous, multiples of `grain` except
+/// the last row of `0..n`, together covering `0..n` exactly once.
 pub fn part_range(n: usize, grain: usize, parts: usize, i: usize) -> Range<usize> {
     let grain = grain.max(1);
+    let parts = parts.max(1);
     let units = n.div_ceil(grain);
     let u0 = i * units / parts;
     let u1 = (i + 1) * units / parts;
     (u0 * grain).min(n)..(u1 * grain).min(n)
+}
+
+/// Run `f` on chunks claimed from `next` until none is left; returns a panic payload if `f`
+/// panicked (the remaining chunks are still claimed, so the job drains).
+fn run_chunks(
+    f: &(dyn Fn(Range<usize>) + Sync + '_),
+    next: &AtomicUsize,
+    n: usize,
+    grain: usize,
+    chunks: usize,
+) -> Option<Box<dyn std::any::Any + Send>> {
+    let mut panic = None;
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= chunks {
+            return panic;
+        }
+        if panic.is_none() {
+            let r = part_range(n, grain, chunks, i);
+            IN_JOB.with(|c| c.set(true));
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(r))) {
+                panic = Some(p);
+            }
+            IN_JOB.with(|c| c.set(false));
+        }
+    }
 }
 
 impl Pool {
@@ -90,7 +142,9 @@ impl Pool {
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
             job: UnsafeCell::new(None),
-            remaining: AtomicUsize::new(0),
+            open: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
             panic: Mutex::new(None),
             shutdown: AtomicBool::new(false),
         });
@@ -99,7 +153,7 @@ impl Pool {
             let sh = Arc::clone(&shared);
             let spawned = thread::Builder::new()
                 .name(format!("bitnet-pool-{i}"))
-                .spawn(move || worker_loop(&sh, i));
+                .spawn(move || worker_loop(&sh));
             match spawned {
                 Ok(h) => workers.push((h.thread().clone(), h)),
                 Err(_) => break,
@@ -124,58 +178,57 @@ impl Pool {
     }
 
     /// Run `f` over disjoint row ranges covering `0..n` (each a multiple of `grain` rows
-    /// except the last), one range per thread, and block until all are done. A panic in `f`
-    /// is re-raised here after every thread has stopped using `f`.
+    /// except the one ending at `n`) on all threads, and block until all are done. A panic
+    /// in `f` is re-raised here after every thread has stopped using `f`.
     pub fn for_rows(&self, n: usize, grain: usize, f: &(dyn Fn(Range<usize>) + Sync)) {
         if n == 0 {
             return;
         }
-        let units = n.div_ceil(grain.max(1));
-        let parts = self.n_threads.min(units);
-        if parts <= 1 || IN_JOB.with(Cell::get) {
+        let grain = grain.max(1);
+        let units = n.div_ceil(grain);
+        let chunks = units.min(self.n_threads * CHUNKS_PER_THREAD);
+        if self.workers.is_empty() || chunks <= 1 || IN_JOB.with(Cell::get) {
             f(0..n);
             return;
         }
         // A poisoned lock only means an earlier job panicked; the pool state is still valid
-        // (every job waits for all workers before returning or unwinding).
+        // (every job drains before `for_rows` returns or unwinds).
         let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: erasing the closure's lifetime; it is dereferenced only by workers running
-        // this job, and we wait below until `remaining == 0` before returning or unwinding.
+        // SAFETY: erasing the closure's lifetime; workers dereference it only while checked
+        // in (`active > 0`) to an open job, and we wait for `active == 0` after closing it.
         let f_static: *const JobFn =
             unsafe { std::mem::transmute::<&(dyn Fn(Range<usize>) + Sync), &'static JobFn>(f) };
-        let job = Job {
-            f: f_static,
-            n,
-            grain,
-            parts,
-        };
+        let caller = thread::current();
         let sh = &*self.shared;
-        // SAFETY: we hold the lock and the previous job has completed (remaining == 0), so no
-        // worker reads `job` now.
-        unsafe { *sh.job.get() = Some(job) };
-        sh.remaining.store(self.workers.len(), Ordering::Relaxed);
+        // SAFETY: we hold the lock and the job is closed, so no worker reads the slot.
+        unsafe {
+            *sh.job.get() = Some(Job {
+                f: f_static,
+                caller: &caller,
+                n,
+                grain,
+                chunks,
+            })
+        };
+        sh.next.store(0, Ordering::Relaxed);
+        sh.open.store(true, Ordering::SeqCst);
         sh.epoch.fetch_add(1, Ordering::Release);
         for (t, _) in &self.workers {
             t.unpark();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| {
-            IN_JOB.with(|c| c.set(true));
-            f(part_range(n, grain, parts, 0));
-            IN_JOB.with(|c| c.set(false));
-        }));
-        IN_JOB.with(|c| c.set(false));
+        let mine = run_chunks(f, &sh.next, n, grain, chunks);
+        sh.open.store(false, Ordering::SeqCst);
         let mut spins = 0u32;
-        while sh.remaining.load(Ordering::Acquire) != 0 {
-            spins = spins.wrapping_add(1);
-            if spins < 1 << 16 {
+        while sh.active.load(Ordering::SeqCst) != 0 {
+            if spins < CALLER_SPINS {
+                spins += 1;
                 std::hint::spin_loop();
             } else {
-                thread::yield_now();
+                // The last worker to leave unparks us; a stale token or timeout re-checks.
+                thread::park_timeout(Duration::from_millis(10));
             }
         }
-        // SAFETY: every worker is done with the job.
-        unsafe { *sh.job.get() = None };
-        if let Err(p) = mine {
+        if let Some(p) = mine {
             resume_unwind(p);
         }
         let worker_panic = sh.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -186,7 +239,7 @@ impl Pool {
     }
 }
 
-fn worker_loop(sh: &Shared, index: usize) {
+fn worker_loop(sh: &Shared) {
     let mut seen = 0u64;
     loop {
         let start = Instant::now();
@@ -208,22 +261,28 @@ fn worker_loop(sh: &Shared, index: usize) {
                 thread::park_timeout(Duration::from_millis(50));
             }
         }
-        // SAFETY: the epoch load (Acquire) happens after the caller wrote `job` (Release).
-        let job = unsafe { *sh.job.get() };
-        if let Some(job) = job {
-            if index < job.parts {
-                let r = part_range(job.n, job.grain, job.parts, index);
-                IN_JOB.with(|c| c.set(true));
-                // SAFETY: the caller keeps the closure alive until `remaining` reaches 0,
-                // which happens only after this call returns.
-                let res = catch_unwind(AssertUnwindSafe(|| unsafe { (*job.f)(r) }));
-                IN_JOB.with(|c| c.set(false));
-                if let Err(p) = res {
+        sh.active.fetch_add(1, Ordering::SeqCst);
+        let mut caller = None;
+        if sh.open.load(Ordering::SeqCst) {
+            // SAFETY: the job is open and we are checked in, so the slot is initialised and
+            // the caller neither rewrites it nor returns until we leave.
+            let job = unsafe { *sh.job.get() };
+            if let Some(job) = job {
+                // SAFETY: as above; cloned now so the unpark after leaving does not touch
+                // the caller's stack.
+                caller = Some(unsafe { (*job.caller).clone() });
+                // SAFETY: the closure outlives our check-in (see the module doc).
+                let f = unsafe { &*job.f };
+                if let Some(p) = run_chunks(f, &sh.next, job.n, job.grain, job.chunks) {
                     *sh.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
                 }
             }
         }
-        sh.remaining.fetch_sub(1, Ordering::Release);
+        if sh.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            if let Some(c) = caller {
+                c.unpark();
+            }
+        }
     }
 }
 

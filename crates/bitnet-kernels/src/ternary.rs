@@ -104,6 +104,8 @@ pub struct TernaryMatrix<'a> {
     row_bytes: usize,
     /// Scale blocks per row.
     nb: usize,
+    /// I2_S only: the packed codes were checked to hold no code 11 (see [`Self::check_codes`]).
+    codes_clean: bool,
 }
 
 impl<'a> TernaryMatrix<'a> {
@@ -185,6 +187,7 @@ impl<'a> TernaryMatrix<'a> {
             scales,
             row_bytes,
             nb,
+            codes_clean: false,
         })
     }
 
@@ -306,6 +309,21 @@ impl<'a> TernaryMatrix<'a> {
                 .sum(),
             _ => 0,
         }
+    }
+
+    /// Count invalid codes ([`Self::count_invalid_codes`]) and remember whether there were
+    /// none: an I2_S matrix without code 11 may then use a kernel that skips the code-11
+    /// fix-up (about 20% fewer instructions per block on AVX2). Results are identical either
+    /// way; call it once at load (it reads every weight byte).
+    pub fn check_codes(&mut self) -> usize {
+        let n = self.count_invalid_codes();
+        self.codes_clean = n == 0;
+        n
+    }
+
+    /// True after [`Self::check_codes`] found no invalid code.
+    pub fn codes_checked_clean(&self) -> bool {
+        self.codes_clean
     }
 
     /// Reference dequantization of row `r` into `out` (length K). Not for the hot path.
@@ -432,6 +450,7 @@ impl<'a> TernaryMatrix<'a> {
         let p = Prepared::new(self.layout, xq, self.n_in, n_tok);
         let bsum = self.block_sums(xq, n_tok);
         let kernel = match self.layout {
+            TernaryLayout::I2S if self.codes_clean => kern.i2s_clean,
             TernaryLayout::I2S => kern.i2s,
             TernaryLayout::Tq2_0 => kern.tq2,
             TernaryLayout::Tq1_0 => kern.tq1,

@@ -263,3 +263,37 @@ fn quantize_scale_is_f64_division_rounded() {
     assert_eq!(act::quantize_one(-200.0, 1.0), -128);
     assert_eq!(act::quantize_one(f32::NAN, 1.0), 0);
 }
+
+#[test]
+fn i2s_checked_clean_path_matches_reference() {
+    let mut rng = Rng::new(8);
+    let pools = [Pool::new(1), Pool::new(2)];
+    for (n_out, k) in [(1usize, 128usize), (37, 640), (64, 2560), (9, 384)] {
+        let v: Vec<i8> = (0..n_out * k).map(|_| rng.ternary()).collect();
+        let w = i2s::pack_values(&v, 0.25).unwrap();
+        let mut m = TernaryMatrix::new(TernaryLayout::I2S, n_out, k, &w, None).unwrap();
+        assert!(!m.codes_checked_clean());
+        assert_eq!(m.check_codes(), 0);
+        assert!(m.codes_checked_clean());
+        for n_tok in [1usize, 4, 6] {
+            let (q, s) = random_acts(&mut rng, n_tok, k);
+            let want = reference(&m, &w, None, &q, &s);
+            for isa in supported_isas() {
+                for pool in &pools {
+                    let mut out = vec![f32::NAN; n_tok * n_out];
+                    m.matmul_on(isa, &q, &s, &mut out, pool).unwrap().unwrap();
+                    assert!(out
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+            }
+        }
+    }
+    // A tensor with a code 11 stays on the checking kernel.
+    let mut w = i2s::pack_values(&[0i8; 128], 1.0).unwrap();
+    w[5] = 0xFF;
+    let mut m = TernaryMatrix::new(TernaryLayout::I2S, 1, 128, &w, None).unwrap();
+    assert_eq!(m.check_codes(), 4);
+    assert!(!m.codes_checked_clean());
+}

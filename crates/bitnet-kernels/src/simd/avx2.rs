@@ -27,6 +27,7 @@ pub(crate) static TABLE: Kernels = TABLE_BASE;
 pub(crate) const TABLE_BASE: Kernels = Kernels {
     isa: Isa::Avx2,
     i2s,
+    i2s_clean,
     tq2,
     tq1,
     bitnet32,
@@ -104,13 +105,47 @@ fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     }
     // SAFETY: the table holding this function is only handed out after runtime detection of
     // AVX2 (dispatch::kernels_for); lengths were checked above.
-    unsafe { tile!(i2s_tile, nt, w_row, p, t0, out) }
+    unsafe { tile!(i2s_tile_s, nt, w_row, p, t0, out) }
+}
+
+/// I2_S for tensors known to hold no code 11 (see `TernaryMatrix::check_codes`): skips the
+/// per-byte code-11 fix-up (5 of ~22 instructions per block).
+fn i2s_clean(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    let k = p.k;
+    if !k.is_multiple_of(128) || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt
+    {
+        return scalar::i2s(w_row, p, t0, nt, out);
+    }
+    // SAFETY: as in `i2s`.
+    unsafe { tile!(i2s_tile_c, nt, w_row, p, t0, out) }
+}
+
+/// # Safety
+/// As [`i2s_tile`].
+#[target_feature(enable = "avx2")]
+unsafe fn i2s_tile_s<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, out: &mut [i32]) {
+    // SAFETY: forwarded contract.
+    unsafe { i2s_tile::<NT, true>(w_row, p, t0, out) }
+}
+
+/// # Safety
+/// As [`i2s_tile`], and the row holds no code 11.
+#[target_feature(enable = "avx2")]
+unsafe fn i2s_tile_c<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, out: &mut [i32]) {
+    // SAFETY: forwarded contract.
+    unsafe { i2s_tile::<NT, false>(w_row, p, t0, out) }
 }
 
 /// # Safety
 /// AVX2 available; `w_row.len() ≥ K/4`, tokens `t0..t0+NT` exist, `out.len() ≥ NT`.
 #[target_feature(enable = "avx2")]
-unsafe fn i2s_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, out: &mut [i32]) {
+#[inline]
+unsafe fn i2s_tile<const NT: usize, const SANITIZE: bool>(
+    w_row: &[u8],
+    p: &Prepared<'_>,
+    t0: usize,
+    out: &mut [i32],
+) {
     let k = p.k;
     let m3 = _mm256_set1_epi8(3);
     let m55 = _mm256_set1_epi8(0x55);
@@ -126,9 +161,11 @@ unsafe fn i2s_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, o
         for bb in b..b + span {
             // SAFETY: bb < K/128 so 32·bb + 32 ≤ K/4 ≤ w_row.len().
             let mut w = unsafe { load32(w_row, 32 * bb) };
-            // Code 11 → 01 (value 0): w ^= (w & w>>1 & 0x55) << 1.
-            let both = _mm256_and_si256(_mm256_and_si256(w, _mm256_srli_epi16::<1>(w)), m55);
-            w = _mm256_xor_si256(w, _mm256_add_epi8(both, both));
+            if SANITIZE {
+                // Code 11 → 01 (value 0): w ^= (w & w>>1 & 0x55) << 1.
+                let both = _mm256_and_si256(_mm256_and_si256(w, _mm256_srli_epi16::<1>(w)), m55);
+                w = _mm256_xor_si256(w, _mm256_add_epi8(both, both));
+            }
             let c0 = _mm256_and_si256(_mm256_srli_epi16::<6>(w), m3);
             let c1 = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m3);
             let c2 = _mm256_and_si256(_mm256_srli_epi16::<2>(w), m3);

@@ -22,6 +22,7 @@ use crate::ternary::Prepared;
 pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Avx512,
     i2s,
+    i2s_clean: i2s,
     tq2,
     ..avx2::TABLE_BASE
 };

@@ -21,6 +21,7 @@ use crate::ternary::Prepared;
 pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Neon,
     i2s,
+    i2s_clean: i2s,
     tq2,
     tq1: scalar::tq1,
     bitnet32: scalar::bitnet32,
