@@ -160,32 +160,39 @@ fn detect_best() -> Isa {
         .unwrap_or(Isa::Scalar)
 }
 
+/// Apply a `BITNET_ISA` value to the detected tier: it may only lower it, to a tier that
+/// is available; anything else is ignored with a note.
+fn choose(detected: Isa, env: Option<&str>, available: &[Isa]) -> (Isa, Option<String>) {
+    let Some(v) = env else {
+        return (detected, None);
+    };
+    match Isa::from_name(v) {
+        Some(req) if req == detected => (detected, None),
+        Some(req) if req < detected && available.contains(&req) => (req, None),
+        Some(req) => (
+            detected,
+            Some(format!(
+                "BITNET_ISA={v} ignored: it may only lower the tier to one this CPU has \
+                 (detected {}, requested {})",
+                detected.name(),
+                req.name()
+            )),
+        ),
+        None => (
+            detected,
+            Some(format!(
+                "BITNET_ISA={v} ignored: expected scalar, avx2, avx512 or neon"
+            )),
+        ),
+    }
+}
+
 fn selection() -> &'static Selection {
     static SEL: OnceLock<Selection> = OnceLock::new();
     SEL.get_or_init(|| {
         let detected = detect_best();
-        let mut selected = detected;
-        let mut note = None;
-        if let Ok(v) = std::env::var("BITNET_ISA") {
-            match Isa::from_name(&v) {
-                Some(req) if req == detected => {}
-                Some(req) if req < detected && kernels_for(req).is_some() => selected = req,
-                Some(req) => {
-                    note = Some(format!(
-                        "BITNET_ISA={} ignored: it may only lower the tier, and {} is not \
-                         available below {}",
-                        v,
-                        req.name(),
-                        detected.name()
-                    ));
-                }
-                None => {
-                    note = Some(format!(
-                        "BITNET_ISA={v} ignored: expected scalar, avx2, avx512 or neon"
-                    ));
-                }
-            }
-        }
+        let env = std::env::var("BITNET_ISA").ok();
+        let (selected, note) = choose(detected, env.as_deref(), &supported_isas());
         Selection {
             detected,
             selected,
@@ -270,4 +277,38 @@ fn cpu_features() -> Vec<&'static str> {
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn cpu_features() -> Vec<&'static str> {
     Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_may_only_lower_the_tier() {
+        let avail = [Isa::Scalar, Isa::Avx2];
+        assert_eq!(choose(Isa::Avx2, None, &avail), (Isa::Avx2, None));
+        assert_eq!(choose(Isa::Avx2, Some("scalar"), &avail).0, Isa::Scalar);
+        assert_eq!(choose(Isa::Avx2, Some(" AVX2 "), &avail), (Isa::Avx2, None));
+        // Raising is refused, as is a tier of another architecture or an unknown name.
+        let (i, note) = choose(Isa::Avx2, Some("avx512"), &avail);
+        assert_eq!(i, Isa::Avx2);
+        assert!(note.unwrap().contains("only lower"));
+        assert_eq!(choose(Isa::Avx2, Some("neon"), &avail).0, Isa::Avx2);
+        let (i, note) = choose(Isa::Avx2, Some("sse9"), &avail);
+        assert_eq!(i, Isa::Avx2);
+        assert!(note.unwrap().contains("expected"));
+        let all = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+        assert_eq!(choose(Isa::Avx512, Some("avx2"), &all).0, Isa::Avx2);
+        assert_eq!(
+            choose(Isa::Neon, Some("scalar"), &[Isa::Scalar, Isa::Neon]).0,
+            Isa::Scalar
+        );
+    }
+
+    #[test]
+    fn selected_tier_is_supported() {
+        assert!(isa().is_supported());
+        assert!(kernels_for(isa()).is_some());
+        assert!(isa_report().starts_with("kernels: "));
+    }
 }
