@@ -56,14 +56,16 @@ fn time_per_call(mut f: impl FnMut(usize)) -> f64 {
     // Warm up and calibrate.
     let t = Instant::now();
     let mut calls = 0usize;
-    while t.elapsed() < min_sample() / 4 || calls < 2 {
+    while t.elapsed() < min_sample() / 4 || calls < 1 {
         f(i);
         i += 1;
         calls += 1;
     }
     let per = t.elapsed().as_secs_f64() / calls as f64;
-    let reps = ((min_sample().as_secs_f64() / per).ceil() as usize).max(2);
-    let mut samples: Vec<f64> = (0..SAMPLES)
+    let reps = ((min_sample().as_secs_f64() / per).ceil() as usize).max(1);
+    // Slow configurations (the scalar LM head takes seconds per call): fewer samples.
+    let n_samples = if per > 0.25 { 3 } else { SAMPLES };
+    let mut samples: Vec<f64> = (0..n_samples)
         .map(|_| {
             let t = Instant::now();
             for _ in 0..reps {
@@ -74,7 +76,7 @@ fn time_per_call(mut f: impl FnMut(usize)) -> f64 {
         })
         .collect();
     samples.sort_by(f64::total_cmp);
-    samples[SAMPLES / 2]
+    samples[n_samples / 2]
 }
 
 /// Plain read of `buf` split over the threads (sum of u64 words).
@@ -238,6 +240,93 @@ fn main() {
         }
     }
 
+    // --- a whole decode pass over the ternary weights: 30 layers × 7 projections ---
+    let name = "I2_S decode pass 30 layers".to_owned();
+    if filter_ok(&name) {
+        let shapes = [
+            (2560usize, 2560usize),
+            (640, 2560),
+            (640, 2560),
+            (2560, 2560),
+            (6912, 2560),
+            (6912, 2560),
+            (2560, 6912),
+        ];
+        let layers = 30;
+        let mut bufs: Vec<Vec<u8>> = Vec::new();
+        for _ in 0..layers {
+            for &(o, i) in &shapes {
+                let codes: Vec<u8> = (0..o * i).map(|_| (rng.next() % 3) as u8).collect();
+                bufs.push(i2s::pack_codes(&codes, 0.5).unwrap());
+            }
+        }
+        let mats: Vec<TernaryMatrix<'_>> = bufs
+            .iter()
+            .enumerate()
+            .map(|(j, b)| {
+                let (o, i) = shapes[j % shapes.len()];
+                let mut m = TernaryMatrix::new(TernaryLayout::I2S, o, i, b, None).unwrap();
+                assert_eq!(m.check_codes(), 0);
+                m
+            })
+            .collect();
+        let total: usize = mats.iter().map(|m| m.nbytes()).sum();
+        let xq: Vec<Vec<i8>> = [2560usize, 6912]
+            .iter()
+            .map(|&k| {
+                (0..k)
+                    .map(|j| ((j * 7919 % 255) as i32 - 127) as i8)
+                    .collect()
+            })
+            .collect();
+        let mut out = vec![0f32; 6912];
+        for threads in [1, 2] {
+            // Read baseline over the same 30 × 7 buffers, in the same order.
+            let rt = time_per_call(|_| {
+                for b in &bufs {
+                    black_box(read_all(b, &|n, g, f| {
+                        runners.run(PoolKind::Ours, threads, n, g, f)
+                    }));
+                }
+            });
+            let read = total as f64 / rt / 1e9;
+            for &isa in isas.iter().filter(|&&i| i != Isa::Scalar) {
+                for kind in [PoolKind::Ours, PoolKind::Rayon] {
+                    let t = time_per_call(|_| {
+                        for m in &mats {
+                            let x = if m.n_in() == 2560 { &xq[0] } else { &xq[1] };
+                            m.matmul_with_runner(
+                                isa,
+                                x,
+                                &[1.0],
+                                &mut out[..m.n_out()],
+                                &|n, g, f| runners.run(kind, threads, n, g, f),
+                            )
+                            .unwrap()
+                            .unwrap();
+                        }
+                        black_box(&out);
+                    });
+                    let r = Row {
+                        name: name.clone(),
+                        tier: isa,
+                        threads,
+                        pool: if kind == PoolKind::Ours {
+                            "ours"
+                        } else {
+                            "rayon"
+                        },
+                        us: t * 1e6,
+                        gbs: total as f64 / t / 1e9,
+                        read_gbs: read,
+                    };
+                    print_row(&r);
+                    rows.push(r);
+                }
+            }
+        }
+    }
+
     // --- LM head 128256 × 2560, one token ---
     let (v, d) = (128_256usize, 2560usize);
     let f16_bytes: Vec<u8> = (0..v * d)
@@ -310,8 +399,11 @@ fn main() {
         );
     }
     // Speed-ups of interest.
-    for (n_out, k) in [(2560, 2560), (640, 2560), (6912, 2560), (2560, 6912)] {
-        let name = format!("I2_S matvec {n_out}x{k}");
+    let names = [(2560, 2560), (640, 2560), (6912, 2560), (2560, 6912)]
+        .iter()
+        .map(|(o, k)| format!("I2_S matvec {o}x{k}"))
+        .chain(std::iter::once("I2_S decode pass 30 layers".to_owned()));
+    for name in names {
         let find = |tier: Isa, thr: usize, pool: &str| {
             rows.iter()
                 .find(|r| r.name == name && r.tier == tier && r.threads == thr && r.pool == pool)

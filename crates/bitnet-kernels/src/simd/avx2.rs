@@ -722,7 +722,9 @@ unsafe fn q8_0_dot_impl(row: &[u8], x: &[f32]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for b in 0..nb {
         let blk = &row[34 * b..34 * b + 34];
-        let d = _mm256_set1_ps(half::f16::from_le_bytes([blk[0], blk[1]]).to_f32());
+        // The block scale through F16C (exact, like half's conversion), broadcast.
+        let dbits = i32::from(u16::from_le_bytes([blk[0], blk[1]]));
+        let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dbits)));
         let mut bl = _mm256_setzero_ps();
         for j in 0..4 {
             // SAFETY: 2 + 8j + 8 ≤ 34; 32b + 8j + 8 ≤ 32·nb ≤ x.len().
