@@ -29,8 +29,12 @@ enum Command {
     Run(cmd::run::Args),
     /// Chat interactively (line editing, history; the KV cache is kept across turns).
     Chat(cmd::chat::Args),
+    /// Measure prompt processing and generation speed (llama-bench style).
+    Bench(cmd::bench::Args),
     /// Show the token ids and pieces of a text.
     Tokenize(cmd::tokenize::Args),
+    /// Serve an OpenAI-compatible HTTP API.
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -42,6 +46,8 @@ fn main() -> std::process::ExitCode {
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

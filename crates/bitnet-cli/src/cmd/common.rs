@@ -91,6 +91,58 @@ pub struct ModelArgs {
     /// Pre-tokenizer override: llama3 or default (bitnet.cpp's fallback).
     #[arg(long)]
     pub pre: Option<String>,
+    /// LM head format: f16 (the file's tied embedding, exact; default), or q8_0 / q6_k / q4_0
+    /// built from it at load and kept in memory (less to read per token, small logit error).
+    #[arg(long, default_value = "f16")]
+    pub lm_head: LmHead,
+}
+
+/// The LM head's storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LmHead {
+    F16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q6_k")]
+    Q6K,
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+/// Replace the model's LM head with a quantized copy when asked (progress on stderr).
+pub fn apply_lm_head(
+    model: &mut bitnet_model::Model<'_>,
+    a: &ModelArgs,
+    pool: &bitnet_kernels::Pool,
+) -> Result<()> {
+    use bitnet_kernels::{RowMatrix, RowType};
+    let ty = match a.lm_head {
+        LmHead::F16 => return Ok(()),
+        LmHead::Q8_0 => RowType::Q8_0,
+        LmHead::Q6K => RowType::Q6K,
+        LmHead::Q4_0 => RowType::Q4_0,
+    };
+    if a.numerics == bitnet_model::Numerics::Exact {
+        anyhow::bail!("--numerics exact needs the F16 LM head (drop --lm-head)");
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(format!(
+        "building a {:?} LM head from the embedding",
+        a.lm_head
+    ));
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let t = std::time::Instant::now();
+    let q = RowMatrix::quantize_from(model.lm_head(), ty, pool)?;
+    bar.finish_and_clear();
+    eprintln!(
+        "LM head: {:?}, {} in memory (was {}), built in {:.1} s",
+        a.lm_head,
+        human_bytes(q.nbytes() as u64),
+        human_bytes(model.lm_head().nbytes() as u64),
+        t.elapsed().as_secs_f64()
+    );
+    model.set_lm_head(q);
+    Ok(())
 }
 
 impl ModelArgs {
@@ -116,7 +168,8 @@ impl ModelArgs {
 
 /// Build the engine over an opened file.
 pub fn load_engine<'a>(file: &'a GgufFile, a: &ModelArgs) -> Result<bitnet_engine::Engine<'a>> {
-    let model = bitnet_model::Model::load(file).context("cannot load model")?;
+    let mut model = bitnet_model::Model::load(file).context("cannot load model")?;
+    apply_lm_head(&mut model, a, &bitnet_kernels::Pool::new(a.threads()))?;
     let tokenizer = bitnet_tokenizer::Tokenizer::from_gguf(file.metadata(), a.pre_tokenizer()?)
         .context("cannot build the tokenizer")?;
     let opts = bitnet_engine::EngineOptions {

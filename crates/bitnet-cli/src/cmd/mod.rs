@@ -1,7 +1,9 @@
+pub mod bench;
 pub mod chat;
 pub mod common;
 pub mod inspect;
 pub mod logits;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;

@@ -1,0 +1,219 @@
+//! `bitnet bench`: prompt processing (pp) and text generation (tg) throughput, in the spirit
+//! of llama-bench, with the decode bandwidth compared to a memory read measured in the same run.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use bitnet_kernels::Pool;
+use bitnet_model::{Exec, Model, Outputs};
+use serde_json::json;
+
+use super::common::{human_bytes, open_gguf, peak_rss_bytes, ModelArgs};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt tokens for the pp test (0 = skip).
+    #[arg(short = 'p', long, default_value_t = 128)]
+    n_prompt: usize,
+    /// Generated tokens for the tg test (0 = skip).
+    #[arg(short = 'n', long, default_value_t = 64)]
+    n_gen: usize,
+    /// Thread counts to test, comma separated (default: 1 and the physical core count).
+    #[arg(long = "threads-list", value_delimiter = ',')]
+    threads_list: Option<Vec<usize>>,
+    /// Repetitions per test.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    repetitions: usize,
+    /// One JSON object per test on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// GB/s of a plain parallel read of `buf` (the mapped model file: as large as what decode
+/// reads, already resident after the warm-up, and no extra allocation to inflate peak RSS),
+/// summing 8-byte words; best of 3.
+fn read_bandwidth(pool: &Pool, buf: &[u8]) -> f64 {
+    const CHUNK: usize = 1 << 16;
+    let n_chunks = buf.len() / CHUNK;
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let sink = AtomicU64::new(0);
+        let t = Instant::now();
+        pool.for_rows(n_chunks, 1, &|r| {
+            let bytes = &buf[r.start * CHUNK..r.end * CHUNK];
+            let s = bytes.chunks_exact(8).fold(0u64, |a, w| {
+                a.wrapping_add(u64::from_le_bytes([
+                    w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+                ]))
+            });
+            sink.fetch_add(s, Ordering::Relaxed);
+        });
+        let dt = t.elapsed().as_secs_f64();
+        std::hint::black_box(sink.load(Ordering::Relaxed));
+        best = best.max((n_chunks * CHUNK) as f64 / dt / 1e9);
+    }
+    best
+}
+
+struct Stat {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn stat(mut v: Vec<f64>) -> Stat {
+    v.sort_by(f64::total_cmp);
+    let median = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    Stat {
+        median,
+        min: v[0],
+        max: v[v.len() - 1],
+    }
+}
+
+/// Deterministic pseudo-random token ids (a prompt of noise, as llama-bench uses).
+fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            u32::try_from(x % n_vocab as u64).unwrap_or(0)
+        })
+        .collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let i = v
+        .iter()
+        .enumerate()
+        .fold(0, |b, (i, &x)| if x > v[b] { i } else { b });
+    u32::try_from(i).unwrap_or(0)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.repetitions == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    let path = a.model.path()?;
+    let file = open_gguf(&path, a.model.in_memory)?;
+    let mut model = Model::load(&file).context("cannot load model")?;
+    super::common::apply_lm_head(&mut model, &a.model, &Pool::new(a.model.threads()))?;
+    let threads = a.threads_list.clone().unwrap_or_else(|| {
+        let t = a.model.threads();
+        if t > 1 {
+            vec![1, t]
+        } else {
+            vec![1]
+        }
+    });
+    let n_vocab = model.config.n_vocab;
+    let n_ctx = (a.n_prompt + a.n_gen + 1).max(2);
+    let bytes_per_token = model.bytes_per_token() as u64;
+    if !a.json {
+        println!(
+            "model {} | {} layers, n_embd {} | weights read per token {} | numerics {:?} | kv {:?}",
+            path.display(),
+            model.config.n_layer,
+            model.config.n_embd,
+            human_bytes(bytes_per_token),
+            a.model.numerics,
+            a.model.kv_cache
+        );
+        println!(
+            "{:<8} {:>7} {:>12} {:>20} {:>10} {:>10} {:>8}",
+            "test", "threads", "tok/s", "(min .. max)", "GB/s", "read GB/s", "ratio"
+        );
+    }
+    for &t in &threads {
+        let pool = Pool::new(t.max(1));
+        let mut exec = Exec {
+            pool: &pool,
+            numerics: a.model.numerics,
+            trace: None,
+        };
+        let mut tests: Vec<(String, Vec<f64>)> = Vec::new();
+        if a.n_prompt > 0 {
+            let prompt = tokens(a.n_prompt, n_vocab, 1);
+            let mut rates = Vec::new();
+            // one warm-up run pages the weights in
+            for rep in 0..=a.repetitions {
+                let mut cache = model.new_cache(n_ctx, a.model.kv_cache, u64::MAX)?;
+                let t0 = Instant::now();
+                model.forward(&prompt, &mut cache, Outputs::Last, &mut exec)?;
+                if rep > 0 {
+                    rates.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
+                }
+            }
+            tests.push((format!("pp{}", a.n_prompt), rates));
+        }
+        if a.n_gen > 0 {
+            let mut rates = Vec::new();
+            for rep in 0..=a.repetitions {
+                let mut cache = model.new_cache(n_ctx, a.model.kv_cache, u64::MAX)?;
+                let mut logits =
+                    model.forward(&tokens(1, n_vocab, 2), &mut cache, Outputs::Last, &mut exec)?;
+                let t0 = Instant::now();
+                for _ in 0..a.n_gen {
+                    logits =
+                        model.forward(&[argmax(&logits)], &mut cache, Outputs::Last, &mut exec)?;
+                }
+                if rep > 0 {
+                    rates.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+                }
+            }
+            tests.push((format!("tg{}", a.n_gen), rates));
+        }
+        let bw = read_bandwidth(&pool, file.as_bytes());
+        for (name, rates) in tests {
+            let s = stat(rates);
+            let is_tg = name.starts_with("tg");
+            let gbs = if is_tg {
+                s.median * bytes_per_token as f64 / 1e9
+            } else {
+                f64::NAN
+            };
+            if a.json {
+                println!(
+                    "{}",
+                    json!({
+                        "test": name, "threads": t, "tok_s_median": s.median, "tok_s_min": s.min, "tok_s_max": s.max,
+                        "bytes_per_token": bytes_per_token, "achieved_gb_s": if is_tg { Some(gbs) } else { None },
+                        "read_gb_s": bw, "ratio_to_read": if is_tg { Some(gbs / bw) } else { None },
+                        "peak_rss_bytes": peak_rss_bytes(), "numerics": format!("{:?}", a.model.numerics),
+                    })
+                );
+            } else if is_tg {
+                println!(
+                    "{name:<8} {t:>7} {:>12.2} {:>20} {gbs:>10.2} {bw:>10.2} {:>8.2}",
+                    s.median,
+                    format!("({:.2} .. {:.2})", s.min, s.max),
+                    gbs / bw
+                );
+            } else {
+                println!(
+                    "{name:<8} {t:>7} {:>12.2} {:>20} {:>10} {bw:>10.2} {:>8}",
+                    s.median,
+                    format!("({:.2} .. {:.2})", s.min, s.max),
+                    "-",
+                    "-"
+                );
+            }
+        }
+    }
+    if !a.json {
+        println!(
+            "peak RSS {}",
+            peak_rss_bytes().map_or_else(|| "?".into(), human_bytes)
+        );
+    }
+    Ok(())
+}
