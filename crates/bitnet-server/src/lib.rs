@@ -1,1 +1,435 @@
+//! An OpenAI-compatible HTTP server over [`bitnet_engine::Engine`].
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
+//! `GET /health` (503 while the model loads) and `GET /metrics` (Prometheus text).
+//!
+//! # Architecture
+//! * One **scheduler thread** owns the engine and `parallel` slots, each with its own KV
+//!   cache. It batches the decode steps of every busy slot (and prompt chunks of new
+//!   ones) into one forward pass ([`bitnet_model::Model::forward_seqs`]): N streams share
+//!   every ternary matmul.
+//! * HTTP handlers (tokio, hyper HTTP/1.1) validate and tokenize a request, then hand it
+//!   to the scheduler over a channel and read its events from a per-request channel.
+//! * **Admission**: at most `parallel + max_queue` requests are in the scheduler's hands;
+//!   more get 429 with `Retry-After`. A request that waits past its time limit gets 503;
+//!   one that runs past it ends with `finish_reason: "length"`.
+//! * **Cancellation**: a client that disconnects drops its event receiver; the scheduler
+//!   sees the closed channel at its next pass and frees the slot.
+//! * **Shutdown** ([`Server::run`]'s future resolving): stop accepting, answer new
+//!   requests 503, let in-flight ones finish for `shutdown_grace`, then end what is left
+//!   with an error event (streams) or 503 (others) and close.
+//! * Limits: request body size (413), header and body read time (hyper's header timeout,
+//!   408 for a slow body), concurrent connections, stop strings, context (400).
 #![forbid(unsafe_code)]
+
+pub mod api;
+mod http;
+pub mod metrics;
+mod scheduler;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bitnet_engine::Engine;
+use bitnet_sampling::SamplerParams;
+use bitnet_tokenizer::Tokenizer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use api::{ApiError, Endpoint};
+pub use metrics::Metrics;
+
+/// Errors starting or running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("invalid server setting `{field}`: {reason}")]
+    Config { field: &'static str, reason: String },
+    #[error("loading the model failed: {0}")]
+    Load(String),
+    #[error("the server stopped before the model was loaded")]
+    NotLoaded,
+}
+
+/// Server settings. [`ServerConfig::default`] gives the `bitnet serve` defaults.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Parallel sequences (slots), each with its own KV cache.
+    pub parallel: usize,
+    /// Context positions per slot; `None`: the training context, at most 4096.
+    pub n_ctx: Option<usize>,
+    /// Requests allowed to wait for a slot; beyond it, 429.
+    pub max_queue: usize,
+    /// Largest request body, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Time limit of one request, from its arrival: waiting past it gives 503,
+    /// generating past it ends the generation with `finish_reason: "length"`.
+    pub request_timeout: Duration,
+    /// Time allowed to send the request headers, and separately the body (408).
+    pub read_timeout: Duration,
+    /// Most simultaneous connections; more are closed at once.
+    pub max_connections: usize,
+    /// Bearer token required on every endpoint but `/health` (compared in constant time).
+    pub api_key: Option<String>,
+    /// The model id reported by `/v1/models` and in responses.
+    pub model_name: String,
+    /// Prompt tokens evaluated per forward pass, over all prefilling slots.
+    pub prefill_chunk: usize,
+    /// How long in-flight requests may run after shutdown is requested.
+    pub shutdown_grace: Duration,
+    /// Most stop strings in a request, and longest one in bytes.
+    pub max_stop: usize,
+    pub max_stop_bytes: usize,
+    /// Sampling parameters for fields a request leaves out (llama.cpp's defaults).
+    pub sampling_defaults: SamplerParams,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            parallel: 1,
+            n_ctx: None,
+            max_queue: 16,
+            max_body_bytes: 1 << 20,
+            request_timeout: Duration::from_secs(600),
+            read_timeout: Duration::from_secs(30),
+            max_connections: 512,
+            api_key: None,
+            model_name: "bitnet".into(),
+            prefill_chunk: 128,
+            shutdown_grace: Duration::from_secs(30),
+            max_stop: 16,
+            max_stop_bytes: 1024,
+            sampling_defaults: SamplerParams::default(),
+        }
+    }
+}
+
+impl ServerConfig {
+    fn check(&self) -> Result<(), ServerError> {
+        let bad = |field, reason: &str| {
+            Err(ServerError::Config {
+                field,
+                reason: reason.into(),
+            })
+        };
+        if self.parallel == 0 || self.parallel > 256 {
+            return bad("parallel", "must be in 1..=256");
+        }
+        if self.n_ctx == Some(0) {
+            return bad("n_ctx", "must be at least 1");
+        }
+        if self.prefill_chunk == 0 {
+            return bad("prefill_chunk", "must be at least 1");
+        }
+        if self.max_connections == 0 {
+            return bad("max_connections", "must be at least 1");
+        }
+        if self.api_key.as_deref() == Some("") {
+            return bad("api_key", "must not be empty");
+        }
+        Ok(())
+    }
+}
+
+/// What handlers need once the model is loaded.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    tx: std::sync::mpsc::Sender<scheduler::Msg>,
+    tokenizer: Arc<Tokenizer>,
+    n_ctx: usize,
+    n_vocab: usize,
+}
+
+/// Loading state, as `/health` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Loading,
+    Ready,
+    Failed(String),
+}
+
+/// State shared by handlers, the accept loop and the scheduler thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    cfg: ServerConfig,
+    metrics: Arc<Metrics>,
+    ready: OnceLock<Ready>,
+    phase: watch::Sender<Phase>,
+    draining: AtomicBool,
+    /// Requests handed to the scheduler and not yet finished (waiting or in a slot).
+    in_flight: Arc<AtomicUsize>,
+    scheduler: Mutex<Option<std::thread::JoinHandle<()>>>,
+    started: u64,
+}
+
+/// A bound, not yet running server.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+/// A cheap handle to a server: load its model, wait for it, read its metrics.
+#[derive(Debug, Clone)]
+pub struct ServerHandle {
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Bind `addr` (use port 0 for any free port). The server answers 503 until a model
+    /// is loaded with [`ServerHandle::load`].
+    pub async fn bind(addr: SocketAddr, cfg: ServerConfig) -> Result<Server, ServerError> {
+        cfg.check()?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        let (phase, _) = watch::channel(Phase::Loading);
+        Ok(Server {
+            listener,
+            shared: Arc::new(Shared {
+                cfg,
+                metrics: Arc::new(Metrics::default()),
+                ready: OnceLock::new(),
+                phase,
+                draining: AtomicBool::new(false),
+                in_flight: Arc::new(AtomicUsize::new(0)),
+                scheduler: Mutex::new(None),
+                started: api::unix_now(),
+            }),
+        })
+    }
+
+    pub fn local_addr(&self) -> Result<SocketAddr, ServerError> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Serve until `shutdown` resolves, then drain (see the crate docs) and return.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServerError> {
+        http::serve(self.listener, self.shared, shutdown).await
+    }
+}
+
+impl ServerHandle {
+    /// Start the scheduler thread: it runs `loader` (the server answers 503 meanwhile),
+    /// allocates every slot's KV cache, then serves.
+    ///
+    /// The engine must live as long as the server: a caller typically leaks the
+    /// `GgufFile` it borrows (`Box::leak`), which is sound and costs nothing for a file
+    /// that is needed until the process exits.
+    pub fn load<F>(&self, loader: F)
+    where
+        F: FnOnce() -> Result<Engine<'static>, String> + Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        let handle = std::thread::Builder::new()
+            .name("bitnet-scheduler".into())
+            .spawn(move || run_scheduler(&shared, loader));
+        match handle {
+            Ok(h) => {
+                if let Ok(mut g) = self.shared.scheduler.lock() {
+                    *g = Some(h);
+                }
+            }
+            Err(e) => {
+                self.shared.phase.send_replace(Phase::Failed(format!(
+                    "cannot start the scheduler thread: {e}"
+                )));
+            }
+        }
+    }
+
+    /// Wait until the model is loaded (Ok) or loading failed (Err).
+    pub async fn wait_ready(&self) -> Result<(), ServerError> {
+        let mut rx = self.shared.phase.subscribe();
+        let phase = rx
+            .wait_for(|p| *p != Phase::Loading)
+            .await
+            .map_err(|_| ServerError::NotLoaded)?
+            .clone();
+        match phase {
+            Phase::Failed(e) => Err(ServerError::Load(e)),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// Requests handed to the scheduler and not finished (waiting or generating).
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Relaxed)
+    }
+
+    /// Context positions per slot (known once loaded).
+    pub fn n_ctx(&self) -> Option<usize> {
+        self.shared.ready.get().map(|r| r.n_ctx)
+    }
+}
+
+fn run_scheduler<F>(shared: &Arc<Shared>, loader: F)
+where
+    F: FnOnce() -> Result<Engine<'static>, String>,
+{
+    let engine = match loader() {
+        Ok(e) => e,
+        Err(e) => {
+            shared.phase.send_replace(Phase::Failed(e));
+            return;
+        }
+    };
+    let n_ctx_train = engine.model.config.n_ctx_train;
+    let n_ctx = shared
+        .cfg
+        .n_ctx
+        .unwrap_or(n_ctx_train.min(4096))
+        .min(n_ctx_train)
+        .max(1);
+    let tokenizer = Arc::new(engine.tokenizer.clone());
+    let n_vocab = engine.model.config.n_vocab;
+    let cfg = scheduler::SchedConfig {
+        parallel: shared.cfg.parallel,
+        n_ctx,
+        prefill_chunk: shared.cfg.prefill_chunk,
+    };
+    let sched = match scheduler::Scheduler::new(engine, cfg, Arc::clone(&shared.metrics)) {
+        Ok(s) => s,
+        Err(e) => {
+            shared.phase.send_replace(Phase::Failed(format!(
+                "cannot allocate {} KV caches of {n_ctx} positions: {e}",
+                cfg.parallel
+            )));
+            return;
+        }
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _ = shared.ready.set(Ready {
+        tx,
+        tokenizer,
+        n_ctx,
+        n_vocab,
+    });
+    shared.phase.send_replace(Phase::Ready);
+    sched.run(rx);
+}
+
+/// Instant after which a request started now must end.
+pub(crate) fn deadline(cfg: &ServerConfig) -> Instant {
+    let now = Instant::now();
+    now.checked_add(cfg.request_timeout)
+        .unwrap_or(now + Duration::from_secs(365 * 24 * 3600))
+}
+
+/// What [`run_blocking`] reports as the server goes through its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lifecycle {
+    /// Bound and answering (503 until ready).
+    Listening(SocketAddr),
+    /// The model is loaded: slots and their context size.
+    Ready { parallel: usize, n_ctx: usize },
+    /// SIGINT or SIGTERM received: draining.
+    ShuttingDown { grace: Duration },
+}
+
+/// Bind `addr`, load the engine with `loader` (answering 503 meanwhile), serve until
+/// SIGINT or SIGTERM, then drain and return. Runs its own tokio runtime (2 worker
+/// threads: the HTTP side is light, the model runs on the engine's pool).
+pub fn run_blocking<L>(
+    addr: SocketAddr,
+    cfg: ServerConfig,
+    loader: L,
+    mut on_event: impl FnMut(Lifecycle) + Send + 'static,
+) -> Result<(), ServerError>
+where
+    L: FnOnce() -> Result<Engine<'static>, String> + Send + 'static,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bitnet-http")
+        .enable_all()
+        .build()?;
+    let on_event = Arc::new(Mutex::new(move |e: Lifecycle| on_event(e)));
+    let report = move |e: Lifecycle| {
+        if let Ok(mut f) = on_event.lock() {
+            f(e);
+        }
+    };
+    rt.block_on(async move {
+        let grace = cfg.shutdown_grace;
+        let parallel = cfg.parallel;
+        let server = Server::bind(addr, cfg).await?;
+        report(Lifecycle::Listening(server.local_addr()?));
+        let handle = server.handle();
+        handle.load(loader);
+        let (sig_tx, sig_rx) = tokio::sync::oneshot::channel::<()>();
+        let report_sig = report.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            report_sig(Lifecycle::ShuttingDown { grace });
+            let _ = sig_tx.send(());
+        });
+        let stop = async move {
+            let _ = sig_rx.await;
+        };
+        let mut serving = tokio::spawn(server.run(stop));
+        let joined = |r: Result<Result<(), ServerError>, tokio::task::JoinError>| match r {
+            Ok(r) => r,
+            Err(e) => Err(ServerError::Io(std::io::Error::other(e))),
+        };
+        tokio::select! {
+            r = handle.wait_ready() => match r {
+                Ok(()) => report(Lifecycle::Ready {
+                    parallel,
+                    n_ctx: handle.n_ctx().unwrap_or(0),
+                }),
+                Err(e) => {
+                    serving.abort();
+                    return Err(e);
+                }
+            },
+            // Stopped (a signal) before the model finished loading.
+            r = &mut serving => return joined(r),
+        }
+        joined(serving.await)
+    })
+}
+
+/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,920 @@
+//! The OpenAI request schema: parsing, validation and the JSON of responses.
+//!
+//! Requests are parsed into a [`serde_json::Value`] first and then read field by field,
+//! so every error names the offending field (`param` in OpenAI's error object). Fields
+//! this server does not know are ignored, as OpenAI's own API does.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::StatusCode;
+use bitnet_sampling::SamplerParams;
+use bitnet_tokenizer::{ChatMessage, ChatRole};
+use serde_json::{json, Map, Value};
+
+/// An error answered with OpenAI's error object
+/// `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// OpenAI's `type`: `invalid_request_error`, `authentication_error`, ...
+    pub kind: &'static str,
+    pub message: String,
+    /// The request field at fault, if one is.
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (429 and 503).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    /// 400 naming `param`.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: Some(param.into()),
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// 400 about the request as a whole (malformed JSON, not an object).
+    pub fn bad_body(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+/// Server-side bounds a request is checked against.
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    /// Positions of one slot's KV cache (prompt + generated tokens must fit).
+    pub n_ctx: usize,
+    /// Vocabulary size (token-id prompts are range-checked against it).
+    pub n_vocab: usize,
+    /// Most stop strings per request.
+    pub max_stop: usize,
+    /// Longest stop string, in bytes.
+    pub max_stop_bytes: usize,
+    /// Default sampling parameters for fields a request leaves out.
+    pub defaults: SamplerParams,
+}
+
+/// A prompt of `/v1/completions`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    /// Token ids, already range-checked.
+    Tokens(Vec<u32>),
+}
+
+/// What the model is asked to continue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    Chat(Vec<ChatMessage>),
+    Completion(Prompt),
+}
+
+/// A validated completion request.
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    pub input: Input,
+    /// `max_completion_tokens` or `max_tokens` (>= 1, at most the context); `None` means
+    /// "until the context is full".
+    pub max_tokens: Option<usize>,
+    pub sampler: SamplerParams,
+    /// Whether the request gave a seed (otherwise the server draws one).
+    pub seeded: bool,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+/// Parse and validate a request body.
+pub fn parse_request(
+    body: &[u8],
+    endpoint: Endpoint,
+    limits: &RequestLimits,
+) -> Result<CompletionRequest, ApiError> {
+    // serde_json refuses nesting deeper than 128 and numbers beyond f64 (1e400) itself.
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_body(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(obj) = v else {
+        return Err(ApiError::bad_body("the body must be a JSON object"));
+    };
+    let o = Obj(&obj);
+
+    if let Some(m) = o.get("model") {
+        if !m.is_string() {
+            return Err(ApiError::invalid("model", "`model` must be a string"));
+        }
+    }
+    if let Some(n) = o.int("n")? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!(
+                    "`n` = {n} is not supported: this server returns exactly one choice (n = 1)"
+                ),
+            ));
+        }
+    }
+
+    let input = match endpoint {
+        Endpoint::Chat => Input::Chat(parse_messages(o.get("messages"))?),
+        Endpoint::Completion => Input::Completion(parse_prompt(o.get("prompt"), limits.n_vocab)?),
+    };
+
+    // max_completion_tokens supersedes max_tokens (OpenAI); either may be given.
+    let max_tokens = match o.int("max_completion_tokens")? {
+        Some(n) => Some(("max_completion_tokens", n)),
+        None => o.int("max_tokens")?.map(|n| ("max_tokens", n)),
+    };
+    let max_tokens = match max_tokens {
+        None => None,
+        Some((field, n)) => {
+            if n < 1 {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("`{field}` = {n}: must be at least 1"),
+                ));
+            }
+            let n = usize::try_from(n)
+                .map_err(|_| ApiError::invalid(field, format!("`{field}` = {n} is too large")))?;
+            if n > limits.n_ctx {
+                return Err(ApiError::invalid(
+                    field,
+                    format!(
+                        "`{field}` = {n} exceeds the context size of {} tokens",
+                        limits.n_ctx
+                    ),
+                )
+                .with_code("context_length_exceeded"));
+            }
+            Some(n)
+        }
+    };
+
+    let d = &limits.defaults;
+    let mut sampler = SamplerParams {
+        temperature: o.float("temperature", 0.0, 2.0)?.unwrap_or(d.temperature),
+        top_p: o.float("top_p", 0.0, 1.0)?.unwrap_or(d.top_p),
+        min_p: o.float("min_p", 0.0, 1.0)?.unwrap_or(d.min_p),
+        presence_penalty: o
+            .float("presence_penalty", -2.0, 2.0)?
+            .unwrap_or(d.presence_penalty),
+        frequency_penalty: o
+            .float("frequency_penalty", -2.0, 2.0)?
+            .unwrap_or(d.frequency_penalty),
+        repeat_penalty: o
+            .float("repeat_penalty", f32::MIN_POSITIVE, 10.0)?
+            .unwrap_or(d.repeat_penalty),
+        ..d.clone()
+    };
+    if let Some(k) = o.int("top_k")? {
+        // <= 0 means "off" (vLLM spells it -1); larger than the vocabulary is clamped.
+        sampler.top_k = i32::try_from(k.clamp(-1, i64::from(i32::MAX)))
+            .map_err(|_| ApiError::invalid("top_k", "`top_k` is out of range"))?;
+    }
+    let seed = match o.get("seed") {
+        None => None,
+        Some(Value::Number(n)) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => Some(u),
+            // A negative seed is a seed too: reinterpret its bits.
+            (None, Some(i)) => Some(u64::from_le_bytes(i.to_le_bytes())),
+            _ => return Err(ApiError::invalid("seed", "`seed` must be an integer")),
+        },
+        Some(_) => return Err(ApiError::invalid("seed", "`seed` must be an integer")),
+    };
+    let seeded = seed.is_some();
+    if let Some(s) = seed {
+        sampler.seed = s;
+    }
+    sampler.validate().map_err(|e| match e {
+        bitnet_sampling::SamplingError::InvalidParam { field, reason } => {
+            ApiError::invalid(field, format!("`{field}`: {reason}"))
+        }
+        other => ApiError::bad_body(other.to_string()),
+    })?;
+
+    let stop = parse_stop(o.get("stop"), limits)?;
+    let stream = o.bool("stream")?.unwrap_or(false);
+    let include_usage = match o.get("stream_options") {
+        None => false,
+        Some(Value::Object(so)) => Obj(so).bool("include_usage")?.unwrap_or(false),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "`stream_options` must be an object",
+            ))
+        }
+    };
+
+    Ok(CompletionRequest {
+        input,
+        max_tokens,
+        sampler,
+        seeded,
+        stop,
+        stream,
+        include_usage,
+    })
+}
+
+/// A JSON object with typed getters; `null` counts as absent (as in OpenAI's API).
+struct Obj<'a>(&'a Map<String, Value>);
+
+impl Obj<'_> {
+    fn get(&self, k: &str) -> Option<&Value> {
+        self.0.get(k).filter(|v| !v.is_null())
+    }
+
+    fn int(&self, k: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Number(n)) => {
+                if let Some(i) = n.as_i64() {
+                    Ok(Some(i))
+                } else if n.as_u64().is_some() {
+                    Err(ApiError::invalid(k, format!("`{k}` = {n} is too large")))
+                } else {
+                    Err(ApiError::invalid(
+                        k,
+                        format!("`{k}` must be an integer, got {n}"),
+                    ))
+                }
+            }
+            Some(other) => Err(ApiError::invalid(
+                k,
+                format!("`{k}` must be an integer, got {}", type_name(other)),
+            )),
+        }
+    }
+
+    /// A number in `[lo, hi]`.
+    fn float(&self, k: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Number(n)) => {
+                let x = n.as_f64().unwrap_or(f64::NAN);
+                if !(f64::from(lo)..=f64::from(hi)).contains(&x) {
+                    return Err(ApiError::invalid(
+                        k,
+                        format!("`{k}` = {n} is not in [{lo}, {hi}]"),
+                    ));
+                }
+                // In range of f32 by the check above; only precision is lost.
+                #[allow(clippy::cast_possible_truncation)]
+                let x = x as f32;
+                Ok(Some(x))
+            }
+            Some(other) => Err(ApiError::invalid(
+                k,
+                format!("`{k}` must be a number, got {}", type_name(other)),
+            )),
+        }
+    }
+
+    fn bool(&self, k: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(ApiError::invalid(
+                k,
+                format!("`{k}` must be a boolean, got {}", type_name(other)),
+            )),
+        }
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(Value::Array(items)) = v else {
+        return Err(ApiError::invalid(
+            "messages",
+            match v {
+                None => "`messages` is required".to_string(),
+                Some(o) => format!("`messages` must be an array, got {}", type_name(o)),
+            },
+        ));
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` is empty"));
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (i, m) in items.iter().enumerate() {
+        let Value::Object(m) = m else {
+            return Err(ApiError::invalid(
+                format!("messages[{i}]"),
+                format!("`messages[{i}]` must be an object"),
+            ));
+        };
+        let role = match m.get("role") {
+            Some(Value::String(r)) => match r.as_str() {
+                "system" | "developer" => ChatRole::System,
+                "user" => ChatRole::User,
+                "assistant" => ChatRole::Assistant,
+                other => {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].role"),
+                        format!(
+                            "`messages[{i}].role` = {:?} is not supported (system, developer, user, assistant)",
+                            truncate(other, 32)
+                        ),
+                    ))
+                }
+            },
+            _ => {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].role"),
+                    format!("`messages[{i}].role` must be a string"),
+                ))
+            }
+        };
+        let field = || format!("messages[{i}].content");
+        let content = match m.get("content") {
+            // An assistant turn may carry no content.
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut s = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    let text = match p {
+                        Value::String(t) => Some(t),
+                        Value::Object(p) => match (p.get("type"), p.get("text")) {
+                            (Some(Value::String(ty)), Some(Value::String(t))) if ty == "text" => {
+                                Some(t)
+                            }
+                            _ => None,
+                        },
+                        _ => None,
+                    };
+                    let Some(text) = text else {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].content[{j}]"),
+                            format!("`messages[{i}].content[{j}]`: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported"),
+                        ));
+                    };
+                    s.push_str(text);
+                }
+                s
+            }
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    field(),
+                    format!(
+                        "`{}` must be a string or an array of text parts, got {}",
+                        field(),
+                        type_name(other)
+                    ),
+                ))
+            }
+        };
+        out.push(ChatMessage::new(role, content));
+    }
+    Ok(out)
+}
+
+fn parse_prompt(v: Option<&Value>, n_vocab: usize) -> Result<Prompt, ApiError> {
+    let bad = |msg: String| ApiError::invalid("prompt", msg);
+    let ids = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
+        items
+            .iter()
+            .map(|t| {
+                t.as_u64()
+                    .and_then(|id| u32::try_from(id).ok())
+                    .filter(|&id| usize::try_from(id).is_ok_and(|id| id < n_vocab))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "`prompt` token id {t} is not an integer in [0, {n_vocab})"
+                        ))
+                    })
+            })
+            .collect()
+    };
+    match v {
+        None => Err(bad("`prompt` is required".into())),
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(items)) => match items.first() {
+            None => Err(bad("`prompt` is empty".into())),
+            Some(Value::String(s)) if items.len() == 1 => Ok(Prompt::Text(s.clone())),
+            Some(Value::Number(_)) => Ok(Prompt::Tokens(ids(items)?)),
+            Some(Value::Array(inner)) if items.len() == 1 => match inner.first() {
+                None => Err(bad("`prompt` is empty".into())),
+                _ => Ok(Prompt::Tokens(ids(inner)?)),
+            },
+            Some(Value::String(_)) | Some(Value::Array(_)) => Err(bad(format!(
+                "`prompt` holds {} prompts; this server takes one per request",
+                items.len()
+            ))),
+            Some(other) => Err(bad(format!(
+                "`prompt` must be a string, an array of token ids or a one-element array, got an array of {}",
+                type_name(other)
+            ))),
+        },
+        Some(other) => Err(bad(format!(
+            "`prompt` must be a string or an array of token ids, got {}",
+            type_name(other)
+        ))),
+    }
+}
+
+fn parse_stop(v: Option<&Value>, limits: &RequestLimits) -> Result<Vec<String>, ApiError> {
+    let list: Vec<String> = match v {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            if items.len() > limits.max_stop {
+                return Err(ApiError::invalid(
+                    "stop",
+                    format!(
+                        "`stop` has {} entries; at most {} are allowed",
+                        items.len(),
+                        limits.max_stop
+                    ),
+                ));
+            }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, s)| match s {
+                    Value::String(s) => Ok(s.clone()),
+                    other => Err(ApiError::invalid(
+                        "stop",
+                        format!("`stop[{i}]` must be a string, got {}", type_name(other)),
+                    )),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "`stop` must be a string or an array of strings, got {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    if let Some(s) = list.iter().find(|s| s.len() > limits.max_stop_bytes) {
+        return Err(ApiError::invalid(
+            "stop",
+            format!(
+                "a stop string of {} bytes is longer than the limit of {} bytes",
+                s.len(),
+                limits.max_stop_bytes
+            ),
+        ));
+    }
+    // The empty string would stop before anything is generated: it is ignored.
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens found in a slot's cache and not evaluated again.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+impl Usage {
+    pub fn to_json(self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
+        })
+    }
+}
+
+/// Identity of one response: `id`, `created`, `model`.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub endpoint: Endpoint,
+}
+
+impl ResponseMeta {
+    /// A whole (non-streamed) response.
+    pub fn full(&self, text: &str, finish: &str, usage: Usage) -> Value {
+        match self.endpoint {
+            Endpoint::Chat => json!({
+                "id": self.id,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{
+                    "index": 0,
+                    "message": { "role": "assistant", "content": text },
+                    "logprobs": null,
+                    "finish_reason": finish,
+                }],
+                "usage": usage.to_json(),
+            }),
+            Endpoint::Completion => json!({
+                "id": self.id,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{
+                    "index": 0,
+                    "text": text,
+                    "logprobs": null,
+                    "finish_reason": finish,
+                }],
+                "usage": usage.to_json(),
+            }),
+        }
+    }
+
+    /// One streamed chunk: a text delta (or, for chat, the opening `role` delta when
+    /// `text` is `None`), or the final chunk carrying `finish`.
+    pub fn chunk(&self, text: Option<&str>, finish: Option<&str>, with_usage_null: bool) -> Value {
+        let mut v = match self.endpoint {
+            Endpoint::Chat => {
+                let delta = match (text, finish) {
+                    (_, Some(_)) => json!({}),
+                    (None, None) => json!({ "role": "assistant", "content": "" }),
+                    (Some(t), None) => json!({ "content": t }),
+                };
+                json!({
+                    "id": self.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [{
+                        "index": 0,
+                        "delta": delta,
+                        "logprobs": null,
+                        "finish_reason": finish,
+                    }],
+                })
+            }
+            Endpoint::Completion => json!({
+                "id": self.id,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{
+                    "index": 0,
+                    "text": text.unwrap_or(""),
+                    "logprobs": null,
+                    "finish_reason": finish,
+                }],
+            }),
+        };
+        if with_usage_null {
+            if let Value::Object(m) = &mut v {
+                m.insert("usage".into(), Value::Null);
+            }
+        }
+        v
+    }
+
+    /// The usage chunk of `stream_options.include_usage`: no choices.
+    pub fn usage_chunk(&self, usage: Usage) -> Value {
+        json!({
+            "id": self.id,
+            "object": match self.endpoint {
+                Endpoint::Chat => "chat.completion.chunk",
+                Endpoint::Completion => "text_completion",
+            },
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage.to_json(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> RequestLimits {
+        RequestLimits {
+            n_ctx: 512,
+            n_vocab: 4256,
+            max_stop: 4,
+            max_stop_bytes: 16,
+            defaults: SamplerParams::default(),
+        }
+    }
+
+    fn chat(body: &str) -> Result<CompletionRequest, ApiError> {
+        parse_request(body.as_bytes(), Endpoint::Chat, &limits())
+    }
+
+    fn param_of(body: &str) -> Option<String> {
+        chat(body).unwrap_err().param
+    }
+
+    const MSG: &str = r#""messages":[{"role":"user","content":"hi"}]"#;
+
+    #[test]
+    fn minimal_chat_uses_defaults() {
+        let r = chat(&format!("{{{MSG}}}")).unwrap();
+        assert_eq!(
+            r.input,
+            Input::Chat(vec![ChatMessage::new(ChatRole::User, "hi")])
+        );
+        assert_eq!(r.max_tokens, None);
+        assert_eq!(r.sampler, SamplerParams::default());
+        assert!(!r.seeded && !r.stream && !r.include_usage && r.stop.is_empty());
+    }
+
+    #[test]
+    fn fields_are_read() {
+        let r = chat(&format!(
+            r#"{{{MSG},"model":"x","max_tokens":7,"temperature":0,"top_p":0.5,"top_k":3,"min_p":0.1,
+               "presence_penalty":-1,"frequency_penalty":1.5,"seed":-1,"stop":["a",""],"stream":true,
+               "stream_options":{{"include_usage":true}},"n":1,"unknown":{{"deep":[1,2]}}}}"#
+        ))
+        .unwrap();
+        assert_eq!(r.max_tokens, Some(7));
+        assert_eq!(r.sampler.temperature, 0.0);
+        assert_eq!(r.sampler.top_p, 0.5);
+        assert_eq!(r.sampler.top_k, 3);
+        assert_eq!(r.sampler.min_p, 0.1);
+        assert_eq!(r.sampler.presence_penalty, -1.0);
+        assert_eq!(r.sampler.frequency_penalty, 1.5);
+        assert_eq!(r.sampler.seed, u64::MAX);
+        assert!(r.seeded && r.stream && r.include_usage);
+        assert_eq!(r.stop, vec!["a".to_string()]);
+    }
+
+    #[test]
+    fn max_completion_tokens_wins() {
+        let r = chat(&format!(
+            r#"{{{MSG},"max_tokens":7,"max_completion_tokens":9}}"#
+        ))
+        .unwrap();
+        assert_eq!(r.max_tokens, Some(9));
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        for (body, field) in [
+            (r#""temperature":"hot""#, "temperature"),
+            (r#""top_p":[1]"#, "top_p"),
+            (r#""top_k":1.5"#, "top_k"),
+            (r#""max_tokens":"10""#, "max_tokens"),
+            (r#""seed":1.5"#, "seed"),
+            (r#""stream":"yes""#, "stream"),
+            (r#""stop":5"#, "stop"),
+            (r#""stop":[5]"#, "stop"),
+            (r#""model":5"#, "model"),
+            (r#""n":"1""#, "n"),
+            (r#""stream_options":true"#, "stream_options"),
+            (r#""stream_options":{"include_usage":1}"#, "include_usage"),
+        ] {
+            assert_eq!(
+                param_of(&format!("{{{MSG},{body}}}")).as_deref(),
+                Some(field),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_field() {
+        for (body, field) in [
+            (r#""temperature":-0.1"#, "temperature"),
+            (r#""temperature":2.5"#, "temperature"),
+            (r#""top_p":1.01"#, "top_p"),
+            (r#""min_p":-1"#, "min_p"),
+            (r#""presence_penalty":3"#, "presence_penalty"),
+            (r#""frequency_penalty":-2.5"#, "frequency_penalty"),
+            (r#""max_tokens":0"#, "max_tokens"),
+            (r#""max_tokens":-5"#, "max_tokens"),
+            (r#""max_tokens":513"#, "max_tokens"),
+            (r#""max_tokens":18446744073709551615"#, "max_tokens"),
+            (r#""max_tokens":1e300"#, "max_tokens"),
+            (r#""max_completion_tokens":0"#, "max_completion_tokens"),
+            (r#""n":2"#, "n"),
+            (r#""n":0"#, "n"),
+            (r#""stop":["a","b","c","d","e"]"#, "stop"),
+            (r#""stop":"this stop string is too long""#, "stop"),
+        ] {
+            assert_eq!(
+                param_of(&format!("{{{MSG},{body}}}")).as_deref(),
+                Some(field),
+                "{body}"
+            );
+        }
+        // exactly the context is fine
+        assert!(chat(&format!(r#"{{{MSG},"max_tokens":512}}"#)).is_ok());
+    }
+
+    #[test]
+    fn huge_top_k_is_clamped_and_huge_seed_accepted() {
+        let r = chat(&format!(
+            r#"{{{MSG},"top_k":9223372036854775807,"seed":18446744073709551615}}"#
+        ))
+        .unwrap();
+        assert_eq!(r.sampler.top_k, i32::MAX);
+        assert_eq!(r.sampler.seed, u64::MAX);
+        assert_eq!(
+            param_of(&format!(r#"{{{MSG},"top_k":1e20}}"#)).as_deref(),
+            Some("top_k")
+        );
+    }
+
+    #[test]
+    fn hostile_json_is_a_400() {
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        for body in [
+            "",
+            "{",
+            "not json",
+            "[]",
+            "null",
+            r#"{"messages":[],"temperature":1e400}"#,
+            &format!(r#"{{"messages":{deep}}}"#),
+            "\"\\ud800\"",
+        ] {
+            let e = chat(body).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{body:.40}");
+        }
+        // Duplicate keys: the last one wins (serde_json's map); still a valid request.
+        let r = chat(&format!(r#"{{{MSG},"max_tokens":3,"max_tokens":4}}"#)).unwrap();
+        assert_eq!(r.max_tokens, Some(4));
+    }
+
+    #[test]
+    fn messages_are_checked() {
+        assert_eq!(param_of("{}").as_deref(), Some("messages"));
+        assert_eq!(
+            param_of(r#"{"messages":"hi"}"#).as_deref(),
+            Some("messages")
+        );
+        assert_eq!(param_of(r#"{"messages":[]}"#).as_deref(), Some("messages"));
+        assert_eq!(
+            param_of(r#"{"messages":[1]}"#).as_deref(),
+            Some("messages[0]")
+        );
+        assert_eq!(
+            param_of(
+                r#"{"messages":[{"role":"user","content":"a"},{"role":"tool","content":"x"}]}"#
+            )
+            .as_deref(),
+            Some("messages[1].role")
+        );
+        assert_eq!(
+            param_of(r#"{"messages":[{"content":"a"}]}"#).as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            param_of(r#"{"messages":[{"role":"user","content":5}]}"#).as_deref(),
+            Some("messages[0].content")
+        );
+        assert_eq!(
+            param_of(r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#)
+                .as_deref(),
+            Some("messages[0].content[0]")
+        );
+        let r = chat(
+            r#"{"messages":[{"role":"developer","content":"be brief"},
+                {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+                {"role":"assistant","content":null}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.input,
+            Input::Chat(vec![
+                ChatMessage::new(ChatRole::System, "be brief"),
+                ChatMessage::new(ChatRole::User, "ab"),
+                ChatMessage::new(ChatRole::Assistant, ""),
+            ])
+        );
+    }
+
+    fn completion(body: &str) -> Result<CompletionRequest, ApiError> {
+        parse_request(body.as_bytes(), Endpoint::Completion, &limits())
+    }
+
+    #[test]
+    fn prompts_are_checked() {
+        let p = |b: &str| completion(b).map(|r| r.input);
+        assert_eq!(
+            p(r#"{"prompt":"hi"}"#).unwrap(),
+            Input::Completion(Prompt::Text("hi".into()))
+        );
+        assert_eq!(
+            p(r#"{"prompt":["hi"]}"#).unwrap(),
+            Input::Completion(Prompt::Text("hi".into()))
+        );
+        assert_eq!(
+            p(r#"{"prompt":[4000,1,4255]}"#).unwrap(),
+            Input::Completion(Prompt::Tokens(vec![4000, 1, 4255]))
+        );
+        assert_eq!(
+            p(r#"{"prompt":[[4000,2]]}"#).unwrap(),
+            Input::Completion(Prompt::Tokens(vec![4000, 2]))
+        );
+        for bad in [
+            r#"{}"#,
+            r#"{"prompt":5}"#,
+            r#"{"prompt":[]}"#,
+            r#"{"prompt":[[]]}"#,
+            r#"{"prompt":["a","b"]}"#,
+            r#"{"prompt":[-1]}"#,
+            r#"{"prompt":[4256]}"#,
+            r#"{"prompt":[2147483648]}"#,
+            r#"{"prompt":[4000,"a"]}"#,
+            r#"{"prompt":[1.5]}"#,
+            r#"{"prompt":[true]}"#,
+        ] {
+            assert_eq!(
+                completion(bad).unwrap_err().param.as_deref(),
+                Some("prompt"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn error_body_has_openai_shape() {
+        let e = ApiError::invalid("top_p", "bad");
+        assert_eq!(
+            e.body(),
+            json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "top_p", "code": null}})
+        );
+    }
+}
