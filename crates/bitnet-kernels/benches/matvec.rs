@@ -179,6 +179,29 @@ fn main() {
     let mut rows: Vec<Row> = Vec::new();
     let mut rng = Rng(0x1234_5678_9abc_def1);
 
+    // --- pool dispatch overhead: an (almost) empty job over 640 rows ---
+    if filter_ok("dispatch") {
+        for threads in [1, 2] {
+            for kind in [PoolKind::Ours, PoolKind::Rayon] {
+                let sink = std::sync::atomic::AtomicUsize::new(0);
+                let t = time_per_call(|_| {
+                    runners.run(kind, threads, 640, 8, &|r: Range<usize>| {
+                        sink.fetch_add(r.len(), std::sync::atomic::Ordering::Relaxed);
+                    })
+                });
+                println!(
+                    "pool dispatch (empty job, 640 rows) {:>5} thr={threads}: {:.2} us",
+                    if kind == PoolKind::Ours {
+                        "ours"
+                    } else {
+                        "rayon"
+                    },
+                    t * 1e6
+                );
+            }
+        }
+    }
+
     // --- ternary I2_S matvec on the 2B-4T shapes (out × in) ---
     for (n_out, k) in [(2560, 2560), (640, 2560), (6912, 2560), (2560, 6912)] {
         let name = format!("I2_S matvec {n_out}x{k}");
