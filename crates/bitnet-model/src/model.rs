@@ -546,7 +546,7 @@ impl<'a> Model<'a> {
         let mut logits = vec![0.0f32; rows * n_vocab];
         match exec.numerics {
             Numerics::Fast => head.matmul_f32(hn, &mut logits, exec.pool)?,
-            Numerics::Exact => crate::exact::lm_head(head, hn, rows, &mut logits)?,
+            Numerics::Exact => crate::exact::lm_head(head, hn, rows, &mut logits, exec.pool)?,
         }
         Ok(logits)
     }
