@@ -5,6 +5,7 @@
 //! which is what bitnet.cpp stores).
 
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 use crate::{Config, ModelError, Result};
 
@@ -68,11 +69,9 @@ impl Store {
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
-            Store::F16(v) => {
-                for (d, &s) in v[at..at + src.len()].iter_mut().zip(src) {
-                    *d = f16::from_f32(s);
-                }
-            }
+            // Slice conversion uses F16C when the CPU has it (runtime detection in `half`);
+            // rounding is to nearest even either way.
+            Store::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
         }
     }
 
@@ -81,9 +80,7 @@ impl Store {
             Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
             Store::F16(v) => {
                 let n = dst.len();
-                for (d, s) in dst.iter_mut().zip(&v[at..at + n]) {
-                    *d = s.to_f32();
-                }
+                v[at..at + n].convert_to_f32_slice(dst);
             }
         }
     }
