@@ -2,9 +2,12 @@
 //! bitnet.cpp itself): teacher-forced, every prompt, last position, 32 steps, all positions.
 //!
 //! - exact numerics: bit-identical (max |Δ| = 0), at 1 and 2 threads;
-//! - fast numerics: max |Δ| ≤ 0.25, cosine ≥ 0.995 per row, top-1 identical wherever the
-//!   reference's top-2 margin exceeds 0.08 (the gates the end-to-end issue sets; an all-f32
-//!   engine measures max |Δ| ≈ 0.09 here).
+//! - fast numerics: max |Δ| ≤ 0.2, cosine ≥ 0.996 per row, top-1 identical wherever the
+//!   reference's top-2 margin exceeds 0.05. Justification: fast mode is an all-f32 engine,
+//!   which an independent re-implementation calibrated at max |Δ| ≈ 0.09 on these models
+//!   (0.18 on larger ones), cosine ≥ 0.996, top-1 misses only below margin ≈ 0.055; the int8
+//!   re-quantization of every projection input amplifies one-ulp float differences, so a
+//!   tighter gate would test rounding luck, not correctness. Exact mode is the sharp test.
 
 use std::path::{Path, PathBuf};
 
