@@ -227,3 +227,42 @@ fn run_refuses_bad_sampling_parameters() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("top_p"), "{err}");
 }
+
+#[test]
+fn chat_keeps_going_across_turns_and_exits_on_eof() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bitnet"))
+        .args([
+            "chat",
+            "-m",
+            &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+            "-n",
+            "6",
+            "--seed",
+            "1",
+            "-t",
+            "1",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Hello there\n/reset\nAnd again\nthird turn\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("conversation reset"), "{err}");
+    assert!(!err.contains("error"), "{err}");
+}
