@@ -91,6 +91,9 @@ pub struct ServerConfig {
     pub max_stop_bytes: usize,
     /// Sampling parameters for fields a request leaves out (llama.cpp's defaults).
     pub sampling_defaults: SamplerParams,
+    /// A pause after every forward pass: a throttle, and a way for tests to make
+    /// generation slow enough to observe queueing, cancellation and draining.
+    pub step_delay: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +113,7 @@ impl Default for ServerConfig {
             max_stop: 16,
             max_stop_bytes: 1024,
             sampling_defaults: SamplerParams::default(),
+            step_delay: None,
         }
     }
 }
@@ -307,6 +311,7 @@ where
         parallel: shared.cfg.parallel,
         n_ctx,
         prefill_chunk: shared.cfg.prefill_chunk,
+        step_delay: shared.cfg.step_delay,
     };
     let sched = match scheduler::Scheduler::new(engine, cfg, Arc::clone(&shared.metrics)) {
         Ok(s) => s,

@@ -96,6 +96,7 @@ pub(crate) struct SchedConfig {
     pub parallel: usize,
     pub n_ctx: usize,
     pub prefill_chunk: usize,
+    pub step_delay: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -333,6 +334,9 @@ impl Scheduler {
             }
         }
         self.record_rate(t0 + dt, dt, generated);
+        if let Some(d) = self.cfg.step_delay {
+            std::thread::sleep(d);
+        }
     }
 
     /// A free slot for the first waiting job: the one sharing the longest prefix with
@@ -504,44 +508,61 @@ impl Scheduler {
         None
     }
 
-    /// End slot `i`'s generation: flush held-back text, send `Done`, free the slot.
+    /// End slot `i`'s generation: free the slot, flush held-back text, send `Done`.
+    /// The slot and the request's admission ticket are released before `Done` is sent,
+    /// so a client that has its answer never sees its slot still counted as busy.
     fn finish(&mut self, i: usize, reason: FinishReason) {
-        let Some(a) = self.slots[i].active.as_mut() else {
+        let Some(a) = self.free(i) else {
             return;
         };
-        if reason != FinishReason::Cancelled {
-            let mut tail = String::new();
-            if reason != FinishReason::StopString {
-                let (emit, _) = a.stops.push(&a.decoder.finish());
-                tail.push_str(&emit);
-                tail.push_str(&a.stops.finish());
-            }
-            if !tail.is_empty() {
-                let _ = a.job.events.send(GenEvent::Text(tail));
-            }
-            let usage = Usage {
-                prompt_tokens: a.job.prompt.len(),
-                cached_tokens: a.cached,
-                completion_tokens: a.generated,
-            };
-            let _ = a.job.events.send(GenEvent::Done {
-                finish: reason.as_openai(),
-                usage,
-            });
-            self.metrics.completed.fetch_add(1, Relaxed);
+        if reason == FinishReason::Cancelled {
+            return;
         }
-        self.free(i);
+        let Active {
+            job,
+            mut stops,
+            mut decoder,
+            cached,
+            generated,
+            ..
+        } = a;
+        let Job {
+            events,
+            _ticket,
+            prompt,
+            ..
+        } = job;
+        drop(_ticket);
+        let mut tail = String::new();
+        if reason != FinishReason::StopString {
+            let (emit, _) = stops.push(&decoder.finish());
+            tail.push_str(&emit);
+            tail.push_str(&stops.finish());
+        }
+        if !tail.is_empty() {
+            let _ = events.send(GenEvent::Text(tail));
+        }
+        let usage = Usage {
+            prompt_tokens: prompt.len(),
+            cached_tokens: cached,
+            completion_tokens: generated,
+        };
+        self.metrics.completed.fetch_add(1, Relaxed);
+        let _ = events.send(GenEvent::Done {
+            finish: reason.as_openai(),
+            usage,
+        });
     }
 
-    fn free(&mut self, i: usize) {
+    /// Take slot `i`'s request out of it (the KV cache keeps its tokens for reuse).
+    fn free(&mut self, i: usize) -> Option<Active> {
         let slot = &mut self.slots[i];
-        if let Some(a) = slot.active.take() {
-            // A token sampled but never evaluated is not in the cache; a prompt cut
-            // short leaves a valid prefix in it. Either way `tokens` matches the cache.
-            debug_assert_eq!(slot.tokens.len(), slot.cache.len());
-            drop(a);
-            self.metrics.slots_busy.fetch_sub(1, Relaxed);
-        }
+        let a = slot.active.take()?;
+        // A token sampled but never evaluated is not in the cache; a prompt cut short
+        // leaves a valid prefix in it. Either way `tokens` matches the cache.
+        debug_assert_eq!(slot.tokens.len(), slot.cache.len());
+        self.metrics.slots_busy.fetch_sub(1, Relaxed);
+        Some(a)
     }
 
     /// Update the tok/s gauge over the passes of the last few seconds.
