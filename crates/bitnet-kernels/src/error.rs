@@ -42,6 +42,14 @@ pub enum KernelError {
         /// The multiple the layout requires.
         multiple: usize,
     },
+    /// A row longer than the kernels accept ([`crate::layout::MAX_K`]).
+    #[error("rows of {cols} elements are longer than the supported {max}")]
+    RowTooLong {
+        /// Row length requested.
+        cols: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A size computation overflowed `usize`.
     #[error("size overflow computing {what}")]
     Overflow {

@@ -254,8 +254,12 @@ fn worker_loop(sh: &Shared) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(1024) || start.elapsed() < SPIN {
+            if spins < 256 {
                 std::hint::spin_loop();
+            } else if start.elapsed() < SPIN {
+                // Stay responsive but let a thread sharing this core run (on an
+                // oversubscribed machine that is often our own caller).
+                thread::yield_now();
             } else {
                 // Spurious wake-ups are fine: the loop re-checks the epoch.
                 thread::park_timeout(Duration::from_millis(50));

@@ -20,6 +20,10 @@ pub mod tq2_0;
 
 use crate::KernelError;
 
+/// The largest row length accepted: keeps every i32 sum of `code · q` (|·| ≤ 4·128 per
+/// element) far from overflow.
+pub const MAX_K: usize = 1 << 20;
+
 /// A ternary weight layout (see the module table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TernaryLayout {
