@@ -1,4 +1,5 @@
 //! Load, disconnects, shutdown, and batched decoding against single-sequence decoding.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
 mod common;
 

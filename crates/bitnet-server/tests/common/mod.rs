@@ -1,6 +1,6 @@
 //! Shared test support: the tiny golden model, an in-process server on 127.0.0.1:0 and a
 //! raw HTTP/1.1 client (raw so that malformed requests can be sent as they are).
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;

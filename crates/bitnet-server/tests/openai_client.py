@@ -1,0 +1,103 @@
+"""Drive a running bitnet server with the official `openai` client; print results as JSON.
+
+Usage: python3 openai_client.py PORT API_KEY
+The Rust test (openai_client.rs) starts the server, runs this and checks the output.
+"""
+
+import json
+import sys
+
+import openai
+
+port, key = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(
+    base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=60
+)
+out = {"openai_version": openai.__version__}
+
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Name three colors."},
+]
+PROMPT = "The quick brown fox"
+COMMON = dict(model="tiny", max_tokens=24, temperature=0.9, seed=1234)
+
+
+def usage(u):
+    return None if u is None else {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+    }
+
+
+# Chat, whole.
+r = client.chat.completions.create(messages=MESSAGES, **COMMON)
+out["chat"] = {
+    "text": r.choices[0].message.content,
+    "role": r.choices[0].message.role,
+    "finish": r.choices[0].finish_reason,
+    "usage": usage(r.usage),
+    "object": r.object,
+}
+
+# Chat, streamed, with usage.
+text, finish, u, roles = "", None, None, []
+for ch in client.chat.completions.create(
+    messages=MESSAGES, stream=True, stream_options={"include_usage": True}, **COMMON
+):
+    if ch.choices:
+        d = ch.choices[0].delta
+        if d.role:
+            roles.append(d.role)
+        text += d.content or ""
+        finish = ch.choices[0].finish_reason or finish
+    if ch.usage:
+        u = usage(ch.usage)
+out["chat_stream"] = {"text": text, "finish": finish, "usage": u, "roles": roles}
+
+# Completion, whole and streamed.
+r = client.completions.create(prompt=PROMPT, **COMMON)
+out["completion"] = {
+    "text": r.choices[0].text,
+    "finish": r.choices[0].finish_reason,
+    "usage": usage(r.usage),
+}
+text, finish, u = "", None, None
+for ch in client.completions.create(
+    prompt=PROMPT, stream=True, stream_options={"include_usage": True}, **COMMON
+):
+    if ch.choices:
+        text += ch.choices[0].text
+        finish = ch.choices[0].finish_reason or finish
+    if ch.usage:
+        u = usage(ch.usage)
+out["completion_stream"] = {"text": text, "finish": finish, "usage": u}
+
+# max_completion_tokens and a stop reason of "length".
+r = client.chat.completions.create(
+    model="tiny", messages=MESSAGES, max_completion_tokens=5, temperature=0
+)
+out["short"] = {"finish": r.choices[0].finish_reason, "usage": usage(r.usage)}
+
+out["models"] = [m.id for m in client.models.list().data]
+
+# Errors surface as the client's typed exceptions.
+errors = {}
+try:
+    client.chat.completions.create(model="tiny", messages=MESSAGES, n=2)
+except openai.BadRequestError as e:
+    errors["n"] = [e.status_code, e.body.get("param") if isinstance(e.body, dict) else None]
+try:
+    client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=5)
+except openai.BadRequestError as e:
+    errors["temperature"] = [e.status_code, e.body.get("param") if isinstance(e.body, dict) else None]
+try:
+    openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0
+    ).models.list()
+except openai.AuthenticationError as e:
+    errors["auth"] = [e.status_code, None]
+out["errors"] = errors
+
+print(json.dumps(out))
