@@ -148,16 +148,23 @@ unsafe fn i2s_tile<const NT: usize, const SANITIZE: bool>(
 ) {
     let k = p.k;
     let m3 = _mm256_set1_epi8(3);
+    let mc = _mm256_set1_epi8(0x0C);
     let m55 = _mm256_set1_epi8(0x55);
     let ones = _mm256_set1_epi16(1);
     let xs: [&[i8]; NT] = std::array::from_fn(|i| p.token(t0 + i));
     let mut acc = [_mm256_setzero_si256(); NT];
     let nblk = k / 128;
-    // Up to 4 blocks are summed in i16 (each block ≤ 4·2·2·128 = 2048 per lane → ≤ 8192).
+    // Planes with one shift instead of three: with h = w >> 4,
+    //   w & 3 → elements p+96, (w & 12) = 4·code of p+64, h & 3 → p+32, (h & 12) = 4·code of p.
+    // The ×4 planes go to a second i16 sum that is divided by 4 exactly (every lane is a sum
+    // of multiples of 4) before widening. Per lane and block (codes ≤ 2, |q| ≤ 128): the
+    // unscaled sum ≤ 2·(2·2·128) = 1024, the scaled one ≤ 2·(8·2·128) = 4096; over ≤ 4
+    // blocks 4096 and 16384, and s1 + s4/4 ≤ 8192: all within i16.
     let mut b = 0;
     while b < nblk {
         let span = (nblk - b).min(4);
-        let mut s16 = [_mm256_setzero_si256(); NT];
+        let mut s1 = [_mm256_setzero_si256(); NT];
+        let mut s4 = [_mm256_setzero_si256(); NT];
         for bb in b..b + span {
             // SAFETY: bb < K/128 so 32·bb + 32 ≤ K/4 ≤ w_row.len().
             let mut w = unsafe { load32(w_row, 32 * bb) };
@@ -166,9 +173,10 @@ unsafe fn i2s_tile<const NT: usize, const SANITIZE: bool>(
                 let both = _mm256_and_si256(_mm256_and_si256(w, _mm256_srli_epi16::<1>(w)), m55);
                 w = _mm256_xor_si256(w, _mm256_add_epi8(both, both));
             }
-            let c0 = _mm256_and_si256(_mm256_srli_epi16::<6>(w), m3);
-            let c1 = _mm256_and_si256(_mm256_srli_epi16::<4>(w), m3);
-            let c2 = _mm256_and_si256(_mm256_srli_epi16::<2>(w), m3);
+            let h = _mm256_srli_epi16::<4>(w);
+            let c0x4 = _mm256_and_si256(h, mc);
+            let c1 = _mm256_and_si256(h, m3);
+            let c2x4 = _mm256_and_si256(w, mc);
             let c3 = _mm256_and_si256(w, m3);
             for (t, x) in xs.iter().enumerate() {
                 let o = 128 * bb;
@@ -182,14 +190,18 @@ unsafe fn i2s_tile<const NT: usize, const SANITIZE: bool>(
                     )
                 };
                 let a =
-                    _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0), _mm256_maddubs_epi16(c1, x1));
-                let c =
-                    _mm256_add_epi16(_mm256_maddubs_epi16(c2, x2), _mm256_maddubs_epi16(c3, x3));
-                s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(a, c));
+                    _mm256_add_epi16(_mm256_maddubs_epi16(c1, x1), _mm256_maddubs_epi16(c3, x3));
+                let c = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(c0x4, x0),
+                    _mm256_maddubs_epi16(c2x4, x2),
+                );
+                s1[t] = _mm256_add_epi16(s1[t], a);
+                s4[t] = _mm256_add_epi16(s4[t], c);
             }
         }
         for t in 0..NT {
-            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s16[t], ones));
+            let s16 = _mm256_add_epi16(s1[t], _mm256_srai_epi16::<2>(s4[t]));
+            acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(s16, ones));
         }
         b += span;
     }
@@ -258,19 +270,23 @@ unsafe fn tq2_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, o
     let m3 = _mm256_set1_epi8(3);
     let ones = _mm256_set1_epi16(1);
     let xs: [&[i8]; NT] = std::array::from_fn(|i| p.token(t0 + i));
+    let mc = _mm256_set1_epi8(0x0C);
+    // As in I2_S, one shift per 32 bytes: w & 3 → l = 0, w & 12 = 4·(l = 1), h & 3 → l = 2,
+    // h & 12 = 4·(l = 3) with h = w >> 4. Codes ≤ 3: per lane and block the unscaled sum
+    // ≤ 2 halves · 2 · (3·2·128) = 3072, the scaled one ≤ 12288, and s1 + s4/4 ≤ 6144.
     for b in 0..nb {
-        let mut s16 = [_mm256_setzero_si256(); NT];
-        for h in 0..2 {
-            // SAFETY: b·66 + 32h + 32 ≤ 66·nb ≤ w_row.len().
-            let w = unsafe { load32(w_row, b * tq2_0::BLOCK_BYTES + 32 * h) };
-            let c = [
-                _mm256_and_si256(w, m3),
-                _mm256_and_si256(_mm256_srli_epi16::<2>(w), m3),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(w), m3),
-                _mm256_and_si256(_mm256_srli_epi16::<6>(w), m3),
-            ];
+        let mut s1 = [_mm256_setzero_si256(); NT];
+        let mut s4 = [_mm256_setzero_si256(); NT];
+        for half in 0..2 {
+            // SAFETY: b·66 + 32·half + 32 ≤ 66·nb ≤ w_row.len().
+            let w = unsafe { load32(w_row, b * tq2_0::BLOCK_BYTES + 32 * half) };
+            let h = _mm256_srli_epi16::<4>(w);
+            let c0 = _mm256_and_si256(w, m3);
+            let c1x4 = _mm256_and_si256(w, mc);
+            let c2 = _mm256_and_si256(h, m3);
+            let c3x4 = _mm256_and_si256(h, mc);
             for (t, x) in xs.iter().enumerate() {
-                let o = 256 * b + 128 * h;
+                let o = 256 * b + 128 * half;
                 // SAFETY: o + 128 ≤ K.
                 let (x0, x1, x2, x3) = unsafe {
                     (
@@ -280,19 +296,22 @@ unsafe fn tq2_tile<const NT: usize>(w_row: &[u8], p: &Prepared<'_>, t0: usize, o
                         loadx(x, o + 96),
                     )
                 };
-                let a = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(c[0], x0),
-                    _mm256_maddubs_epi16(c[1], x1),
+                s1[t] = _mm256_add_epi16(
+                    s1[t],
+                    _mm256_add_epi16(_mm256_maddubs_epi16(c0, x0), _mm256_maddubs_epi16(c2, x2)),
                 );
-                let d = _mm256_add_epi16(
-                    _mm256_maddubs_epi16(c[2], x2),
-                    _mm256_maddubs_epi16(c[3], x3),
+                s4[t] = _mm256_add_epi16(
+                    s4[t],
+                    _mm256_add_epi16(
+                        _mm256_maddubs_epi16(c1x4, x1),
+                        _mm256_maddubs_epi16(c3x4, x3),
+                    ),
                 );
-                s16[t] = _mm256_add_epi16(s16[t], _mm256_add_epi16(a, d));
             }
         }
         for t in 0..NT {
-            out[t * nb + b] = hsum_i32(_mm256_madd_epi16(s16[t], ones));
+            let s16 = _mm256_add_epi16(s1[t], _mm256_srai_epi16::<2>(s4[t]));
+            out[t * nb + b] = hsum_i32(_mm256_madd_epi16(s16, ones));
         }
     }
 }
