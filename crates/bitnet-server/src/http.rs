@@ -67,7 +67,7 @@ async fn gate(State(s): State<AppState>, req: Request, next: Next) -> Response {
     if req.uri().path() == "/health" {
         return next.run(req).await;
     }
-    if s.ready.get().is_none() {
+    if s.ready.get().is_none() || matches!(*s.phase.borrow(), Phase::Failed(_)) {
         return loading_error(&s).into_response();
     }
     if let Some(key) = &s.cfg.api_key {
@@ -114,7 +114,8 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 async fn health(State(s): State<AppState>) -> Response {
-    if s.ready.get().is_some() {
+    let failed = matches!(*s.phase.borrow(), Phase::Failed(_));
+    if s.ready.get().is_some() && !failed {
         if s.draining.load(Relaxed) {
             return (
                 StatusCode::SERVICE_UNAVAILABLE,

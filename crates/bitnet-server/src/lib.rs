@@ -331,7 +331,14 @@ where
         n_vocab,
     });
     shared.phase.send_replace(Phase::Ready);
-    sched.run(rx);
+    // A panic here would be a bug; if it happens, report it on /health and refuse new
+    // requests (503) instead of leaving a server that accepts work nobody does.
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || sched.run(rx)));
+    if run.is_err() {
+        shared.phase.send_replace(Phase::Failed(
+            "the scheduler stopped unexpectedly (a panic); restart the server".into(),
+        ));
+    }
 }
 
 /// Instant after which a request started now must end.

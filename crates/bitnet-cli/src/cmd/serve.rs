@@ -97,7 +97,10 @@ pub fn run(a: Args) -> Result<()> {
         let b = load_bar;
         b.enable_steady_tick(Duration::from_millis(120));
         b.set_message("locating the model");
-        let path = model_args.path().map_err(|e| format!("{e:#}"))?;
+        // A download (--hf) draws its own progress bar.
+        let path = b
+            .suspend(|| model_args.path())
+            .map_err(|e| format!("{e:#}"))?;
         b.inc(1);
         b.set_message(format!("opening {}", path.display()));
         let file = open_gguf(&path, model_args.in_memory).map_err(|e| format!("{e:#}"))?;
