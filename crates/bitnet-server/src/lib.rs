@@ -385,6 +385,7 @@ where
     rt.block_on(async move {
         let grace = cfg.shutdown_grace;
         let parallel = cfg.parallel;
+        let signal = shutdown_signal()?;
         let server = Server::bind(addr, cfg).await?;
         report(Lifecycle::Listening(server.local_addr()?));
         let handle = server.handle();
@@ -392,7 +393,7 @@ where
         let (sig_tx, sig_rx) = tokio::sync::oneshot::channel::<()>();
         let report_sig = report.clone();
         tokio::spawn(async move {
-            shutdown_signal().await;
+            signal.await;
             report_sig(Lifecycle::ShuttingDown { grace });
             let _ = sig_tx.send(());
         });
@@ -422,26 +423,27 @@ where
     })
 }
 
-/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
+/// A future resolving on SIGINT (Ctrl-C) or, on Unix, SIGTERM. The handlers are
+/// installed when this is called (not when first polled), so no signal is missed.
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        Ok(async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+        })
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    {
+        Ok(async {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
     }
 }
