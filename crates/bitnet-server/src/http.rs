@@ -316,14 +316,14 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
     }
 
     // Admission: a bounded number of requests in the scheduler's hands.
-    let ticket =
-        Ticket::try_take(&s.in_flight, s.cfg.parallel + s.cfg.max_queue).ok_or_else(|| {
+    let ticket = Ticket::try_take(&s.in_flight, s.cfg.parallel.saturating_add(s.cfg.max_queue))
+        .ok_or_else(|| {
             ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
                 format!(
                     "the server is busy: {} requests are generating or waiting; retry later",
-                    s.cfg.parallel + s.cfg.max_queue
+                    s.cfg.parallel.saturating_add(s.cfg.max_queue)
                 ),
             )
             .with_code("queue_full")
