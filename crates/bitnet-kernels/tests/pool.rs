@@ -109,3 +109,11 @@ fn concurrent_callers_share_one_pool() {
         }
     });
 }
+
+#[test]
+fn pool_and_views_are_send_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Pool>();
+    assert_send_sync::<bitnet_kernels::TernaryMatrix<'static>>();
+    assert_send_sync::<bitnet_kernels::RowMatrix<'static>>();
+}
