@@ -1,5 +1,12 @@
 //! The `bitnet` binary end to end, on the golden fixtures beside the checkout.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

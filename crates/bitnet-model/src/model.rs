@@ -104,7 +104,7 @@ impl std::fmt::Debug for Exec<'_> {
 impl Exec<'_> {
     fn emit(&mut self, name: &'static str, layer: Option<usize>, data: &[f32], rows: usize) {
         if let Some(t) = self.trace.as_mut() {
-            let cols = if rows == 0 { 0 } else { data.len() / rows };
+            let cols = data.len().checked_div(rows).unwrap_or(0);
             t(&TraceEvent {
                 name,
                 layer,

@@ -1,6 +1,13 @@
 //! Bad model files (RELIABILITY.md §4 B): each becomes a specific typed error at load,
 //! before anything large is allocated; never a panic.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
+
 use bitnet_gguf::{GgufFile, Limits, Value};
 use bitnet_model::{Model, ModelError};
 use bitnet_testkit::{rewrite, tiny_model_bytes, RawTensor};
@@ -12,7 +19,7 @@ fn base() -> GgufFile {
 fn load_edited(edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<RawTensor>)) -> ModelError {
     let bytes = rewrite(&base(), edit).unwrap();
     let f = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
-    Model::load(&f).err().expect("load must fail")
+    Model::load(&f).expect_err("load must fail")
 }
 
 fn set(kv: &mut [(String, Value)], key: &str, v: Value) {

@@ -2,6 +2,13 @@
 //! head, over every position of every tiny golden prompt and over a synthetic model.
 //! Bounds are stated per format; run with `--nocapture` to see the measured numbers.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
+
 use std::path::Path;
 
 use bitnet_gguf::{GgufFile, Limits};

@@ -9,6 +9,10 @@
 //! Every tensor draws from its own ChaCha8 stream keyed by (seed, tensor name, chunk), so the
 //! bytes are identical for the same seed whatever the thread count.
 
+// Shapes come from a validated `SynthSpec` (every dimension ≤ MAX_DIM, products checked in
+// `validate`), and f64 → f32 rounding of generated values is intended.
+#![allow(clippy::cast_possible_truncation)]
+
 use std::io::Write;
 
 use bitnet_gguf::{GgufError, GgufFile, GgufWriter, Limits, Value};
@@ -132,17 +136,19 @@ impl SynthSpec {
 
     fn validate(&self) -> Result<(), SynthError> {
         let bad = |m: &str| Err(SynthError::Shape(m.to_string()));
-        if [
+        let dims = [
             self.n_embd,
             self.n_layer,
             self.n_ff,
             self.n_head,
             self.n_head_kv,
             self.n_ctx,
-        ]
-        .contains(&0)
-        {
+        ];
+        if dims.contains(&0) {
             return bad("every dimension must be at least 1");
+        }
+        if dims.iter().any(|&d| d > MAX_DIM) {
+            return bad("dimension too large");
         }
         if self.n_embd % self.n_head != 0 || self.n_head % self.n_head_kv != 0 {
             return bad("n_embd must be a multiple of n_head, and n_head of n_head_kv");
@@ -167,6 +173,9 @@ impl SynthSpec {
 }
 
 const ARCH: &str = "bitnet-b1.58";
+
+/// Largest dimension a synthetic model may have.
+const MAX_DIM: usize = 1 << 20;
 
 /// One tensor of the file: name, ggml ne, and how to fill it.
 #[derive(Debug, Clone)]

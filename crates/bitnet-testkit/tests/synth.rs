@@ -1,3 +1,10 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
+
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_kernels::Pool;
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};

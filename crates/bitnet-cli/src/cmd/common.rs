@@ -230,7 +230,9 @@ impl SamplingArgs {
         let seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
+                .map_or(0, |d| {
+                    u64::try_from(d.as_nanos() % (1u128 << 64)).unwrap_or(0)
+                })
         });
         let p = bitnet_sampling::SamplerParams {
             temperature: self.temp,

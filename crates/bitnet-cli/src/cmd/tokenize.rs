@@ -39,7 +39,7 @@ pub fn run(a: Args) -> Result<()> {
     let ids = tok.encode(&a.text, tok.add_bos() && !a.no_bos, a.parse_special)?;
     let pieces: Vec<String> = ids
         .iter()
-        .map(|&id| String::from_utf8_lossy(&tok.token_bytes(id).unwrap_or_default()).into_owned())
+        .map(|&id| String::from_utf8_lossy(tok.token_bytes(id).unwrap_or_default()).into_owned())
         .collect();
     if a.json {
         println!("{}", serde_json::json!({"ids": ids, "pieces": pieces}));
