@@ -633,3 +633,56 @@ async fn metrics_are_prometheus_text() {
     assert_eq!(s.metric("bitnet_slots_busy").await, 0.0);
     assert!(s.metric("bitnet_generation_tokens_per_second").await > 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_end_of_generation_token_stops_with_finish_reason_stop() {
+    // Find a seed for which the engine's own loop ends on an EOG token (EOS or
+    // <|eot_id|>): broad sampling makes that likely within a few hundred tokens.
+    let engine = tiny_engine();
+    let prompt = engine.tokenizer.encode("a", true, false).unwrap();
+    let broad = |seed| SamplerParams {
+        temperature: 2.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed,
+        ..SamplerParams::default()
+    };
+    let mut found = None;
+    for seed in 0..200u64 {
+        let mut session = engine.new_session(512).unwrap();
+        let mut text = String::new();
+        let params = GenParams {
+            max_tokens: 400,
+            sampler: broad(seed),
+            stop: Vec::new(),
+            context_policy: ContextPolicy::Stop,
+        };
+        let st = engine
+            .generate(&mut session, &prompt, false, &params, &mut |ev| {
+                let Event::Text(t) = ev;
+                text.push_str(t);
+                true
+            })
+            .unwrap();
+        if st.finish == bitnet_engine::FinishReason::Eog {
+            found = Some((seed, text, st.generated_tokens));
+            break;
+        }
+    }
+    let (seed, text, n) = found.expect("no seed in 0..200 ends on an EOG token");
+    let s = TestServer::start(test_config()).await;
+    let r = post(
+        s.addr,
+        COMPL,
+        &json!({"prompt": "a", "max_tokens": 400, "temperature": 2.0, "top_k": 0,
+                "top_p": 1.0, "min_p": 0.0, "seed": seed})
+        .to_string(),
+    )
+    .await;
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(text_of(&v), text);
+    assert_eq!(v["usage"]["completion_tokens"], n);
+    assert!(n < 400);
+}
