@@ -111,6 +111,8 @@ pub(crate) struct Kernels {
     pub f16_dot_ggml: RowDot,
     pub f16_dot_tiny: RowDot,
     pub q8_0_dot: RowDot,
+    pub q4_0_dot: RowDot,
+    pub bf16_dot: RowDot,
     pub f32_dot: F32Dot,
 }
 
@@ -126,6 +128,8 @@ static SCALAR: Kernels = Kernels {
     f16_dot_ggml: scalar::f16_dot_ggml,
     f16_dot_tiny: scalar::f16_dot_tiny,
     q8_0_dot: scalar::q8_0_dot,
+    q4_0_dot: scalar::q4_0_dot,
+    bf16_dot: scalar::bf16_dot,
     f32_dot: scalar::f32_dot_lanes8,
 };
 

@@ -307,6 +307,8 @@ impl<'a> RowMatrix<'a> {
                     (RowType::F16, F16DotOrder::Ggml) => Some(kern.f16_dot_ggml),
                     (RowType::F16, _) => Some(kern.f16_dot_tiny),
                     (RowType::Q8_0, _) => Some(kern.q8_0_dot),
+                    (RowType::Q4_0, _) => Some(kern.q4_0_dot),
+                    (RowType::BF16, _) => Some(kern.bf16_dot),
                     _ => None,
                 };
                 if direct.is_none() {

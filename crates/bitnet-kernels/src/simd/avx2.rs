@@ -36,6 +36,8 @@ pub(crate) const TABLE_BASE: Kernels = Kernels {
     f16_dot_ggml,
     f16_dot_tiny,
     q8_0_dot,
+    q4_0_dot,
+    bf16_dot,
     f32_dot,
 };
 
@@ -759,4 +761,77 @@ unsafe fn q8_0_dot_impl(row: &[u8], x: &[f32]) -> f32 {
         acc = _mm256_fmadd_ps(d, bl, acc);
     }
     reduce8_tiny(acc)
+}
+
+fn q4_0_dot(row: &[u8], x: &[f32]) -> f32 {
+    if row.len() < x.len() / 32 * 18 {
+        return scalar::q4_0_dot(row, x);
+    }
+    // SAFETY: AVX2+FMA+F16C detected before this table is used; length checked.
+    unsafe { q4_0_dot_impl(row, x) }
+}
+
+/// # Safety
+/// AVX2, FMA, F16C available; `row.len() ≥ (x.len()/32)·18`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0_dot_impl(row: &[u8], x: &[f32]) -> f32 {
+    let nb = x.len() / 32;
+    let m4 = _mm_set1_epi8(15);
+    let eight = _mm_set1_epi8(8);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        let blk = &row[18 * b..18 * b + 18];
+        let dbits = i32::from(u16::from_le_bytes([blk[0], blk[1]]));
+        let d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dbits)));
+        // SAFETY: bytes 2..18 of the block.
+        let v = unsafe { _mm_loadu_si128(blk.as_ptr().add(2).cast()) };
+        // Elements 0..16 (low nibbles) and 16..32 (high nibbles), as q − 8 in i8.
+        let lo = _mm_sub_epi8(_mm_and_si128(v, m4), eight);
+        let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(v), m4), eight);
+        let q = [lo, _mm_srli_si128::<8>(lo), hi, _mm_srli_si128::<8>(hi)];
+        let mut bl = _mm256_setzero_ps();
+        for (j, qj) in q.iter().enumerate() {
+            // SAFETY: 32b + 8j + 8 ≤ 32·nb ≤ x.len().
+            let xv = unsafe { load_f32x8(x, 32 * b + 8 * j) };
+            bl = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(*qj)), xv, bl);
+        }
+        acc = _mm256_fmadd_ps(d, bl, acc);
+    }
+    reduce8_tiny(acc)
+}
+
+fn bf16_dot(row: &[u8], x: &[f32]) -> f32 {
+    if row.len() < 2 * x.len() {
+        return scalar::bf16_dot(row, x);
+    }
+    // SAFETY: AVX2+FMA detected before this table is used; length checked.
+    unsafe { bf16_dot_impl(row, x) }
+}
+
+/// # Safety
+/// AVX2 and FMA available; `row.len() ≥ 2·x.len()`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn bf16_dot_impl(row: &[u8], x: &[f32]) -> f32 {
+    let k = x.len();
+    let main = k - k % 8;
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < main {
+        // SAFETY: 2i + 16 ≤ 2·main ≤ row.len(); i + 8 ≤ x.len().
+        let (h, xv) = unsafe {
+            (
+                _mm_loadu_si128(row.as_ptr().add(2 * i).cast()),
+                load_f32x8(x, i),
+            )
+        };
+        // bf16 → f32: the 16 bits become the high half of the f32 (exact).
+        let w = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)));
+        acc = _mm256_fmadd_ps(w, xv, acc);
+        i += 8;
+    }
+    let mut r = reduce8_tiny(acc);
+    for (i, &xi) in x.iter().enumerate().skip(main) {
+        r += half::bf16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32() * xi;
+    }
+    r
 }

@@ -30,6 +30,8 @@ pub(crate) static TABLE: Kernels = Kernels {
     f16_dot_ggml: scalar::f16_dot_ggml,
     f16_dot_tiny: scalar::f16_dot_tiny,
     q8_0_dot: scalar::q8_0_dot,
+    q4_0_dot: scalar::q4_0_dot,
+    bf16_dot: scalar::bf16_dot,
     f32_dot: scalar::f32_dot_lanes8,
 };
 
@@ -183,7 +185,8 @@ tq2_fns!(tq2_sdot, dot16_sdot, "neon,dotprod");
 
 fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     let k = p.k;
-    if k % 128 != 0 || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt {
+    if !k.is_multiple_of(128) || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt
+    {
         return scalar::i2s(w_row, p, t0, nt, out);
     }
     // SAFETY: the table is handed out only when NEON is detected; sdot only with dotprod.
@@ -199,7 +202,7 @@ fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
 fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     let k = p.k;
     let nb = k / 256;
-    if k % 256 != 0
+    if !k.is_multiple_of(256)
         || w_row.len() < nb * tq2_0::BLOCK_BYTES
         || p.x.len() < (t0 + nt) * k
         || out.len() < nt * nb

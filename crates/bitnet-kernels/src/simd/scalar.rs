@@ -192,6 +192,38 @@ pub(crate) fn q8_0_dot(row: &[u8], x: &[f32]) -> f32 {
     reduce8_tiny(&acc)
 }
 
+/// Q4_0 row (18-byte blocks: f16 d, 16 nibble bytes; element j low nibble of byte j,
+/// element j+16 high nibble) · f32 x, in the Q8_0 order with `q − 8` as the integer.
+pub(crate) fn q4_0_dot(row: &[u8], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (blk, xb) in row.chunks_exact(18).zip(x.chunks_exact(32)) {
+        let d = crate::layout::read_f16(blk, 0);
+        let mut bl = [0f32; 8];
+        for j in 0..4 {
+            for (l, b) in bl.iter_mut().enumerate() {
+                let e = 8 * j + l;
+                let byte = blk[2 + e % 16];
+                let q = if e < 16 { byte & 15 } else { byte >> 4 };
+                *b = (f32::from(q) - 8.0).mul_add(xb[e], *b);
+            }
+        }
+        for l in 0..8 {
+            acc[l] = d.mul_add(bl[l], acc[l]);
+        }
+    }
+    reduce8_tiny(&acc)
+}
+
+/// BF16 row · f32 x in the [`f32_dot_lanes8`] order (bf16 → f32 is exact).
+pub(crate) fn bf16_dot(row: &[u8], x: &[f32]) -> f32 {
+    let w: Vec<f32> = row
+        .chunks_exact(2)
+        .take(x.len())
+        .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+        .collect();
+    f32_dot_lanes8(&w, x)
+}
+
 #[inline]
 fn f16_at(row: &[u8], i: usize) -> f32 {
     half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32()
