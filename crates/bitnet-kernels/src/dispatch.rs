@@ -90,6 +90,10 @@ fn has_neon() -> bool {
 /// (`nt ≤ TOKEN_TILE`), written to `out[ti·nb + b]`.
 pub(crate) type TernaryKernel =
     fn(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]);
+/// I2_S, one token, two rows at once: `[Σ u·q of row a, of row b]` for token `t`;
+/// `clean` = the rows hold no code 11 (the kernel may skip the fix-up).
+pub(crate) type I2sPairKernel =
+    fn(w_a: &[u8], w_b: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 2];
 /// A float row dot: `row` (encoded bytes) · `x`.
 pub(crate) type RowDot = fn(row: &[u8], x: &[f32]) -> f32;
 /// An f32 · f32 dot in the 8-lane order.
@@ -103,6 +107,8 @@ pub(crate) struct Kernels {
     pub i2s: TernaryKernel,
     /// I2_S for tensors verified to hold no code 11 (may skip the fix-up).
     pub i2s_clean: TernaryKernel,
+    /// Two I2_S rows for one token (decode matvecs), sharing the activation loads.
+    pub i2s_pair: I2sPairKernel,
     pub tq2: TernaryKernel,
     pub tq1: TernaryKernel,
     pub bitnet32: TernaryKernel,
@@ -120,6 +126,7 @@ static SCALAR: Kernels = Kernels {
     isa: Isa::Scalar,
     i2s: scalar::i2s,
     i2s_clean: scalar::i2s,
+    i2s_pair: scalar::i2s_pair,
     tq2: scalar::tq2,
     tq1: scalar::tq1,
     bitnet32: scalar::bitnet32,

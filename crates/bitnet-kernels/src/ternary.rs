@@ -459,8 +459,9 @@ impl<'a> TernaryMatrix<'a> {
             TernaryLayout::Qk256 => kern.qk256,
         };
         let outp = SharedMut::new(out);
+        let pair = (self.layout == TernaryLayout::I2S && n_tok == 1).then_some(kern.i2s_pair);
         let f = |rows: Range<usize>| {
-            self.rows_kernel(kernel, &p, &bsum, s, rows, &outp);
+            self.rows_kernel(kernel, pair, &p, &bsum, s, rows, &outp);
         };
         runner(self.n_out, ROW_GRAIN, &f);
         Ok(())
@@ -484,9 +485,11 @@ impl<'a> TernaryMatrix<'a> {
         bs
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn rows_kernel(
         &self,
         kernel: crate::dispatch::TernaryKernel,
+        pair: Option<crate::dispatch::I2sPairKernel>,
         p: &Prepared<'_>,
         bsum: &[i32],
         s: &[f32],
@@ -496,6 +499,22 @@ impl<'a> TernaryMatrix<'a> {
         let n_tok = s.len();
         let nb = self.nb;
         let off = self.layout.code_offset();
+        let mut rows = rows;
+        if let (Some(pair), Scales::Tensor(beta)) = (pair, self.scales) {
+            // I2_S matvec: two rows per call, same integers and float steps as below.
+            while rows.len() >= 2 {
+                let r = rows.start;
+                let t = pair(self.row(r), self.row(r + 1), p, 0, self.codes_clean);
+                for (i, raw) in t.iter().enumerate() {
+                    // y = ((T as f32) / s) · β
+                    let tt = raw - off * bsum[0];
+                    let y = (tt as f32 / s[0]) * beta;
+                    // SAFETY: r + i < n_out and n_tok = 1; rows are disjoint between chunks.
+                    unsafe { out.write(r + i, y) };
+                }
+                rows.start += 2;
+            }
+        }
         let mut raw = vec![0i32; TOKEN_TILE * nb];
         for r in rows {
             let w = self.row(r);

@@ -28,6 +28,7 @@ pub(crate) const TABLE_BASE: Kernels = Kernels {
     isa: Isa::Avx2,
     i2s,
     i2s_clean,
+    i2s_pair,
     tq2,
     tq1,
     bitnet32,
@@ -210,6 +211,81 @@ unsafe fn i2s_tile<const NT: usize, const SANITIZE: bool>(
     for t in 0..NT {
         out[t] = hsum_i32(acc[t]);
     }
+}
+
+fn i2s_pair(w_a: &[u8], w_b: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 2] {
+    let k = p.k;
+    if !k.is_multiple_of(128) || w_a.len() < k / 4 || w_b.len() < k / 4 || p.x.len() < (t + 1) * k {
+        return scalar::i2s_pair(w_a, w_b, p, t, clean);
+    }
+    // SAFETY: AVX2 detected before this table is used; lengths checked above.
+    unsafe {
+        if clean {
+            i2s_pair_impl::<false>(w_a, w_b, p.token(t))
+        } else {
+            i2s_pair_impl::<true>(w_a, w_b, p.token(t))
+        }
+    }
+}
+
+/// Two rows, one token: the plane scheme of [`i2s_tile`] with the activation loads shared.
+///
+/// # Safety
+/// AVX2 available; `w_a.len(), w_b.len() ≥ K/4` and `x.len() = K`, K % 128 == 0.
+#[target_feature(enable = "avx2")]
+unsafe fn i2s_pair_impl<const SANITIZE: bool>(w_a: &[u8], w_b: &[u8], x: &[i8]) -> [i32; 2] {
+    let k = x.len();
+    let m3 = _mm256_set1_epi8(3);
+    let mc = _mm256_set1_epi8(0x0C);
+    let m55 = _mm256_set1_epi8(0x55);
+    let ones = _mm256_set1_epi16(1);
+    let ws = [w_a, w_b];
+    let mut acc = [_mm256_setzero_si256(); 2];
+    let nblk = k / 128;
+    let mut b = 0;
+    while b < nblk {
+        let span = (nblk - b).min(4);
+        let mut s1 = [_mm256_setzero_si256(); 2];
+        let mut s4 = [_mm256_setzero_si256(); 2];
+        for bb in b..b + span {
+            let o = 128 * bb;
+            // SAFETY: o + 128 ≤ K = x.len().
+            let (x0, x1, x2, x3) = unsafe {
+                (
+                    loadx(x, o),
+                    loadx(x, o + 32),
+                    loadx(x, o + 64),
+                    loadx(x, o + 96),
+                )
+            };
+            for (r, w_row) in ws.iter().enumerate() {
+                // SAFETY: 32·bb + 32 ≤ K/4 ≤ w_row.len().
+                let mut w = unsafe { load32(w_row, 32 * bb) };
+                if SANITIZE {
+                    let both =
+                        _mm256_and_si256(_mm256_and_si256(w, _mm256_srli_epi16::<1>(w)), m55);
+                    w = _mm256_xor_si256(w, _mm256_add_epi8(both, both));
+                }
+                let h = _mm256_srli_epi16::<4>(w);
+                let a = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(_mm256_and_si256(h, m3), x1),
+                    _mm256_maddubs_epi16(_mm256_and_si256(w, m3), x3),
+                );
+                let c = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(_mm256_and_si256(h, mc), x0),
+                    _mm256_maddubs_epi16(_mm256_and_si256(w, mc), x2),
+                );
+                s1[r] = _mm256_add_epi16(s1[r], a);
+                s4[r] = _mm256_add_epi16(s4[r], c);
+            }
+        }
+        for r in 0..2 {
+            let s16 = _mm256_add_epi16(s1[r], _mm256_srai_epi16::<2>(s4[r]));
+            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(s16, ones));
+        }
+        b += span;
+    }
+    [hsum_i32(acc[0]), hsum_i32(acc[1])]
 }
 
 /// `Σ u·q` of one I2_S block (32 bytes of `w`, 128 activations).

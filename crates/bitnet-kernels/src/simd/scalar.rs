@@ -24,6 +24,21 @@ pub(crate) fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mu
     }
 }
 
+/// I2_S for two rows and one token (the twin of the SIMD pair kernels).
+pub(crate) fn i2s_pair(
+    w_a: &[u8],
+    w_b: &[u8],
+    p: &Prepared<'_>,
+    t: usize,
+    _clean: bool,
+) -> [i32; 2] {
+    let mut a = [0i32; 1];
+    let mut b = [0i32; 1];
+    i2s(w_a, p, t, 1, &mut a);
+    i2s(w_b, p, t, 1, &mut b);
+    [a[0], b[0]]
+}
+
 /// TQ2_0: `out[ti·nb + b] = Σ_e c_e · q_(256b+e)`.
 pub(crate) fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     let nb = p.k / tq2_0::BLOCK_ELEMS;
