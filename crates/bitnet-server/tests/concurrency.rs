@@ -20,7 +20,7 @@ async fn thirty_two_streaming_clients_against_four_slots() {
     let s = TestServer::start(ServerConfig {
         parallel: 4,
         max_queue: 8,
-        step_delay: Some(Duration::from_millis(2)),
+        step_delay: Some(Duration::from_millis(5)),
         ..test_config()
     })
     .await;
@@ -223,7 +223,7 @@ async fn batched_decode_gives_the_single_sequence_tokens() {
         parallel: 4,
         // Small prompt chunks: prefill of one request overlaps decode of the others.
         prefill_chunk: 3,
-        step_delay: Some(Duration::from_millis(2)),
+        step_delay: Some(Duration::from_millis(5)),
         ..test_config()
     })
     .await;

@@ -419,7 +419,7 @@ async fn queue_full_is_429_with_retry_after() {
         ..test_config()
     })
     .await;
-    let body = chat_body(r#","max_tokens":40,"stream":true"#).replace(r#""max_tokens":4,"#, "");
+    let body = chat_body(r#","max_tokens":100,"stream":true"#).replace(r#""max_tokens":4,"#, "");
     // A takes the slot (its response head means it was admitted).
     let (st, a, _) = open_stream(s.addr, CHAT, &body).await;
     assert_eq!(st, 200);
