@@ -51,6 +51,21 @@ pub struct Model<'a> {
     pub layers: Vec<Layer<'a>>,
 }
 
+impl Layer<'_> {
+    /// The seven ternary projections.
+    pub fn projections(&self) -> [&TernaryMatrix<'_>; 7] {
+        [
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.w_gate,
+            &self.w_up,
+            &self.w_down,
+        ]
+    }
+}
+
 /// One sequence of a batch: its new tokens, its cache, the logits it wants.
 #[derive(Debug)]
 pub struct Seq<'c> {
@@ -168,7 +183,7 @@ fn bind_ternary<'a>(
     let sibling = names::sibling_scale_names(name)
         .iter()
         .find_map(|s| file.tensor(s))
-        .map(|s| file.tensor_bytes(s))
+        .map(|s| file.tensor_data(s)) // exact bytes: their count tells F32 from F16 scales
         .transpose()?;
     let m = match t.ggml_type {
         GgmlType::I2S => {
@@ -209,6 +224,10 @@ fn bind_ternary<'a>(
             })
         }
     };
+    let mut m = m;
+    // One pass over the codes at load: counts the never-written code 3 (decoded as 0) and
+    // lets clean I2_S matrices use the kernel without the code-3 fix-up (~20% faster).
+    m.check_codes();
     Ok(m)
 }
 
@@ -312,12 +331,7 @@ impl<'a> Model<'a> {
         let proj: usize = self
             .layers
             .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                    .iter()
-                    .map(|m| m.nbytes())
-                    .sum::<usize>()
-            })
+            .map(|l| l.projections().iter().map(|m| m.nbytes()).sum::<usize>())
             .sum();
         proj + self.lm_head().nbytes()
     }
