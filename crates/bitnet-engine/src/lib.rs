@@ -230,7 +230,8 @@ impl<'a> Engine<'a> {
         let chunks: Vec<&[u32]> = tokens.chunks(self.opts.n_batch.max(1)).collect();
         let mut logits = Vec::new();
         for (i, chunk) in chunks.iter().enumerate() {
-            let out = if i + 1 == chunks.len() {
+            // Every chunk contributes rows to `All`; otherwise only the last one has logits.
+            let out = if outputs == Outputs::All || i + 1 == chunks.len() {
                 outputs
             } else {
                 Outputs::None
