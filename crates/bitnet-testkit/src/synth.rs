@@ -431,7 +431,12 @@ pub fn write<W: Write>(
     let plan = plan(spec, n_vocab);
     // The official file's (stale) chat template, from the built-in vocabulary, when the
     // given vocabulary has none: the key set then matches the official file.
-    let builtin = vocab_from_gguf_bytes(crate::TINY_VOCAB_GGUF)?;
+    let has_template = vocab.iter().any(|(k, _)| k == "tokenizer.chat_template");
+    let builtin = if has_template {
+        Vec::new()
+    } else {
+        vocab_from_gguf_bytes(crate::TINY_VOCAB_GGUF)?
+    };
     let get = |key: &str| {
         vocab
             .iter()

@@ -91,14 +91,6 @@ fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-fn argmax(v: &[f32]) -> u32 {
-    let i = v
-        .iter()
-        .enumerate()
-        .fold(0, |b, (i, &x)| if x > v[b] { i } else { b });
-    u32::try_from(i).unwrap_or(0)
-}
-
 pub fn run(a: Args) -> Result<()> {
     if a.repetitions == 0 {
         bail!("--repetitions must be at least 1");
@@ -163,8 +155,12 @@ pub fn run(a: Args) -> Result<()> {
                     model.forward(&tokens(1, n_vocab, 2), &mut cache, Outputs::Last, &mut exec)?;
                 let t0 = Instant::now();
                 for _ in 0..a.n_gen {
-                    logits =
-                        model.forward(&[argmax(&logits)], &mut cache, Outputs::Last, &mut exec)?;
+                    logits = model.forward(
+                        &[bitnet_sampling::argmax(&logits).unwrap_or(0)],
+                        &mut cache,
+                        Outputs::Last,
+                        &mut exec,
+                    )?;
                 }
                 if rep > 0 {
                     rates.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());

@@ -89,20 +89,12 @@ fn memory_estimate(f: &GgufFile) -> Option<(u64, u64)> {
         .iter()
         .map(|t| t.nbytes().unwrap_or(t.available))
         .sum();
-    let arch = f.architecture()?;
-    let md = f.metadata();
-    let get = |k: &str| md.get_uint(&format!("{arch}.{k}")).ok();
-    let (n_layer, n_ctx, n_embd, n_head) = (
-        get("block_count")?,
-        get("context_length")?,
-        get("embedding_length")?,
-        get("attention.head_count")?,
-    );
-    let n_head_kv = get("attention.head_count_kv").unwrap_or(n_head);
-    let head_dim = n_embd.checked_div(n_head)?;
-    let kv = [n_layer, n_ctx, n_head_kv, head_dim, 2, 2]
-        .iter()
-        .try_fold(1u64, |a, &x| a.checked_mul(x))?;
+    // The model's own validated config: a file it would refuse gets no estimate.
+    let rows = f
+        .tensor("token_embd.weight")
+        .and_then(|t| t.dims.get(1).copied());
+    let c = bitnet_model::Config::from_metadata(f.metadata(), rows).ok()?;
+    let kv = c.kv_cache_bytes(c.n_ctx_train, 2).ok()?;
     Some((weights, kv))
 }
 
