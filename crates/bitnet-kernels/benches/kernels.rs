@@ -122,6 +122,11 @@ fn rows(c: &mut Criterion) {
         let mut q = vec![0i8; cols];
         b.iter(|| black_box(act::quantize_i8(&x, &mut q)))
     });
+    // The portable twin, for the SIMD speed-up.
+    c.bench_function("act::quantize_i8_scalar 2560", |b| {
+        let mut q = vec![0i8; cols];
+        b.iter(|| black_box(act::quantize_i8_scalar(&x, &mut q)))
+    });
 }
 
 criterion_group!(benches, ternary, rows);

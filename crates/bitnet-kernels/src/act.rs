@@ -7,6 +7,12 @@
 //!
 //! A ternary projection then computes `T = Σ_k w_k · q_k` in i32 and
 //! `y = ((T as f32) / s) · β` (see [`crate::TernaryMatrix::matmul`]).
+//!
+//! [`quantize_i8_scalar`] is the reference; on the AVX2 and AVX-512 tiers [`quantize_i8`]
+//! runs an AVX2 kernel that returns bit-identical scales and codes for every input (NaN,
+//! ±inf, −0.0, exact .5 ties, any length).
+
+use crate::dispatch::{kernels, kernels_for, Isa, Kernels};
 
 /// The floor of the absolute maximum, so an all-zero row gives `s = 127e5` and `q = 0`.
 pub const ABSMAX_FLOOR: f64 = 1e-5;
@@ -16,7 +22,31 @@ pub const ABSMAX_FLOOR: f64 = 1e-5;
 /// `q.len()` must equal `x.len()`; if it does not, only the common prefix is written
 /// (callers in this crate check lengths first; see [`quantize_rows`] for a checked form).
 /// NaN inputs do not take part in the maximum and quantize to 0.
+///
+/// Runs on the selected kernel tier ([`crate::isa`]); every tier gives the result of
+/// [`quantize_i8_scalar`] bit for bit.
 pub fn quantize_i8(x: &[f32], q: &mut [i8]) -> f32 {
+    quantize_i8_with(kernels(), x, q)
+}
+
+/// [`quantize_i8`] on a chosen tier (tests, benchmarks); `None` if this CPU lacks it.
+pub fn quantize_i8_on(isa: Isa, x: &[f32], q: &mut [i8]) -> Option<f32> {
+    kernels_for(isa).map(|k| quantize_i8_with(k, x, q))
+}
+
+fn quantize_i8_with(k: &Kernels, x: &[f32], q: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s) = avx2::quantize_i8(k, x, q) {
+        return s;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = k;
+    quantize_i8_scalar(x, q)
+}
+
+/// The portable reference of [`quantize_i8`] (the SIMD kernels are tested against it).
+#[doc(hidden)]
+pub fn quantize_i8_scalar(x: &[f32], q: &mut [i8]) -> f32 {
     debug_assert_eq!(x.len(), q.len());
     let mut m = ABSMAX_FLOOR;
     for &v in x {
@@ -70,12 +100,159 @@ pub fn quantize_rows(
         s.fill(127e5);
         return Ok(());
     }
+    let kern = kernels();
     for ((xr, qr), sr) in x
         .chunks_exact(k)
         .zip(q.chunks_exact_mut(k))
         .zip(s.iter_mut())
     {
-        *sr = quantize_i8(xr, qr);
+        *sr = quantize_i8_with(kern, xr, qr);
     }
     Ok(())
+}
+
+/// The AVX2 twin of [`quantize_i8_scalar`], 32 values per step.
+///
+/// Bit-exactness with the scalar code, step by step:
+/// - max: an f32 maximum of `|x|` equals the scalar f64 maximum of the same values converted
+///   to f64 (the conversion is exact and monotone); `_mm256_max_ps(v, acc)` returns its
+///   second operand when the first is NaN, so NaN inputs are skipped as `f64::max` skips
+///   them. The floor and the division stay scalar.
+/// - product: `_mm256_mul_ps`, a correctly rounded f32 multiply like `v * s` (no FMA).
+/// - rounding: `_mm256_round_ps` to nearest, ties to even = `round_ties_even`.
+/// - clamp to [−128, 127], then lanes whose product is NaN are zeroed through an ordered
+///   compare mask (`as i8` maps NaN to 0; max/min alone would turn NaN into −128). −0.0
+///   converts to 0 as in the scalar code.
+/// - the ragged tail (< 32 values) goes through the same code on a zero-padded copy; zero
+///   padding changes neither the maximum (all `|x| ≥ 0`) nor the written codes.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::ABSMAX_FLOOR;
+    use crate::dispatch::{Isa, Kernels};
+
+    /// Run the AVX2 kernel when `k` is the table of a tier that includes AVX2 (AVX2 or
+    /// AVX-512); `None` otherwise.
+    pub(super) fn quantize_i8(k: &Kernels, x: &[f32], q: &mut [i8]) -> Option<f32> {
+        if !matches!(k.isa, Isa::Avx2 | Isa::Avx512) {
+            return None;
+        }
+        debug_assert_eq!(x.len(), q.len());
+        // SAFETY: kernel tables are only handed out by `dispatch::kernels_for` after
+        // `Isa::is_supported` confirmed the tier at run time, and both the AVX2 and the
+        // AVX-512 tier require AVX2, which is all `quantize` needs. The kernel itself only
+        // touches memory through bounds-checked slices and fixed-size arrays.
+        Some(unsafe { quantize(x, q) })
+    }
+
+    /// Scale of `x` and codes of the common prefix of `x` and `q`.
+    #[target_feature(enable = "avx2")]
+    fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
+        let m = f64::from(absmax(x)).max(ABSMAX_FLOOR);
+        #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the specification
+        let s = (127.0 / m) as f32;
+        let n = x.len().min(q.len());
+        let (x, q) = (&x[..n], &mut q[..n]);
+        let sv = _mm256_set1_ps(s);
+        let (xc, xt) = x.as_chunks::<32>();
+        let (qc, qt) = q.as_chunks_mut::<32>();
+        for (xb, qb) in xc.iter().zip(qc.iter_mut()) {
+            store32(qb, quant32(xb, sv));
+        }
+        if !xt.is_empty() {
+            let mut xb = [0f32; 32];
+            xb[..xt.len()].copy_from_slice(xt);
+            let mut qb = [0i8; 32];
+            store32(&mut qb, quant32(&xb, sv));
+            qt.copy_from_slice(&qb[..qt.len()]);
+        }
+        s
+    }
+
+    /// `max |x_k|` over the non-NaN values (0 for an empty or all-NaN row).
+    #[target_feature(enable = "avx2")]
+    fn absmax(x: &[f32]) -> f32 {
+        let (xc, xt) = x.as_chunks::<32>();
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for xb in xc {
+            absmax_step(&mut acc, xb);
+        }
+        if !xt.is_empty() {
+            let mut xb = [0f32; 32];
+            xb[..xt.len()].copy_from_slice(xt);
+            absmax_step(&mut acc, &xb);
+        }
+        // No accumulator lane is NaN, so the reduction order does not matter.
+        let v = _mm256_max_ps(
+            _mm256_max_ps(acc[0], acc[1]),
+            _mm256_max_ps(acc[2], acc[3]),
+        );
+        let h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        _mm_cvtss_f32(h)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn absmax_step(acc: &mut [__m256; 4], xb: &[f32; 32]) {
+        let sign = _mm256_set1_ps(-0.0);
+        for (a, v) in acc.iter_mut().zip(load32(xb)) {
+            // Operand order matters: for a NaN first operand MAXPS returns the second.
+            *a = _mm256_max_ps(_mm256_andnot_ps(sign, v), *a);
+        }
+    }
+
+    /// Codes of 32 values, in order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn quant32(xb: &[f32; 32], s: __m256) -> __m256i {
+        let [a, b, c, d] = load32(xb).map(|v| quant8(v, s));
+        // packs works within each 128-bit lane: the bytes come out as 4-value groups
+        // a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7; the permute restores a0-7 b0-7 …
+        // Saturation never applies (all values are in [−128, 127]).
+        let ab = _mm256_packs_epi32(a, b);
+        let cd = _mm256_packs_epi32(c, d);
+        let abcd = _mm256_packs_epi16(ab, cd);
+        _mm256_permutevar8x32_epi32(abcd, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
+    /// `clamp(round_half_even(v · s), −128, 127)` per lane as i32; NaN gives 0.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn quant8(v: __m256, s: __m256) -> __m256i {
+        let p = _mm256_mul_ps(v, s);
+        let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(p);
+        let c = _mm256_min_ps(
+            _mm256_max_ps(r, _mm256_set1_ps(-128.0)),
+            _mm256_set1_ps(127.0),
+        );
+        let ordered = _mm256_cmp_ps::<_CMP_ORD_Q>(p, p);
+        _mm256_cvtps_epi32(_mm256_and_ps(c, ordered))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn load32(xb: &[f32; 32]) -> [__m256; 4] {
+        let p = xb.as_ptr();
+        // SAFETY: the four unaligned 8-float loads at offsets 0, 8, 16 and 24 read exactly
+        // the 32 floats of `xb`; loadu has no alignment requirement.
+        unsafe {
+            [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ]
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn store32(qb: &mut [i8; 32], v: __m256i) {
+        // SAFETY: the unaligned 32-byte store writes exactly the 32 bytes of `qb`, which is
+        // exclusively borrowed; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_si256(qb.as_mut_ptr().cast(), v) }
+    }
 }
