@@ -362,8 +362,9 @@ fn main() {
         .map(|_| (rng.next() % 2001) as f32 / 1000.0 - 1.0)
         .collect();
     let mut logits = vec![0f32; v];
-    for ty in [RowType::F16, RowType::Q8_0] {
-        let name = format!("LM head {ty:?} {v}x{d}");
+    // (row type, activations quantized to Q8_0 → integer block dots)
+    for (ty, q8) in [(RowType::F16, false), (RowType::Q8_0, false), (RowType::Q8_0, true)] {
+        let name = format!("LM head {ty:?}{} {v}x{d}", if q8 { "·q8" } else { "" });
         if !filter_ok(&name) {
             continue;
         }
@@ -377,13 +378,12 @@ fn main() {
             let read = bandwidth(&bufs, &runners, threads);
             for &isa in &isas {
                 let t = time_per_call(|_| {
-                    m.matmul_f32_on(
-                        isa,
-                        &x,
-                        &mut logits,
-                        &runners.ours[threads - 1],
-                        F16DotOrder::Auto,
-                    )
+                    let pool = &runners.ours[threads - 1];
+                    if q8 {
+                        m.matmul_q8_on(isa, &x, &mut logits, pool)
+                    } else {
+                        m.matmul_f32_on(isa, &x, &mut logits, pool, F16DotOrder::Auto)
+                    }
                     .unwrap()
                     .unwrap();
                     black_box(&logits);

@@ -96,6 +96,9 @@ pub(crate) type I2sPairKernel =
     fn(w_a: &[u8], w_b: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 2];
 /// A float row dot: `row` (encoded bytes) · `x`.
 pub(crate) type RowDot = fn(row: &[u8], x: &[f32]) -> f32;
+/// A quantized row · activations quantized per 32 (Q8_0's quantizer): codes `xq` (|q| ≤ 127)
+/// and one scale per 32 in `xd` (the f16 scale, widened).
+pub(crate) type RowDotQ8 = fn(row: &[u8], xq: &[i8], xd: &[f32]) -> f32;
 /// An f32 · f32 dot in the 8-lane order.
 pub(crate) type F32Dot = fn(w: &[f32], x: &[f32]) -> f32;
 
@@ -120,6 +123,10 @@ pub(crate) struct Kernels {
     pub q4_0_dot: RowDot,
     pub bf16_dot: RowDot,
     pub f32_dot: F32Dot,
+    /// Q8_0 row · Q8_0 activations (integer block dots).
+    pub q8_0_q8: RowDotQ8,
+    /// Q4_0 row · Q8_0 activations (integer block dots).
+    pub q4_0_q8: RowDotQ8,
 }
 
 static SCALAR: Kernels = Kernels {
@@ -138,6 +145,8 @@ static SCALAR: Kernels = Kernels {
     q4_0_dot: scalar::q4_0_dot,
     bf16_dot: scalar::bf16_dot,
     f32_dot: scalar::f32_dot_lanes8,
+    q8_0_q8: scalar::q8_0_q8,
+    q4_0_q8: scalar::q4_0_q8,
 };
 
 /// The table of a tier, if this CPU supports it.

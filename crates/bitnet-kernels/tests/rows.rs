@@ -264,3 +264,126 @@ fn ggml_f16_order_by_hand() {
         assert_eq!(out[0], 528.5);
     }
 }
+
+/// Q8_0 / Q4_0 rows against Q8_0-quantized activations: every tier bit-identical to the
+/// scalar order; the scalar result within f32 rounding of the f64 dot of the dequantized
+/// row and the dequantized activations; other row types (and cols % 32 ≠ 0) fall back to
+/// the f32 path exactly.
+#[test]
+fn q8_activation_dots_every_tier() {
+    let mut rng = Rng::new(31);
+    let pools = [Pool::new(1), Pool::new(2), Pool::new(3)];
+    for ty in [RowType::Q8_0, RowType::Q4_0] {
+        for _ in 0..8 {
+            let rows = 1 + rng.below(45);
+            let cols = 32 * (1 + rng.below(90));
+            let mut data = random_rows(&mut rng, ty, rows, cols);
+            if ty == RowType::Q8_0 {
+                // A row block of −128s (a file may hold them; ours never writes them).
+                data[2..34].fill(0x80);
+            }
+            let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&data)).unwrap();
+            for n_tok in [1usize, 2] {
+                // Some activations at the extremes of a block (±amax → q = ±127).
+                let x: Vec<f32> = (0..n_tok * cols)
+                    .map(|i| if i % 37 == 0 { -3.0 } else { rng.f32() })
+                    .collect();
+                let mut want = vec![0f32; n_tok * rows];
+                m.matmul_q8_on(bitnet_kernels::Isa::Scalar, &x, &mut want, &pools[0])
+                    .unwrap()
+                    .unwrap();
+                let xb = RowType::Q8_0.row_bytes(cols).unwrap();
+                let mut w = vec![0f32; cols];
+                let mut xd = vec![0f32; cols];
+                let mut enc = vec![0u8; xb];
+                for t in 0..n_tok {
+                    quantize_row_into(RowType::Q8_0, &x[t * cols..(t + 1) * cols], &mut enc);
+                    assert!(enc.chunks_exact(34).all(|b| b[2..].iter().all(|&q| q != 0x80)));
+                    dequantize_row_bytes(RowType::Q8_0, &enc, &mut xd);
+                    for r in 0..rows {
+                        m.dequantize_row(r, &mut w).unwrap();
+                        let exact: f64 =
+                            w.iter().zip(&xd).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                        let mag: f64 = w
+                            .iter()
+                            .zip(&xd)
+                            .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                            .sum();
+                        let got = f64::from(want[t * rows + r]);
+                        // d_w·d_x rounded once per block, then one fma per block and lane.
+                        let bound = 4.0 * (cols / 32 + 3) as f64 * f64::from(f32::EPSILON) * mag
+                            + 1e-30;
+                        assert!(
+                            (got - exact).abs() <= bound,
+                            "{ty:?} {rows}x{cols}: {got} vs {exact} (bound {bound})"
+                        );
+                    }
+                }
+                for isa in supported_isas() {
+                    for pool in &pools {
+                        let mut got = vec![f32::NAN; n_tok * rows];
+                        m.matmul_q8_on(isa, &x, &mut got, pool).unwrap().unwrap();
+                        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(a.to_bits(), b.to_bits(), "{ty:?} {rows}x{cols} {isa:?} idx {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Not Q8_0/Q4_0: the f32 path in the ggml order.
+    for (ty, cols) in [(RowType::F16, 64), (RowType::Q6K, 256), (RowType::F32, 40)] {
+        let data = random_rows(&mut rng, ty, 5, cols);
+        let m = RowMatrix::new(ty, 5, cols, Cow::Borrowed(&data)).unwrap();
+        let x: Vec<f32> = (0..3 * cols).map(|_| rng.f32()).collect();
+        let (mut a, mut b) = (vec![0f32; 15], vec![0f32; 15]);
+        m.matmul_q8(&x, &mut a, &pools[1]).unwrap();
+        m.matmul_f32_order(&x, &mut b, &pools[1], F16DotOrder::Ggml).unwrap();
+        assert_eq!(a, b, "{ty:?}");
+    }
+}
+
+/// `matmul_q8`: a token's outputs do not depend on the other tokens of the call.
+#[test]
+fn q8_path_is_batch_invariant() {
+    let mut rng = Rng::new(77);
+    let pool = Pool::new(2);
+    for ty in [RowType::F16, RowType::Q8_0, RowType::Q4_0, RowType::Q6K] {
+        let (rows, cols) = (23, 512);
+        let data = random_rows(&mut rng, ty, rows, cols);
+        let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&data)).unwrap();
+        let x: Vec<f32> = (0..4 * cols).map(|_| rng.f32()).collect();
+        let mut all = vec![0f32; 4 * rows];
+        m.matmul_q8(&x, &mut all, &pool).unwrap();
+        for t in 0..4 {
+            let mut one = vec![0f32; rows];
+            m.matmul_q8(&x[t * cols..(t + 1) * cols], &mut one, &pool).unwrap();
+            assert_eq!(one, all[t * rows..(t + 1) * rows], "{ty:?} token {t}");
+        }
+    }
+}
+
+#[test]
+fn q8_activation_dot_by_hand() {
+    // One Q8_0 block: d_w = 0.5, w = [1, -2, 0, ..., 0, -128 at 31]; x = [127, 0.5·127 → 64?]
+    // Activations chosen so their Q8_0 code is exact: amax = 127 → d_x = 1, q = x.
+    let mut blk = Vec::new();
+    blk.extend_from_slice(&f16b(0.5));
+    let mut w = [0i8; 32];
+    w[0] = 1;
+    w[1] = -2;
+    w[31] = -128;
+    blk.extend(w.iter().map(|&v| v as u8));
+    let mut x = [0f32; 32];
+    x[0] = 127.0;
+    x[1] = -5.0;
+    x[31] = -127.0;
+    let m = RowMatrix::new(RowType::Q8_0, 1, 32, Cow::Borrowed(&blk)).unwrap();
+    let pool = Pool::new(1);
+    // 0.5 · (127 + 10 + 128·127) = 0.5 · 16393
+    for isa in supported_isas() {
+        let mut out = [0f32; 1];
+        m.matmul_q8_on(isa, &x, &mut out, &pool).unwrap().unwrap();
+        assert_eq!(out[0], 8196.5, "{isa:?}");
+    }
+}

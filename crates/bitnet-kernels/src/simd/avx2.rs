@@ -40,6 +40,8 @@ pub(crate) const TABLE_BASE: Kernels = Kernels {
     q4_0_dot,
     bf16_dot,
     f32_dot,
+    q8_0_q8,
+    q4_0_q8,
 };
 
 /// Dispatch a tile kernel over a const token count.
@@ -84,7 +86,7 @@ const PREFETCH_BYTES: usize = 3072;
 /// are fine: a prefetch never faults, and the pointer is formed with `wrapping_add` and never
 /// dereferenced.
 #[inline(always)]
-fn prefetch_ahead(p: &[u8], off: usize) {
+pub(crate) fn prefetch_ahead(p: &[u8], off: usize) {
     let a = p.as_ptr().wrapping_add(off + PREFETCH_BYTES);
     // SAFETY: SSE is part of the x86_64 baseline; PREFETCHT0 only hints the cache and never
     // faults, whatever the address.
@@ -905,6 +907,60 @@ unsafe fn q4_0_dot_impl(row: &[u8], x: &[f32]) -> f32 {
             bl = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(*qj)), xv, bl);
         }
         acc = _mm256_fmadd_ps(d, bl, acc);
+    }
+    reduce8_tiny(acc)
+}
+
+fn q8_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    // SAFETY: AVX2+FMA+F16C detected before this table is used; the kernel reads only whole
+    // blocks of every slice.
+    unsafe { q8_blocks_impl::<false>(row, xq, xd) }
+}
+
+fn q4_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    // SAFETY: as in `q8_0_q8`.
+    unsafe { q8_blocks_impl::<true>(row, xq, xd) }
+}
+
+/// Q8_0 (or, with `Q4`, Q4_0) row · per-32 quantized activations in `scalar::q8_0_q8`'s
+/// order. The signed products go through `maddubs(|w|, x·sign(w))`: |w| ≤ 128 fits u8, and
+/// the activations' |x| ≤ 127 keeps `x·sign(w)` in i8 and each pair ≤ 2·128·127 < 2^15.
+///
+/// # Safety
+/// AVX2, FMA and F16C available.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_blocks_impl<const Q4: bool>(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    let wbytes = if Q4 { 18 } else { 34 };
+    let nb = (row.len() / wbytes).min(xq.len() / 32).min(xd.len());
+    let ones = _mm256_set1_epi16(1);
+    let m4 = _mm_set1_epi8(15);
+    let eight = _mm256_set1_epi8(8);
+    let mut acc = _mm256_setzero_ps();
+    for (b, &dx) in xd.iter().enumerate().take(nb) {
+        // Every block (blocks straddle lines; one prefetch per 64 bytes would skip some).
+        prefetch_ahead(row, wbytes * b);
+        let wo = wbytes * b;
+        // SAFETY: b < nb, so bytes wo..wo+wbytes of the row and codes 32b..32b+32 exist.
+        let (dbits, w, x) = unsafe {
+            // The f16 scale's bits (x86 is little-endian, as the format is).
+            let dbits = std::ptr::read_unaligned(row.as_ptr().add(wo).cast::<i16>());
+            let w = if Q4 {
+                let v = _mm_loadu_si128(row.as_ptr().add(wo + 2).cast());
+                let lo = _mm_and_si128(v, m4);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
+                _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight)
+            } else {
+                _mm256_loadu_si256(row.as_ptr().add(wo + 2).cast())
+            };
+            (dbits, w, _mm256_loadu_si256(xq.as_ptr().add(32 * b).cast()))
+        };
+        // The f16 scale broadcast before converting (a full-register conversion has no
+        // dependency on a stale register), times the activation scale: d_w·d_x in f32.
+        let dw = _mm256_cvtph_ps(_mm_set1_epi16(dbits));
+        let d = _mm256_mul_ps(dw, _mm256_set1_ps(dx));
+        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        acc = _mm256_fmadd_ps(d, lanes, acc);
     }
     reduce8_tiny(acc)
 }

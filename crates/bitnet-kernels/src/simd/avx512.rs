@@ -141,6 +141,7 @@ macro_rules! i2s_body {
         let nblk = k / 128;
         let mut b = 0;
         while b + 2 <= nblk {
+            avx2::prefetch_ahead($w_row, 32 * b);
             // SAFETY: 32b + 64 ≤ K/4 ≤ w_row.len().
             let w = sanitize(unsafe { _mm512_loadu_si512($w_row.as_ptr().add(32 * b).cast()) });
             let c = planes(w, true);

@@ -34,7 +34,20 @@ pub(crate) static TABLE: Kernels = Kernels {
     q4_0_dot: scalar::q4_0_dot,
     bf16_dot: scalar::bf16_dot,
     f32_dot: scalar::f32_dot_lanes8,
+    q8_0_q8: scalar::q8_0_q8,
+    q4_0_q8: scalar::q4_0_q8,
 };
+
+/// Hint the cache line 3 KiB past `p[off]` (the weight stream's read-ahead distance, as in
+/// the x86 kernels). The pointer is formed with `wrapping_add` and never dereferenced.
+#[inline(always)]
+fn prefetch_ahead(p: &[u8], off: usize) {
+    let a = p.as_ptr().wrapping_add(off + 3072);
+    // SAFETY: PRFM is a hint: it never faults and writes nothing, whatever the address.
+    unsafe {
+        std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) a, options(nostack, preserves_flags, readonly));
+    }
+}
 
 fn has_dotprod() -> bool {
     std::arch::is_aarch64_feature_detected!("dotprod")
@@ -131,6 +144,9 @@ macro_rules! ternary_fns {
                 let x = p.token(t0 + ti);
                 let mut acc = vdupq_n_s32(0);
                 for b in 0..k / 128 {
+                    if b % 2 == 0 {
+                        prefetch_ahead(w_row, 32 * b);
+                    }
                     for h in 0..2 {
                         // SAFETY: 32b + 16h + 16 ≤ K/4; 128b + 32l + 16h + 16 ≤ K.
                         let c = planes(sanitize(unsafe { ldw(w_row, 32 * b + 16 * h) }), true);

@@ -229,6 +229,45 @@ pub(crate) fn q4_0_dot(row: &[u8], x: &[f32]) -> f32 {
     reduce8_tiny(&acc)
 }
 
+/// Q8_0 row · activations quantized per 32: codes `xq` (|q| ≤ 127), scales `xd`.
+/// Order: per block, lane l of 8 holds the exact i32 sum of elements 4l..4l+4 (w·x), then
+/// `acc[l] = fma(d_w·d_x, lane as f32, acc[l])` (|lane| ≤ 4·128·127, exact in f32);
+/// finally [`reduce8_tiny`]. Blocks past the shortest input are ignored.
+pub(crate) fn q8_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    q8_blocks(row, 34, xq, xd, |blk, e| i32::from(i8::from_le_bytes([blk[2 + e]])))
+}
+
+/// Q4_0 row (integer `nibble − 8`, element layout as in [`q4_0_dot`]) · activations
+/// quantized per 32, in the [`q8_0_q8`] order.
+pub(crate) fn q4_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    q8_blocks(row, 18, xq, xd, |blk, e| {
+        let byte = blk[2 + e % 16];
+        i32::from(if e < 16 { byte & 15 } else { byte >> 4 }) - 8
+    })
+}
+
+/// The shared order of [`q8_0_q8`] / [`q4_0_q8`]: `w(blk, e)` is element e of a row block.
+fn q8_blocks(
+    row: &[u8],
+    wbytes: usize,
+    xq: &[i8],
+    xd: &[f32],
+    w: impl Fn(&[u8], usize) -> i32,
+) -> f32 {
+    let mut acc = [0f32; 8];
+    for ((blk, xb), &dx) in row.chunks_exact(wbytes).zip(xq.chunks_exact(32)).zip(xd) {
+        let d = crate::layout::read_f16(blk, 0) * dx;
+        for (l, a) in acc.iter_mut().enumerate() {
+            let lane: i32 = (4 * l..4 * l + 4).map(|e| w(blk, e) * i32::from(xb[e])).sum();
+            // |lane| ≤ 65024: exact in f32.
+            #[allow(clippy::cast_precision_loss)]
+            let lf = lane as f32;
+            *a = d.mul_add(lf, *a);
+        }
+    }
+    reduce8_tiny(&acc)
+}
+
 /// BF16 row · f32 x in the [`f32_dot_lanes8`] order (bf16 → f32 is exact).
 pub(crate) fn bf16_dot(row: &[u8], x: &[f32]) -> f32 {
     let w: Vec<f32> = row
