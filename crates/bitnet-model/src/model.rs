@@ -400,24 +400,25 @@ impl<'a> Model<'a> {
             self.block(il, layer, &mut h, &ropes, seqs, exec)?;
         }
 
-        // logits = E · RMS(h, output_norm), per sequence
-        let mut result = Vec::with_capacity(seqs.len());
+        // logits = E · RMS(h, output_norm). Fast numerics: one head pass for every output row
+        // of every sequence (the head is the largest read of a decode step; a row's logits
+        // do not depend on the other rows of the call). Exact numerics: per sequence, since
+        // the reference's accumulation order depends on the number of rows.
+        let mut per_seq: Vec<Vec<usize>> = Vec::with_capacity(seqs.len());
         let mut first = 0;
         for s in seqs.iter_mut() {
             let len = s.tokens.len();
             s.cache.advance(len);
-            let rows: Vec<usize> = match s.outputs {
+            per_seq.push(match s.outputs {
                 Outputs::None => Vec::new(),
                 Outputs::Last => vec![first + len - 1],
                 Outputs::All => (first..first + len).collect(),
-            };
+            });
             first += len;
-            if rows.is_empty() {
-                result.push(Vec::new());
-                continue;
-            }
+        }
+        let normed = |rows: &[usize]| {
             let mut hn = vec![0.0f32; rows.len() * c.n_embd];
-            for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(&rows) {
+            for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(rows) {
                 numerics::rms_norm(
                     &h[r * c.n_embd..(r + 1) * c.n_embd],
                     &self.output_norm,
@@ -425,6 +426,29 @@ impl<'a> Model<'a> {
                     dst,
                 );
             }
+            hn
+        };
+        let mut result = Vec::with_capacity(seqs.len());
+        if exec.numerics == Numerics::Fast && per_seq.iter().filter(|r| !r.is_empty()).count() > 1 {
+            let all: Vec<usize> = per_seq.iter().flatten().copied().collect();
+            let hn = normed(&all);
+            exec.emit("result_norm", None, &hn, all.len());
+            let logits = self.lm_head_logits(&hn, all.len(), exec)?;
+            exec.emit("result_output", None, &logits, all.len());
+            let mut rest = logits.as_slice();
+            for rows in &per_seq {
+                let (mine, tail) = rest.split_at(rows.len() * c.n_vocab);
+                result.push(mine.to_vec());
+                rest = tail;
+            }
+            return Ok(result);
+        }
+        for rows in &per_seq {
+            if rows.is_empty() {
+                result.push(Vec::new());
+                continue;
+            }
+            let hn = normed(rows);
             exec.emit("result_norm", None, &hn, rows.len());
             let logits = self.lm_head_logits(&hn, rows.len(), exec)?;
             exec.emit("result_output", None, &logits, rows.len());
@@ -559,7 +583,9 @@ impl<'a> Model<'a> {
         let n_vocab = self.config.n_vocab;
         let mut logits = vec![0.0f32; rows * n_vocab];
         match exec.numerics {
-            Numerics::Fast => head.matmul_f32(hn, &mut logits, exec.pool)?,
+            // Q8_0 / Q4_0 heads (built at load by `--lm-head`) dot Q8_0-quantized
+            // activations in integers; the F16 head is unaffected (f32 activations).
+            Numerics::Fast => head.matmul_q8(hn, &mut logits, exec.pool)?,
             Numerics::Exact => crate::exact::lm_head(head, hn, rows, &mut logits, exec.pool)?,
         }
         Ok(logits)
