@@ -363,7 +363,11 @@ fn main() {
         .collect();
     let mut logits = vec![0f32; v];
     // (row type, activations quantized to Q8_0 → integer block dots)
-    for (ty, q8) in [(RowType::F16, false), (RowType::Q8_0, false), (RowType::Q8_0, true)] {
+    for (ty, q8) in [
+        (RowType::F16, false),
+        (RowType::Q8_0, false),
+        (RowType::Q8_0, true),
+    ] {
         let name = format!("LM head {ty:?}{} {v}x{d}", if q8 { "·q8" } else { "" });
         if !filter_ok(&name) {
             continue;

@@ -184,10 +184,7 @@ mod avx2 {
             absmax_step(&mut acc, &xb);
         }
         // No accumulator lane is NaN, so the reduction order does not matter.
-        let v = _mm256_max_ps(
-            _mm256_max_ps(acc[0], acc[1]),
-            _mm256_max_ps(acc[2], acc[3]),
-        );
+        let v = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
         let h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         let h = _mm_max_ss(h, _mm_movehdup_ps(h));

@@ -99,6 +99,12 @@ pub(crate) type RowDot = fn(row: &[u8], x: &[f32]) -> f32;
 /// A quantized row · activations quantized per 32 (Q8_0's quantizer): codes `xq` (|q| ≤ 127)
 /// and one scale per 32 in `xd` (the f16 scale, widened).
 pub(crate) type RowDotQ8 = fn(row: &[u8], xq: &[i8], xd: &[f32]) -> f32;
+/// One row against several tokens' activations: `out[t] = dot(row, xs[t])`, each result
+/// exactly what the single-token dot of the same order gives.
+pub(crate) type RowDotMulti = fn(row: &[u8], xs: &[&[f32]], out: &mut [f32]);
+/// [`RowDotQ8`] for `out.len()` tokens: codes `xq` (`cols` per token), scales `xd` (`cols/32`
+/// per token); each result exactly the single-token dot's.
+pub(crate) type RowDotQ8Multi = fn(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]);
 /// An f32 · f32 dot in the 8-lane order.
 pub(crate) type F32Dot = fn(w: &[f32], x: &[f32]) -> f32;
 
@@ -123,10 +129,16 @@ pub(crate) struct Kernels {
     pub q4_0_dot: RowDot,
     pub bf16_dot: RowDot,
     pub f32_dot: F32Dot,
+    /// `f16_dot_ggml` for several tokens at once (each F16 chunk converted once).
+    pub f16_dot_ggml_multi: RowDotMulti,
     /// Q8_0 row · Q8_0 activations (integer block dots).
     pub q8_0_q8: RowDotQ8,
     /// Q4_0 row · Q8_0 activations (integer block dots).
     pub q4_0_q8: RowDotQ8,
+    /// `q8_0_q8` for several tokens (each weight block loaded and prepared once).
+    pub q8_0_q8_multi: RowDotQ8Multi,
+    /// `q4_0_q8` for several tokens.
+    pub q4_0_q8_multi: RowDotQ8Multi,
 }
 
 static SCALAR: Kernels = Kernels {
@@ -147,6 +159,9 @@ static SCALAR: Kernels = Kernels {
     f32_dot: scalar::f32_dot_lanes8,
     q8_0_q8: scalar::q8_0_q8,
     q4_0_q8: scalar::q4_0_q8,
+    f16_dot_ggml_multi: scalar::f16_dot_ggml_multi,
+    q8_0_q8_multi: scalar::q8_0_q8_multi,
+    q4_0_q8_multi: scalar::q4_0_q8_multi,
 };
 
 /// The table of a tier, if this CPU supports it.

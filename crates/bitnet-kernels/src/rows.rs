@@ -323,22 +323,44 @@ impl<'a> RowMatrix<'a> {
         };
         let cols = self.cols;
         let int_dot = match self.ty {
-            RowType::Q8_0 => Some(kern.q8_0_q8),
-            RowType::Q4_0 => Some(kern.q4_0_q8),
+            RowType::Q8_0 => Some((kern.q8_0_q8, kern.q8_0_q8_multi)),
+            RowType::Q4_0 => Some((kern.q4_0_q8, kern.q4_0_q8_multi)),
             _ => None,
         }
         .filter(|_| q8_act && cols.is_multiple_of(32));
-        if let Some(dot) = int_dot {
+        if let Some((dot, multi)) = int_dot {
             let (xq, xd) = quantize_q8_act(x, cols)?;
             let nb = cols / 32;
             let outp = crate::pool::SharedMut::new(out);
             let f = |rows: Range<usize>| {
+                let mut y = vec![0f32; n_tok];
                 for r in rows {
                     let row = self.row(r);
-                    for (t, (xt, dt)) in xq.chunks_exact(cols).zip(xd.chunks_exact(nb)).enumerate()
-                    {
+                    if n_tok == 1 {
+                        y[0] = dot(row, &xq, &xd[..nb]);
+                    } else {
+                        multi(row, &xq, &xd, cols, &mut y);
+                    }
+                    for (t, &v) in y.iter().enumerate() {
                         // SAFETY: t < n_tok, r < rows; rows are disjoint between chunks.
-                        unsafe { outp.write(t * self.rows + r, dot(row, xt, dt)) };
+                        unsafe { outp.write(t * self.rows + r, v) };
+                    }
+                }
+            };
+            pool.for_rows(self.rows, 16, &f);
+            return Ok(());
+        }
+        if self.ty == RowType::F16 && order == F16DotOrder::Ggml && n_tok > 1 {
+            // Each row read once for all tokens, each F16 chunk converted once.
+            let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
+            let outp = crate::pool::SharedMut::new(out);
+            let f = |rows: Range<usize>| {
+                let mut y = vec![0f32; n_tok];
+                for r in rows {
+                    (kern.f16_dot_ggml_multi)(self.row(r), &xs, &mut y);
+                    for (t, &v) in y.iter().enumerate() {
+                        // SAFETY: t < n_tok, r < rows; rows are disjoint between chunks.
+                        unsafe { outp.write(t * self.rows + r, v) };
                     }
                 }
             };

@@ -39,7 +39,11 @@ fn check_all_tiers(x: &[f32], what: &str) -> (f32, Vec<i8>) {
     }
     // The default entry point agrees as well.
     let mut q = vec![0x55i8; x.len()];
-    assert_eq!(act::quantize_i8(x, &mut q).to_bits(), want_s.to_bits(), "{what}");
+    assert_eq!(
+        act::quantize_i8(x, &mut q).to_bits(),
+        want_s.to_bits(),
+        "{what}"
+    );
     assert_eq!(q, want_q, "{what}");
     (want_s, want_q)
 }
@@ -85,7 +89,9 @@ fn random_bit_patterns_match_scalar() {
     // Any f32 bit pattern: subnormals, huge values, NaNs with payloads, ±inf, ±0.
     let mut rng = Rng::new(12);
     for n in lengths(&mut rng) {
-        let x: Vec<f32> = (0..n).map(|_| f32::from_bits(rng.next_u64() as u32)).collect();
+        let x: Vec<f32> = (0..n)
+            .map(|_| f32::from_bits(rng.next_u64() as u32))
+            .collect();
         check_all_tiers(&x, "bit patterns");
     }
 }
@@ -189,7 +195,10 @@ fn product_is_rounded_to_f32_before_rounding_to_integer() {
             }
         }
     }
-    eprintln!("{} inexact ties (toward zero, away from zero: {sides:?})", x.len() - 1);
+    eprintln!(
+        "{} inexact ties (toward zero, away from zero: {sides:?})",
+        x.len() - 1
+    );
     assert!(sides[0] > 10 && sides[1] > 10, "{sides:?}");
     let (got_s, q) = check_all_tiers(&x, "inexact ties");
     assert_eq!(got_s, s);
@@ -223,13 +232,45 @@ fn huge_tiny_and_zero_rows_match_scalar() {
 fn hand_computed_values() {
     // m = 127 → s = 1: q = round_half_even(x), ties to even, both signs.
     let x = [
-        127.0f32, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 126.5, -126.5, -127.0, 0.49, -0.0,
-        f32::NAN, 64.5, -64.5, 5.5, -5.5, 100.25, -100.75, 0.0, 1.0, -1.0, 2.0, 3.0, 4.0, 5.0,
-        6.0, 7.0, 8.0, 9.0, 10.5, 11.5, 12.5, 13.5,
+        127.0f32,
+        0.5,
+        1.5,
+        2.5,
+        -0.5,
+        -1.5,
+        -2.5,
+        3.5,
+        126.5,
+        -126.5,
+        -127.0,
+        0.49,
+        -0.0,
+        f32::NAN,
+        64.5,
+        -64.5,
+        5.5,
+        -5.5,
+        100.25,
+        -100.75,
+        0.0,
+        1.0,
+        -1.0,
+        2.0,
+        3.0,
+        4.0,
+        5.0,
+        6.0,
+        7.0,
+        8.0,
+        9.0,
+        10.5,
+        11.5,
+        12.5,
+        13.5,
     ];
     let want: [i8; 35] = [
-        127, 0, 2, 2, 0, -2, -2, 4, 126, -126, -127, 0, 0, 0, 64, -64, 6, -6, 100, -101, 0, 1,
-        -1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 12, 14,
+        127, 0, 2, 2, 0, -2, -2, 4, 126, -126, -127, 0, 0, 0, 64, -64, 6, -6, 100, -101, 0, 1, -1,
+        2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 12, 14,
     ];
     for isa in supported_isas() {
         let mut q = [0x55i8; 35];
@@ -261,7 +302,10 @@ fn hand_computed_values() {
 
     // Empty row: the floor gives s = 127 / 1e-5 = 12 700 000 (exact in f32).
     for isa in supported_isas() {
-        assert_eq!(act::quantize_i8_on(isa, &[], &mut []).unwrap(), 12_700_000.0);
+        assert_eq!(
+            act::quantize_i8_on(isa, &[], &mut []).unwrap(),
+            12_700_000.0
+        );
     }
 }
 

@@ -298,12 +298,17 @@ fn q8_activation_dots_every_tier() {
                 let mut enc = vec![0u8; xb];
                 for t in 0..n_tok {
                     quantize_row_into(RowType::Q8_0, &x[t * cols..(t + 1) * cols], &mut enc);
-                    assert!(enc.chunks_exact(34).all(|b| b[2..].iter().all(|&q| q != 0x80)));
+                    assert!(enc
+                        .chunks_exact(34)
+                        .all(|b| b[2..].iter().all(|&q| q != 0x80)));
                     dequantize_row_bytes(RowType::Q8_0, &enc, &mut xd);
                     for r in 0..rows {
                         m.dequantize_row(r, &mut w).unwrap();
-                        let exact: f64 =
-                            w.iter().zip(&xd).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                        let exact: f64 = w
+                            .iter()
+                            .zip(&xd)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum();
                         let mag: f64 = w
                             .iter()
                             .zip(&xd)
@@ -311,8 +316,8 @@ fn q8_activation_dots_every_tier() {
                             .sum();
                         let got = f64::from(want[t * rows + r]);
                         // d_w·d_x rounded once per block, then one fma per block and lane.
-                        let bound = 4.0 * (cols / 32 + 3) as f64 * f64::from(f32::EPSILON) * mag
-                            + 1e-30;
+                        let bound =
+                            4.0 * (cols / 32 + 3) as f64 * f64::from(f32::EPSILON) * mag + 1e-30;
                         assert!(
                             (got - exact).abs() <= bound,
                             "{ty:?} {rows}x{cols}: {got} vs {exact} (bound {bound})"
@@ -324,7 +329,11 @@ fn q8_activation_dots_every_tier() {
                         let mut got = vec![f32::NAN; n_tok * rows];
                         m.matmul_q8_on(isa, &x, &mut got, pool).unwrap().unwrap();
                         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                            assert_eq!(a.to_bits(), b.to_bits(), "{ty:?} {rows}x{cols} {isa:?} idx {i}");
+                            assert_eq!(
+                                a.to_bits(),
+                                b.to_bits(),
+                                "{ty:?} {rows}x{cols} {isa:?} idx {i}"
+                            );
                         }
                     }
                 }
@@ -338,27 +347,44 @@ fn q8_activation_dots_every_tier() {
         let x: Vec<f32> = (0..3 * cols).map(|_| rng.f32()).collect();
         let (mut a, mut b) = (vec![0f32; 15], vec![0f32; 15]);
         m.matmul_q8(&x, &mut a, &pools[1]).unwrap();
-        m.matmul_f32_order(&x, &mut b, &pools[1], F16DotOrder::Ggml).unwrap();
+        m.matmul_f32_order(&x, &mut b, &pools[1], F16DotOrder::Ggml)
+            .unwrap();
         assert_eq!(a, b, "{ty:?}");
     }
 }
 
-/// `matmul_q8`: a token's outputs do not depend on the other tokens of the call.
+/// `matmul_q8`: a token's outputs do not depend on the other tokens of the call (F16 rows go
+/// through the multi-token kernel in groups of up to three, with a ragged K too).
 #[test]
 fn q8_path_is_batch_invariant() {
     let mut rng = Rng::new(77);
-    let pool = Pool::new(2);
-    for ty in [RowType::F16, RowType::Q8_0, RowType::Q4_0, RowType::Q6K] {
-        let (rows, cols) = (23, 512);
+    let pools = [Pool::new(1), Pool::new(2)];
+    for (ty, cols) in [
+        (RowType::F16, 517),
+        (RowType::F16, 512),
+        (RowType::Q8_0, 512),
+        (RowType::Q4_0, 512),
+        (RowType::Q6K, 512),
+    ] {
+        let rows = 23;
         let data = random_rows(&mut rng, ty, rows, cols);
         let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&data)).unwrap();
-        let x: Vec<f32> = (0..4 * cols).map(|_| rng.f32()).collect();
-        let mut all = vec![0f32; 4 * rows];
-        m.matmul_q8(&x, &mut all, &pool).unwrap();
-        for t in 0..4 {
-            let mut one = vec![0f32; rows];
-            m.matmul_q8(&x[t * cols..(t + 1) * cols], &mut one, &pool).unwrap();
-            assert_eq!(one, all[t * rows..(t + 1) * rows], "{ty:?} token {t}");
+        for n_tok in [2usize, 3, 4, 5, 7] {
+            let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32()).collect();
+            for pool in &pools {
+                let mut all = vec![0f32; n_tok * rows];
+                m.matmul_q8(&x, &mut all, pool).unwrap();
+                for t in 0..n_tok {
+                    let mut one = vec![0f32; rows];
+                    m.matmul_q8(&x[t * cols..(t + 1) * cols], &mut one, pool)
+                        .unwrap();
+                    assert_eq!(
+                        one,
+                        all[t * rows..(t + 1) * rows],
+                        "{ty:?} {n_tok} tokens, token {t}"
+                    );
+                }
+            }
         }
     }
 }

@@ -42,6 +42,9 @@ pub(crate) const TABLE_BASE: Kernels = Kernels {
     f32_dot,
     q8_0_q8,
     q4_0_q8,
+    f16_dot_ggml_multi,
+    q8_0_q8_multi,
+    q4_0_q8_multi,
 };
 
 /// Dispatch a tile kernel over a const token count.
@@ -776,6 +779,79 @@ unsafe fn f16_dot_ggml_impl(row: &[u8], x: &[f32]) -> f32 {
     r
 }
 
+fn f16_dot_ggml_multi(row: &[u8], xs: &[&[f32]], out: &mut [f32]) {
+    let n = xs.len().min(out.len());
+    let mut t = 0;
+    while t < n {
+        let k = xs[t].len();
+        // Up to three tokens of equal length share each converted F16 chunk (twelve
+        // accumulators fit the sixteen registers); anything else goes one by one.
+        let g = (n - t).min(3);
+        let same = xs[t..t + g].iter().all(|x| x.len() == k) && row.len() >= 2 * k;
+        // SAFETY: AVX2+FMA+F16C detected before this table is used; every x has length k
+        // and the row holds ≥ k f16 values.
+        unsafe {
+            match g {
+                3 if same => {
+                    let r = f16_dot_ggml_nt::<3>(row, [xs[t], xs[t + 1], xs[t + 2]]);
+                    out[t..t + 3].copy_from_slice(&r);
+                }
+                2.. if same => {
+                    let r = f16_dot_ggml_nt::<2>(row, [xs[t], xs[t + 1]]);
+                    out[t..t + 2].copy_from_slice(&r);
+                }
+                _ => out[t] = f16_dot_ggml(row, xs[t]),
+            }
+        }
+        t += if same { g } else { 1 };
+    }
+}
+
+/// [`f16_dot_ggml_impl`] for `NT` tokens at once: the same per-token accumulators and
+/// reduction, each chunk of the row converted once.
+///
+/// # Safety
+/// AVX2, FMA, F16C available; every `xs[t].len() == k` and `row.len() ≥ 2k`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // lane-parallel indexing over tokens and accumulators
+unsafe fn f16_dot_ggml_nt<const NT: usize>(row: &[u8], xs: [&[f32]; NT]) -> [f32; NT] {
+    let k = xs[0].len();
+    let main = k - k % 32;
+    let mut acc = [[_mm256_setzero_ps(); 4]; NT];
+    let mut c = 0;
+    while c < main {
+        prefetch_ahead(row, 2 * c);
+        for j in 0..4 {
+            let i = c + 8 * j;
+            // SAFETY: i + 8 ≤ main ≤ k for the row and every token.
+            let w = unsafe { load_f16x8(row, i) };
+            for t in 0..NT {
+                // SAFETY: as above.
+                let xv = unsafe { load_f32x8(xs[t], i) };
+                acc[t][j] = _mm256_fmadd_ps(w, xv, acc[t][j]);
+            }
+        }
+        c += 32;
+    }
+    let mut out = [0f32; NT];
+    for t in 0..NT {
+        let a = &acc[t];
+        let a = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+        let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let h = _mm_hadd_ps(v, v);
+        let h = _mm_hadd_ps(h, h);
+        let mut sum = f64::from(_mm_cvtss_f32(h));
+        for (i, &xi) in xs[t].iter().enumerate().skip(main) {
+            let w = half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32();
+            sum += f64::from(w * xi);
+        }
+        #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the defined result
+        let r = sum as f32;
+        out[t] = r;
+    }
+    out
+}
+
 fn f16_dot_tiny(row: &[u8], x: &[f32]) -> f32 {
     if row.len() < 2 * x.len() {
         return scalar::f16_dot_tiny(row, x);
@@ -963,6 +1039,115 @@ unsafe fn q8_blocks_impl<const Q4: bool>(row: &[u8], xq: &[i8], xd: &[f32]) -> f
         acc = _mm256_fmadd_ps(d, lanes, acc);
     }
     reduce8_tiny(acc)
+}
+
+fn q8_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]) {
+    q8_multi_groups::<false>(row, xq, xd, cols, out);
+}
+
+fn q4_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]) {
+    q8_multi_groups::<true>(row, xq, xd, cols, out);
+}
+
+/// Tokens in groups of up to four through [`q8_blocks_nt`]; inputs that do not hold every
+/// token's codes and scales go to the scalar definition.
+fn q8_multi_groups<const Q4: bool>(
+    row: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let n = out.len();
+    let nb = cols / 32;
+    let wbytes = if Q4 { 18 } else { 34 };
+    if !cols.is_multiple_of(32)
+        || xq.len() < n * cols
+        || xd.len() < n * nb
+        || row.len() < nb * wbytes
+    {
+        return if Q4 {
+            scalar::q4_0_q8_multi(row, xq, xd, cols, out)
+        } else {
+            scalar::q8_0_q8_multi(row, xq, xd, cols, out)
+        };
+    }
+    let mut t = 0;
+    while t < n {
+        let g = (n - t).min(4);
+        let (q, d) = (&xq[t * cols..], &xd[t * nb..]);
+        // SAFETY: AVX2+FMA+F16C detected before this table is used; the row holds nb blocks
+        // and tokens t..t+g have cols codes and nb scales each (checked above).
+        unsafe {
+            match g {
+                4 => out[t..t + 4].copy_from_slice(&q8_blocks_nt::<4, Q4>(row, q, d, cols)),
+                3 => out[t..t + 3].copy_from_slice(&q8_blocks_nt::<3, Q4>(row, q, d, cols)),
+                2 => out[t..t + 2].copy_from_slice(&q8_blocks_nt::<2, Q4>(row, q, d, cols)),
+                _ => out[t] = q8_blocks_impl::<Q4>(row, &q[..cols], &d[..nb]),
+            }
+        }
+        t += g;
+    }
+}
+
+/// [`q8_blocks_impl`] for `NT` tokens: each weight block loaded, sign-split and its scale
+/// converted once; per token the same operations in the same order.
+///
+/// # Safety
+/// AVX2, FMA, F16C available; `cols % 32 == 0`; the row holds `cols/32` blocks; `xq` holds
+/// `NT·cols` codes and `xd` `NT·cols/32` scales.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // lane-parallel indexing over tokens
+unsafe fn q8_blocks_nt<const NT: usize, const Q4: bool>(
+    row: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    cols: usize,
+) -> [f32; NT] {
+    let wbytes = if Q4 { 18 } else { 34 };
+    let nb = cols / 32;
+    let ones = _mm256_set1_epi16(1);
+    let m4 = _mm_set1_epi8(15);
+    let eight = _mm256_set1_epi8(8);
+    let mut acc = [_mm256_setzero_ps(); NT];
+    for b in 0..nb {
+        prefetch_ahead(row, wbytes * b);
+        let wo = wbytes * b;
+        // SAFETY: b < nb: the block's bytes exist (contract).
+        let (dbits, w) = unsafe {
+            // The f16 scale's bits (x86 is little-endian, as the format is).
+            let dbits = std::ptr::read_unaligned(row.as_ptr().add(wo).cast::<i16>());
+            let w = if Q4 {
+                let v = _mm_loadu_si128(row.as_ptr().add(wo + 2).cast());
+                let lo = _mm_and_si128(v, m4);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
+                _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight)
+            } else {
+                _mm256_loadu_si256(row.as_ptr().add(wo + 2).cast())
+            };
+            (dbits, w)
+        };
+        let aw = _mm256_sign_epi8(w, w);
+        let dw = _mm256_cvtph_ps(_mm_set1_epi16(dbits));
+        for t in 0..NT {
+            // SAFETY: token t's codes t·cols + 32b .. +32 and scale t·nb + b exist (contract).
+            let (x, dx) = unsafe {
+                (
+                    _mm256_loadu_si256(xq.as_ptr().add(t * cols + 32 * b).cast()),
+                    *xd.get_unchecked(t * nb + b),
+                )
+            };
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(dx));
+            let p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+            let lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+            acc[t] = _mm256_fmadd_ps(d, lanes, acc[t]);
+        }
+    }
+    let mut out = [0f32; NT];
+    for t in 0..NT {
+        out[t] = reduce8_tiny(acc[t]);
+    }
+    out
 }
 
 fn bf16_dot(row: &[u8], x: &[f32]) -> f32 {

@@ -36,6 +36,9 @@ pub(crate) static TABLE: Kernels = Kernels {
     f32_dot: scalar::f32_dot_lanes8,
     q8_0_q8: scalar::q8_0_q8,
     q4_0_q8: scalar::q4_0_q8,
+    f16_dot_ggml_multi: scalar::f16_dot_ggml_multi,
+    q8_0_q8_multi: scalar::q8_0_q8_multi,
+    q4_0_q8_multi: scalar::q4_0_q8_multi,
 };
 
 /// Hint the cache line 3 KiB past `p[off]` (the weight stream's read-ahead distance, as in

@@ -229,12 +229,22 @@ pub(crate) fn q4_0_dot(row: &[u8], x: &[f32]) -> f32 {
     reduce8_tiny(&acc)
 }
 
+/// [`f16_dot_ggml`] of one row with each of several tokens (the definition the SIMD tiers'
+/// multi-token kernels reproduce bit for bit).
+pub(crate) fn f16_dot_ggml_multi(row: &[u8], xs: &[&[f32]], out: &mut [f32]) {
+    for (o, x) in out.iter_mut().zip(xs) {
+        *o = f16_dot_ggml(row, x);
+    }
+}
+
 /// Q8_0 row · activations quantized per 32: codes `xq` (|q| ≤ 127), scales `xd`.
 /// Order: per block, lane l of 8 holds the exact i32 sum of elements 4l..4l+4 (w·x), then
 /// `acc[l] = fma(d_w·d_x, lane as f32, acc[l])` (|lane| ≤ 4·128·127, exact in f32);
 /// finally [`reduce8_tiny`]. Blocks past the shortest input are ignored.
 pub(crate) fn q8_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
-    q8_blocks(row, 34, xq, xd, |blk, e| i32::from(i8::from_le_bytes([blk[2 + e]])))
+    q8_blocks(row, 34, xq, xd, |blk, e| {
+        i32::from(i8::from_le_bytes([blk[2 + e]]))
+    })
 }
 
 /// Q4_0 row (integer `nibble − 8`, element layout as in [`q4_0_dot`]) · activations
@@ -244,6 +254,30 @@ pub(crate) fn q4_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
         let byte = blk[2 + e % 16];
         i32::from(if e < 16 { byte & 15 } else { byte >> 4 }) - 8
     })
+}
+
+/// [`q8_0_q8`] per token (the definition of the multi-token kernels).
+pub(crate) fn q8_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]) {
+    let nb = cols / 32;
+    for (t, o) in out.iter_mut().enumerate() {
+        *o = q8_0_q8(
+            row,
+            &xq[t * cols..(t + 1) * cols],
+            &xd[t * nb..(t + 1) * nb],
+        );
+    }
+}
+
+/// [`q4_0_q8`] per token.
+pub(crate) fn q4_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]) {
+    let nb = cols / 32;
+    for (t, o) in out.iter_mut().enumerate() {
+        *o = q4_0_q8(
+            row,
+            &xq[t * cols..(t + 1) * cols],
+            &xd[t * nb..(t + 1) * nb],
+        );
+    }
 }
 
 /// The shared order of [`q8_0_q8`] / [`q4_0_q8`]: `w(blk, e)` is element e of a row block.
@@ -258,7 +292,9 @@ fn q8_blocks(
     for ((blk, xb), &dx) in row.chunks_exact(wbytes).zip(xq.chunks_exact(32)).zip(xd) {
         let d = crate::layout::read_f16(blk, 0) * dx;
         for (l, a) in acc.iter_mut().enumerate() {
-            let lane: i32 = (4 * l..4 * l + 4).map(|e| w(blk, e) * i32::from(xb[e])).sum();
+            let lane: i32 = (4 * l..4 * l + 4)
+                .map(|e| w(blk, e) * i32::from(xb[e]))
+                .sum();
             // |lane| ≤ 65024: exact in f32.
             #[allow(clippy::cast_precision_loss)]
             let lf = lane as f32;
