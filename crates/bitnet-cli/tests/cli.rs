@@ -273,3 +273,67 @@ fn chat_keeps_going_across_turns_and_exits_on_eof() {
     assert!(err.contains("conversation reset"), "{err}");
     assert!(!err.contains("error"), "{err}");
 }
+
+#[test]
+fn bench_json_reports_every_test_including_batched_decode() {
+    let out = bitnet(&[
+        "bench",
+        "-m",
+        &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "--threads-list",
+        "1,2",
+        "--batch",
+        "3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<(String, u64, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["test"].as_str().unwrap().to_string(),
+                r["threads"].as_u64().unwrap(),
+                r["batch"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    for t in [1, 2] {
+        assert!(names.contains(&("pp8".into(), t, 1)), "{names:?}");
+        assert!(names.contains(&("tg4".into(), t, 1)), "{names:?}");
+        assert!(names.contains(&("tg4x3".into(), t, 3)), "{names:?}");
+    }
+    for r in &rows {
+        let (lo, med, hi) = (
+            r["tok_s_min"].as_f64().unwrap(),
+            r["tok_s_median"].as_f64().unwrap(),
+            r["tok_s_max"].as_f64().unwrap(),
+        );
+        assert!(lo > 0.0 && lo <= med && med <= hi, "{r}");
+        assert!(r["bytes_per_token"].as_u64().unwrap() > 0);
+        assert!(r["peak_rss_bytes"].as_u64().unwrap() > 0);
+    }
+    let bad = bitnet(&[
+        "bench",
+        "-m",
+        &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+        "--batch",
+        "1",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--batch"));
+}

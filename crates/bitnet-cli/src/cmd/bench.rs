@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use bitnet_kernels::Pool;
-use bitnet_model::{Exec, Model, Outputs};
+use bitnet_model::{Exec, Model, Outputs, Seq};
 use serde_json::json;
 
 use super::common::{human_bytes, open_gguf, peak_rss_bytes, ModelArgs};
@@ -30,6 +30,11 @@ pub struct Args {
     /// One JSON object per test on stdout.
     #[arg(long)]
     json: bool,
+    /// Also measure batched decode: for each B listed (comma separated, ≥ 2), B sequences
+    /// decode together, one token each per step, as the server's continuous batching does;
+    /// reported as test `tg<N>x<B>` with the aggregate tok/s over all B sequences.
+    #[arg(long, value_delimiter = ',')]
+    batch: Vec<usize>,
 }
 
 /// GB/s of a plain parallel read of `buf` (the mapped model file: as large as what decode
@@ -109,6 +114,9 @@ pub fn run(a: Args) -> Result<()> {
     });
     let n_vocab = model.config.n_vocab;
     let n_ctx = (a.n_prompt + a.n_gen + 1).max(2);
+    if a.batch.iter().any(|&b| b < 2) {
+        bail!("--batch takes batch sizes of at least 2 (the single-sequence test is tg)");
+    }
     let bytes_per_token = model.bytes_per_token() as u64;
     if !a.json {
         println!(
@@ -132,7 +140,7 @@ pub fn run(a: Args) -> Result<()> {
             numerics: a.model.numerics,
             trace: None,
         };
-        let mut tests: Vec<(String, Vec<f64>)> = Vec::new();
+        let mut tests: Vec<(String, usize, Vec<f64>)> = Vec::new();
         if a.n_prompt > 0 {
             let prompt = tokens(a.n_prompt, n_vocab, 1);
             let mut rates = Vec::new();
@@ -145,7 +153,7 @@ pub fn run(a: Args) -> Result<()> {
                     rates.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
                 }
             }
-            tests.push((format!("pp{}", a.n_prompt), rates));
+            tests.push((format!("pp{}", a.n_prompt), 1, rates));
         }
         if a.n_gen > 0 {
             let mut rates = Vec::new();
@@ -166,12 +174,54 @@ pub fn run(a: Args) -> Result<()> {
                     rates.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
                 }
             }
-            tests.push((format!("tg{}", a.n_gen), rates));
+            tests.push((format!("tg{}", a.n_gen), 1, rates));
+        }
+        for &b in a.batch.iter().filter(|&&b| b >= 2 && a.n_gen > 0) {
+            let mut rates = Vec::new();
+            for rep in 0..=a.repetitions {
+                let mut caches = Vec::with_capacity(b);
+                let mut next = Vec::with_capacity(b);
+                for i in 0..b {
+                    let mut cache = model.new_cache(n_ctx, a.model.kv_cache, u64::MAX)?;
+                    let seed = 2 + u64::try_from(i).unwrap_or(0);
+                    let logits = model.forward(
+                        &tokens(1, n_vocab, seed),
+                        &mut cache,
+                        Outputs::Last,
+                        &mut exec,
+                    )?;
+                    next.push(bitnet_sampling::argmax(&logits).unwrap_or(0));
+                    caches.push(cache);
+                }
+                let t0 = Instant::now();
+                for _ in 0..a.n_gen {
+                    let mut seqs: Vec<Seq<'_>> = caches
+                        .iter_mut()
+                        .zip(next.chunks(1))
+                        .map(|(cache, t)| Seq {
+                            tokens: t,
+                            cache,
+                            outputs: Outputs::Last,
+                        })
+                        .collect();
+                    let out = model.forward_seqs(&mut seqs, &mut exec)?;
+                    drop(seqs);
+                    for (n, l) in next.iter_mut().zip(&out) {
+                        *n = bitnet_sampling::argmax(l).unwrap_or(0);
+                    }
+                }
+                if rep > 0 {
+                    rates.push((a.n_gen * b) as f64 / t0.elapsed().as_secs_f64());
+                }
+            }
+            tests.push((format!("tg{}x{b}", a.n_gen), b, rates));
         }
         let bw = read_bandwidth(&pool, file.as_bytes());
-        for (name, rates) in tests {
+        for (name, batch, rates) in tests {
             let s = stat(rates);
-            let is_tg = name.starts_with("tg");
+            // Batched decode reads the weights once per step for several tokens: no
+            // per-token bandwidth figure.
+            let is_tg = name.starts_with("tg") && batch == 1;
             let gbs = if is_tg {
                 s.median * bytes_per_token as f64 / 1e9
             } else {
@@ -181,7 +231,7 @@ pub fn run(a: Args) -> Result<()> {
                 println!(
                     "{}",
                     json!({
-                        "test": name, "threads": t, "tok_s_median": s.median, "tok_s_min": s.min, "tok_s_max": s.max,
+                        "test": name, "threads": t, "batch": batch, "tok_s_median": s.median, "tok_s_min": s.min, "tok_s_max": s.max,
                         "bytes_per_token": bytes_per_token, "achieved_gb_s": if is_tg { Some(gbs) } else { None },
                         "read_gb_s": bw, "ratio_to_read": if is_tg { Some(gbs / bw) } else { None },
                         "peak_rss_bytes": peak_rss_bytes(), "numerics": format!("{:?}", a.model.numerics),
