@@ -246,14 +246,14 @@ impl GgmlType {
     /// the parser does not require this size; it only bounds-checks against available bytes.
     pub fn nbytes(&self, n_elements: u64) -> Option<u64> {
         if *self == GgmlType::I2S {
-            return if n_elements % 4 == 0 {
+            return if n_elements.is_multiple_of(4) {
                 (n_elements / 4).checked_add(32)
             } else {
                 None
             };
         }
         let (elems, bytes) = self.block()?;
-        if n_elements % elems != 0 {
+        if !n_elements.is_multiple_of(elems) {
             return None;
         }
         (n_elements / elems).checked_mul(bytes)

@@ -169,7 +169,7 @@ impl<W: Write> GgufWriter<W> {
         if !(36..=39).contains(&type_id) {
             let t = GgmlType::from_id(type_id, false);
             if let (Some(be), Some(expected)) = (t.block_elems(), t.nbytes(n)) {
-                if dims[0] % be != 0 {
+                if !dims[0].is_multiple_of(be) {
                     return Err(GgufError::BadDims {
                         tensor: name.to_owned(),
                         reason: format!(

@@ -150,7 +150,7 @@ impl SynthSpec {
         if dims.iter().any(|&d| d > MAX_DIM) {
             return bad("dimension too large");
         }
-        if self.n_embd % self.n_head != 0 || self.n_head % self.n_head_kv != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) || !self.n_head.is_multiple_of(self.n_head_kv) {
             return bad("n_embd must be a multiple of n_head, and n_head of n_head_kv");
         }
         let blk = match self.layout {
@@ -158,7 +158,7 @@ impl SynthSpec {
             WeightLayout::Tq2_0 | WeightLayout::Tq1_0 | WeightLayout::Qk256 => 256,
             WeightLayout::BitNet32F16 | WeightLayout::Split32WithSibling => 32,
         };
-        if self.n_embd % blk != 0 || self.n_ff % blk != 0 {
+        if !self.n_embd.is_multiple_of(blk) || !self.n_ff.is_multiple_of(blk) {
             return Err(SynthError::Shape(format!(
                 "n_embd and n_ff must be multiples of {blk} for {:?}",
                 self.layout
