@@ -286,7 +286,7 @@ fn bench_json_reports_every_test_including_batched_decode() {
         "4",
         "-r",
         "2",
-        "--threads-list",
+        "-t",
         "1,2",
         "--batch",
         "3",
@@ -336,4 +336,18 @@ fn bench_json_reports_every_test_including_batched_decode() {
     ]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--batch"));
+    // A thread list is for bench only.
+    let bad = bitnet(&[
+        "run",
+        "-m",
+        &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+        "-t",
+        "1,2",
+        "-p",
+        "a",
+        "-n",
+        "1",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("-t takes one thread count"));
 }

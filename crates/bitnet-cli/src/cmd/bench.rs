@@ -21,7 +21,8 @@ pub struct Args {
     /// Generated tokens for the tg test (0 = skip).
     #[arg(short = 'n', long, default_value_t = 64)]
     n_gen: usize,
-    /// Thread counts to test, comma separated (default: 1 and the physical core count).
+    /// Thread counts to test, comma separated, like `-t 1,2` (default: 1 and the physical
+    /// core count).
     #[arg(long = "threads-list", value_delimiter = ',')]
     threads_list: Option<Vec<usize>>,
     /// Repetitions per test.
@@ -104,7 +105,14 @@ pub fn run(a: Args) -> Result<()> {
     let file = open_gguf(&path, a.model.in_memory)?;
     let mut model = Model::load(&file).context("cannot load model")?;
     super::common::apply_lm_head(&mut model, &a.model, &Pool::new(a.model.threads()))?;
-    let threads = a.threads_list.clone().unwrap_or_else(|| {
+    let listed = a
+        .threads_list
+        .clone()
+        .or_else(|| (!a.model.threads.is_empty()).then(|| a.model.threads.clone()));
+    if listed.as_ref().is_some_and(|l| l.contains(&0)) {
+        bail!("thread counts must be at least 1");
+    }
+    let threads = listed.unwrap_or_else(|| {
         let t = a.model.threads();
         if t > 1 {
             vec![1, t]

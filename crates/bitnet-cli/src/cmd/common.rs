@@ -73,9 +73,9 @@ pub struct ModelArgs {
         default_value = "microsoft/bitnet-b1.58-2B-4T-gguf:ggml-model-i2_s.gguf"
     )]
     pub hf: String,
-    /// Threads (default: physical cores).
-    #[arg(short, long)]
-    pub threads: Option<usize>,
+    /// Threads (default: physical cores). `bench` also takes a comma-separated list.
+    #[arg(short, long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
     /// Context size in tokens (default: the model's training context, at most 4096).
     #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
@@ -154,8 +154,24 @@ impl ModelArgs {
         }
     }
 
+    /// The thread count (the first of a list; [`Self::single_threads`] refuses lists).
     pub fn threads(&self) -> usize {
-        self.threads.unwrap_or_else(default_threads)
+        self.threads
+            .first()
+            .copied()
+            .unwrap_or_else(default_threads)
+            .max(1)
+    }
+
+    /// The thread count for commands that run one configuration: a list is an error.
+    pub fn single_threads(&self) -> Result<usize> {
+        if self.threads.len() > 1 {
+            anyhow::bail!("-t takes one thread count here (a comma-separated list is for `bench`)");
+        }
+        if self.threads.first() == Some(&0) {
+            anyhow::bail!("-t must be at least 1");
+        }
+        Ok(self.threads())
     }
 
     pub fn pre_tokenizer(&self) -> Result<Option<bitnet_tokenizer::PreTokenizer>> {
@@ -168,12 +184,13 @@ impl ModelArgs {
 
 /// Build the engine over an opened file.
 pub fn load_engine<'a>(file: &'a GgufFile, a: &ModelArgs) -> Result<bitnet_engine::Engine<'a>> {
+    let threads = a.single_threads()?;
     let mut model = bitnet_model::Model::load(file).context("cannot load model")?;
-    apply_lm_head(&mut model, a, &bitnet_kernels::Pool::new(a.threads()))?;
+    apply_lm_head(&mut model, a, &bitnet_kernels::Pool::new(threads))?;
     let tokenizer = bitnet_tokenizer::Tokenizer::from_gguf(file.metadata(), a.pre_tokenizer()?)
         .context("cannot build the tokenizer")?;
     let opts = bitnet_engine::EngineOptions {
-        threads: a.threads(),
+        threads,
         numerics: a.numerics,
         kv_type: a.kv_cache,
         ..Default::default()

@@ -122,7 +122,7 @@ pub fn run(a: Args) -> Result<()> {
         b.finish_and_clear();
         Ok(engine)
     };
-    let threads = a.model.threads();
+    let threads = a.model.single_threads()?;
     bitnet_server::run_blocking(addr, cfg, loader, move |ev| match ev {
         Lifecycle::Listening(addr) => {
             eprintln!("bitnet serve: listening on http://{addr} ({auth}); loading the model…")
