@@ -987,6 +987,31 @@ unsafe fn q4_0_dot_impl(row: &[u8], x: &[f32]) -> f32 {
     reduce8_tiny(acc)
 }
 
+/// A Q8_0 (or, with `Q4`, Q4_0) block at `row[wo..]`: its f16 scale's bits and its 32
+/// integers as i8 (Q4_0: `nibble − 8`, elements 0..16 from the low nibbles).
+///
+/// # Safety
+/// AVX2 available; `wo + 34` (Q4_0: `wo + 18`) ≤ `row.len()`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load_q_block<const Q4: bool>(row: &[u8], wo: usize) -> (i16, __m256i) {
+    // SAFETY: in bounds by the contract; unaligned reads. The scale's bits are little-endian
+    // in the format, as x86 is.
+    unsafe {
+        let dbits = std::ptr::read_unaligned(row.as_ptr().add(wo).cast::<i16>());
+        let w = if Q4 {
+            let v = _mm_loadu_si128(row.as_ptr().add(wo + 2).cast());
+            let m4 = _mm_set1_epi8(15);
+            let lo = _mm_and_si128(v, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
+            _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
+        } else {
+            _mm256_loadu_si256(row.as_ptr().add(wo + 2).cast())
+        };
+        (dbits, w)
+    }
+}
+
 fn q8_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
     // SAFETY: AVX2+FMA+F16C detected before this table is used; the kernel reads only whole
     // blocks of every slice.
@@ -1009,26 +1034,17 @@ unsafe fn q8_blocks_impl<const Q4: bool>(row: &[u8], xq: &[i8], xd: &[f32]) -> f
     let wbytes = if Q4 { 18 } else { 34 };
     let nb = (row.len() / wbytes).min(xq.len() / 32).min(xd.len());
     let ones = _mm256_set1_epi16(1);
-    let m4 = _mm_set1_epi8(15);
-    let eight = _mm256_set1_epi8(8);
     let mut acc = _mm256_setzero_ps();
     for (b, &dx) in xd.iter().enumerate().take(nb) {
         // Every block (blocks straddle lines; one prefetch per 64 bytes would skip some).
         prefetch_ahead(row, wbytes * b);
         let wo = wbytes * b;
         // SAFETY: b < nb, so bytes wo..wo+wbytes of the row and codes 32b..32b+32 exist.
-        let (dbits, w, x) = unsafe {
-            // The f16 scale's bits (x86 is little-endian, as the format is).
-            let dbits = std::ptr::read_unaligned(row.as_ptr().add(wo).cast::<i16>());
-            let w = if Q4 {
-                let v = _mm_loadu_si128(row.as_ptr().add(wo + 2).cast());
-                let lo = _mm_and_si128(v, m4);
-                let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
-                _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight)
-            } else {
-                _mm256_loadu_si256(row.as_ptr().add(wo + 2).cast())
-            };
-            (dbits, w, _mm256_loadu_si256(xq.as_ptr().add(32 * b).cast()))
+        let ((dbits, w), x) = unsafe {
+            (
+                load_q_block::<Q4>(row, wo),
+                _mm256_loadu_si256(xq.as_ptr().add(32 * b).cast()),
+            )
         };
         // The f16 scale broadcast before converting (a full-register conversion has no
         // dependency on a stale register), times the activation scale: d_w·d_x in f32.
@@ -1107,26 +1123,12 @@ unsafe fn q8_blocks_nt<const NT: usize, const Q4: bool>(
     let wbytes = if Q4 { 18 } else { 34 };
     let nb = cols / 32;
     let ones = _mm256_set1_epi16(1);
-    let m4 = _mm_set1_epi8(15);
-    let eight = _mm256_set1_epi8(8);
     let mut acc = [_mm256_setzero_ps(); NT];
     for b in 0..nb {
         prefetch_ahead(row, wbytes * b);
         let wo = wbytes * b;
         // SAFETY: b < nb: the block's bytes exist (contract).
-        let (dbits, w) = unsafe {
-            // The f16 scale's bits (x86 is little-endian, as the format is).
-            let dbits = std::ptr::read_unaligned(row.as_ptr().add(wo).cast::<i16>());
-            let w = if Q4 {
-                let v = _mm_loadu_si128(row.as_ptr().add(wo + 2).cast());
-                let lo = _mm_and_si128(v, m4);
-                let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
-                _mm256_sub_epi8(_mm256_set_m128i(hi, lo), eight)
-            } else {
-                _mm256_loadu_si256(row.as_ptr().add(wo + 2).cast())
-            };
-            (dbits, w)
-        };
+        let (dbits, w) = unsafe { load_q_block::<Q4>(row, wo) };
         let aw = _mm256_sign_epi8(w, w);
         let dw = _mm256_cvtph_ps(_mm_set1_epi16(dbits));
         for t in 0..NT {
