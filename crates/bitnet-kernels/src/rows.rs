@@ -328,36 +328,33 @@ impl<'a> RowMatrix<'a> {
             _ => None,
         }
         .filter(|_| q8_act && cols.is_multiple_of(32));
-        if let Some((dot, multi)) = int_dot {
+        // Row kernels that take every token at once: `g(row, y)` writes y[t] for all tokens.
+        type AllTokens<'g> = Box<dyn Fn(&[u8], &mut [f32]) + Sync + 'g>;
+        let all_tokens: Option<AllTokens<'_>> = if let Some((dot, multi)) = int_dot {
             let (xq, xd) = quantize_q8_act(x, cols)?;
             let nb = cols / 32;
-            let outp = crate::pool::SharedMut::new(out);
-            let f = |rows: Range<usize>| {
-                let mut y = vec![0f32; n_tok];
-                for r in rows {
-                    let row = self.row(r);
-                    if n_tok == 1 {
-                        y[0] = dot(row, &xq, &xd[..nb]);
-                    } else {
-                        multi(row, &xq, &xd, cols, &mut y);
-                    }
-                    for (t, &v) in y.iter().enumerate() {
-                        // SAFETY: t < n_tok, r < rows; rows are disjoint between chunks.
-                        unsafe { outp.write(t * self.rows + r, v) };
-                    }
+            Some(Box::new(move |row: &[u8], y: &mut [f32]| {
+                if n_tok == 1 {
+                    y[0] = dot(row, &xq, &xd[..nb]);
+                } else {
+                    multi(row, &xq, &xd, cols, y);
                 }
-            };
-            pool.for_rows(self.rows, 16, &f);
-            return Ok(());
-        }
-        if self.ty == RowType::F16 && order == F16DotOrder::Ggml && n_tok > 1 {
+            }))
+        } else if self.ty == RowType::F16 && order == F16DotOrder::Ggml && n_tok > 1 {
             // Each row read once for all tokens, each F16 chunk converted once.
             let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
+            Some(Box::new(move |row: &[u8], y: &mut [f32]| {
+                (kern.f16_dot_ggml_multi)(row, &xs, y);
+            }))
+        } else {
+            None
+        };
+        if let Some(g) = all_tokens {
             let outp = crate::pool::SharedMut::new(out);
             let f = |rows: Range<usize>| {
                 let mut y = vec![0f32; n_tok];
                 for r in rows {
-                    (kern.f16_dot_ggml_multi)(self.row(r), &xs, &mut y);
+                    g(self.row(r), &mut y);
                     for (t, &v) in y.iter().enumerate() {
                         // SAFETY: t < n_tok, r < rows; rows are disjoint between chunks.
                         unsafe { outp.write(t * self.rows + r, v) };
