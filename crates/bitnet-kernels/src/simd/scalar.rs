@@ -258,25 +258,32 @@ pub(crate) fn q4_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
 
 /// [`q8_0_q8`] per token (the definition of the multi-token kernels).
 pub(crate) fn q8_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]) {
-    let nb = cols / 32;
-    for (t, o) in out.iter_mut().enumerate() {
-        *o = q8_0_q8(
-            row,
-            &xq[t * cols..(t + 1) * cols],
-            &xd[t * nb..(t + 1) * nb],
-        );
-    }
+    per_token(q8_0_q8, row, xq, xd, cols, out);
 }
 
 /// [`q4_0_q8`] per token.
 pub(crate) fn q4_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]) {
-    let nb = cols / 32;
-    for (t, o) in out.iter_mut().enumerate() {
-        *o = q4_0_q8(
-            row,
-            &xq[t * cols..(t + 1) * cols],
-            &xd[t * nb..(t + 1) * nb],
-        );
+    per_token(q4_0_q8, row, xq, xd, cols, out);
+}
+
+/// `out[t] = dot(row, codes of token t, scales of token t)`; tokens missing from short
+/// inputs give 0 (callers pass whole tokens; this only keeps a bad call from panicking).
+fn per_token(
+    dot: fn(&[u8], &[i8], &[f32]) -> f32,
+    row: &[u8],
+    xq: &[i8],
+    xd: &[f32],
+    cols: usize,
+    out: &mut [f32],
+) {
+    let (cols, nb) = (cols.max(1), (cols / 32).max(1));
+    out.fill(0.0);
+    for ((o, q), d) in out
+        .iter_mut()
+        .zip(xq.chunks_exact(cols))
+        .zip(xd.chunks_exact(nb))
+    {
+        *o = dot(row, q, d);
     }
 }
 
