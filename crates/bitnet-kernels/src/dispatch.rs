@@ -90,10 +90,10 @@ fn has_neon() -> bool {
 /// (`nt ≤ TOKEN_TILE`), written to `out[ti·nb + b]`.
 pub(crate) type TernaryKernel =
     fn(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]);
-/// I2_S, one token, two rows at once: `[Σ u·q of row a, of row b]` for token `t`;
-/// `clean` = the rows hold no code 11 (the kernel may skip the fix-up).
-pub(crate) type I2sPairKernel =
-    fn(w_a: &[u8], w_b: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 2];
+/// I2_S, one token, four consecutive rows at once: `w4` holds the rows back to back (K/4
+/// bytes each); returns `Σ u·q` of each row for token `t`. `clean` = the rows hold no code 11
+/// (the kernel may skip the fix-up).
+pub(crate) type I2sQuadKernel = fn(w4: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 4];
 /// A float row dot: `row` (encoded bytes) · `x`.
 pub(crate) type RowDot = fn(row: &[u8], x: &[f32]) -> f32;
 /// A quantized row · activations quantized per 32 (Q8_0's quantizer): codes `xq` (|q| ≤ 127)
@@ -116,8 +116,9 @@ pub(crate) struct Kernels {
     pub i2s: TernaryKernel,
     /// I2_S for tensors verified to hold no code 11 (may skip the fix-up).
     pub i2s_clean: TernaryKernel,
-    /// Two I2_S rows for one token (decode matvecs), sharing the activation loads.
-    pub i2s_pair: I2sPairKernel,
+    /// Four I2_S rows for one token (decode matvecs), sharing the activation loads and
+    /// prefetching the rows as one stream; `None` where the per-row kernel is as good.
+    pub i2s_quad: Option<I2sQuadKernel>,
     pub tq2: TernaryKernel,
     pub tq1: TernaryKernel,
     pub bitnet32: TernaryKernel,
@@ -145,7 +146,7 @@ static SCALAR: Kernels = Kernels {
     isa: Isa::Scalar,
     i2s: scalar::i2s,
     i2s_clean: scalar::i2s,
-    i2s_pair: scalar::i2s_pair,
+    i2s_quad: None,
     tq2: scalar::tq2,
     tq1: scalar::tq1,
     bitnet32: scalar::bitnet32,

@@ -459,9 +459,11 @@ impl<'a> TernaryMatrix<'a> {
             TernaryLayout::Qk256 => kern.qk256,
         };
         let outp = SharedMut::new(out);
-        let pair = (self.layout == TernaryLayout::I2S && n_tok == 1).then_some(kern.i2s_pair);
+        let quad = kern
+            .i2s_quad
+            .filter(|_| self.layout == TernaryLayout::I2S && n_tok == 1);
         let f = |rows: Range<usize>| {
-            self.rows_kernel(kernel, pair, &p, &bsum, s, rows, &outp);
+            self.rows_kernel(kernel, quad, &p, &bsum, s, rows, &outp);
         };
         runner(self.n_out, ROW_GRAIN, &f);
         Ok(())
@@ -489,7 +491,7 @@ impl<'a> TernaryMatrix<'a> {
     fn rows_kernel(
         &self,
         kernel: crate::dispatch::TernaryKernel,
-        pair: Option<crate::dispatch::I2sPairKernel>,
+        quad: Option<crate::dispatch::I2sQuadKernel>,
         p: &Prepared<'_>,
         bsum: &[i32],
         s: &[f32],
@@ -500,11 +502,12 @@ impl<'a> TernaryMatrix<'a> {
         let nb = self.nb;
         let off = self.layout.code_offset();
         let mut rows = rows;
-        if let (Some(pair), Scales::Tensor(beta)) = (pair, self.scales) {
-            // I2_S matvec: two rows per call, same integers and float steps as below.
-            while rows.len() >= 2 {
+        if let (Some(quad), Scales::Tensor(beta)) = (quad, self.scales) {
+            // I2_S matvec: four rows per call, same integers and float steps as below.
+            while rows.len() >= 4 {
                 let r = rows.start;
-                let t = pair(self.row(r), self.row(r + 1), p, 0, self.codes_clean);
+                let w4 = &self.data[r * self.row_bytes..(r + 4) * self.row_bytes];
+                let t = quad(w4, p, 0, self.codes_clean);
                 for (i, raw) in t.iter().enumerate() {
                     // y = ((T as f32) / s) · β
                     let tt = raw - off * bsum[0];
@@ -512,7 +515,7 @@ impl<'a> TernaryMatrix<'a> {
                     // SAFETY: r + i < n_out and n_tok = 1; rows are disjoint between chunks.
                     unsafe { out.write(r + i, y) };
                 }
-                rows.start += 2;
+                rows.start += 4;
             }
         }
         let mut raw = vec![0i32; TOKEN_TILE * nb];
@@ -595,4 +598,77 @@ pub fn detect_candidates(
         v.push((layout, expected, k_ok && sib_ok && fits(expected)));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::supported_isas;
+    use crate::simd::scalar;
+
+    /// xorshift64, so the test needs no dependency.
+    fn rng(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// Every tier's four-row I2_S kernel against the scalar per-row kernel, on distinct random
+    /// rows (a swapped or mixed row fails), with code 11 present (checking kernel) and absent
+    /// (clean kernel), extreme and random activations, and K from one block to the model's.
+    #[test]
+    fn i2s_quad_matches_scalar_rows() {
+        let mut st = 0x9E37_79B9_7F4A_7C15u64;
+        let mut tested = 0;
+        for k in [128usize, 256, 640, 2560, 6912] {
+            let rb = k / 4;
+            for with_11 in [false, true] {
+                let w: Vec<u8> = (0..4 * rb)
+                    .map(|_| {
+                        let mut b = 0u8;
+                        for _ in 0..4 {
+                            let c = rng(&mut st) % if with_11 { 4 } else { 3 };
+                            b = (b << 2) | u8::try_from(c).unwrap_or(0);
+                        }
+                        b
+                    })
+                    .collect();
+                for acts in 0..3 {
+                    let x: Vec<i8> = (0..k)
+                        .map(|j| match acts {
+                            0 => 127,
+                            1 => {
+                                if j % 3 == 0 {
+                                    -128
+                                } else {
+                                    -127
+                                }
+                            }
+                            _ => i8::from_le_bytes([rng(&mut st).to_le_bytes()[0]]),
+                        })
+                        .collect();
+                    let p = Prepared::new(TernaryLayout::I2S, &x, k, 1);
+                    let want: [i32; 4] = std::array::from_fn(|r| {
+                        let mut o = [0i32; 1];
+                        scalar::i2s(&w[r * rb..(r + 1) * rb], &p, 0, 1, &mut o);
+                        o[0]
+                    });
+                    assert_eq!(scalar::i2s_quad(&w, &p, 0, !with_11), want);
+                    for isa in supported_isas() {
+                        let Some(quad) = kernels_for(isa).and_then(|t| t.i2s_quad) else {
+                            continue;
+                        };
+                        assert_eq!(
+                            quad(&w, &p, 0, !with_11),
+                            want,
+                            "{isa:?} K {k} code 11 {with_11} acts {acts}"
+                        );
+                        tested += 1;
+                    }
+                }
+            }
+        }
+        eprintln!("four-row kernels checked: {tested} cases");
+    }
 }

@@ -28,7 +28,7 @@ pub(crate) const TABLE_BASE: Kernels = Kernels {
     isa: Isa::Avx2,
     i2s,
     i2s_clean,
-    i2s_pair,
+    i2s_quad: Some(i2s_quad),
     tq2,
     tq1,
     bitnet32,
@@ -239,46 +239,64 @@ unsafe fn i2s_tile<const NT: usize, const SANITIZE: bool>(
     }
 }
 
-fn i2s_pair(w_a: &[u8], w_b: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 2] {
+fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 4] {
     let k = p.k;
-    if !k.is_multiple_of(128) || w_a.len() < k / 4 || w_b.len() < k / 4 || p.x.len() < (t + 1) * k {
-        return scalar::i2s_pair(w_a, w_b, p, t, clean);
+    if !k.is_multiple_of(128) || w4.len() < k || p.x.len() < (t + 1) * k {
+        return scalar::i2s_quad(w4, p, t, clean);
     }
-    // SAFETY: AVX2 detected before this table is used; lengths checked above.
+    // SAFETY: AVX2 detected before this table is used; lengths checked above (four rows of
+    // K/4 bytes each = K bytes).
     unsafe {
         if clean {
-            i2s_pair_impl::<false>(w_a, w_b, p.token(t))
+            i2s_quad_impl::<false>(w4, p.token(t))
         } else {
-            i2s_pair_impl::<true>(w_a, w_b, p.token(t))
+            i2s_quad_impl::<true>(w4, p.token(t))
         }
     }
 }
 
-/// Two rows, one token: the plane scheme of [`i2s_tile`] with the activation loads shared.
+/// How far ahead [`i2s_quad_impl`] prefetches, in bytes of its contiguous four-row stream
+/// (2–6 KiB measured alike on the development machine; 1–2 KiB clearly worse).
+const QUAD_PREFETCH_BYTES: usize = 4096;
+
+/// Four consecutive rows (`w4` = rows r..r+4, K/4 bytes each, back to back), one token: the
+/// plane scheme of [`i2s_tile`] with every activation load shared by four rows.
+///
+/// The rows lie back to back in memory, so the kernel reads one stream of 4·K/4 bytes, and it
+/// prefetches that stream in address order: block `bb` covers bytes 128·bb..128·bb+128 of the
+/// four-row span, and the lines `QUAD_PREFETCH_BYTES` past them are hinted. Prefetching each
+/// row separately (a per-row distance, as the single-row kernels do) hints the same lines but
+/// out of address order; on the development machine that streamed at 65–75 % of the plain
+/// read bandwidth, against 87–97 % for this order (2 threads, 6912×2560; BENCHMARKS.md).
 ///
 /// # Safety
-/// AVX2 available; `w_a.len(), w_b.len() ≥ K/4` and `x.len() = K`, K % 128 == 0.
+/// AVX2 available; `w4.len() ≥ K` (four rows of K/4 bytes) and `x.len() = K`, K % 128 == 0.
 #[target_feature(enable = "avx2")]
-unsafe fn i2s_pair_impl<const SANITIZE: bool>(w_a: &[u8], w_b: &[u8], x: &[i8]) -> [i32; 2] {
+unsafe fn i2s_quad_impl<const SANITIZE: bool>(w4: &[u8], x: &[i8]) -> [i32; 4] {
+    const R: usize = 4;
     let k = x.len();
+    let rb = k / 4;
     let m3 = _mm256_set1_epi8(3);
     let mc = _mm256_set1_epi8(0x0C);
     let m55 = _mm256_set1_epi8(0x55);
     let ones = _mm256_set1_epi16(1);
-    let ws = [w_a, w_b];
-    let mut acc = [_mm256_setzero_si256(); 2];
+    let mut acc = [_mm256_setzero_si256(); R];
     let nblk = k / 128;
+    let base = w4.as_ptr();
     let mut b = 0;
     while b < nblk {
         let span = (nblk - b).min(4);
-        let mut s1 = [_mm256_setzero_si256(); 2];
-        let mut s4 = [_mm256_setzero_si256(); 2];
+        let mut s1 = [_mm256_setzero_si256(); R];
+        let mut s4 = [_mm256_setzero_si256(); R];
         for bb in b..b + span {
             let o = 128 * bb;
-            if bb % 2 == 0 {
-                prefetch_ahead(w_a, 32 * bb);
-                prefetch_ahead(w_b, 32 * bb);
-            }
+            // The four rows' bytes 32·bb.. are consumed at the rate of 128 bytes per block:
+            // hint the two lines of that much of the linear stream, QUAD_PREFETCH_BYTES ahead.
+            let ahead = base.wrapping_add(128 * bb + QUAD_PREFETCH_BYTES);
+            // A prefetch never faults, whatever the address; the pointer (formed with
+            // wrapping_add) is never dereferenced.
+            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
             // SAFETY: o + 128 ≤ K = x.len().
             let (x0, x1, x2, x3) = unsafe {
                 (
@@ -288,9 +306,9 @@ unsafe fn i2s_pair_impl<const SANITIZE: bool>(w_a: &[u8], w_b: &[u8], x: &[i8]) 
                     loadx(x, o + 96),
                 )
             };
-            for (r, w_row) in ws.iter().enumerate() {
-                // SAFETY: 32·bb + 32 ≤ K/4 ≤ w_row.len().
-                let mut w = unsafe { load32(w_row, 32 * bb) };
+            for r in 0..R {
+                // SAFETY: r·K/4 + 32·bb + 32 ≤ 4·K/4 = K ≤ w4.len().
+                let mut w = unsafe { load32(w4, r * rb + 32 * bb) };
                 if SANITIZE {
                     let both =
                         _mm256_and_si256(_mm256_and_si256(w, _mm256_srli_epi16::<1>(w)), m55);
@@ -309,13 +327,13 @@ unsafe fn i2s_pair_impl<const SANITIZE: bool>(w_a: &[u8], w_b: &[u8], x: &[i8]) 
                 s4[r] = _mm256_add_epi16(s4[r], c);
             }
         }
-        for r in 0..2 {
+        for r in 0..R {
             let s16 = _mm256_add_epi16(s1[r], _mm256_srai_epi16::<2>(s4[r]));
             acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(s16, ones));
         }
         b += span;
     }
-    [hsum_i32(acc[0]), hsum_i32(acc[1])]
+    std::array::from_fn(|r| hsum_i32(acc[r]))
 }
 
 /// `Σ u·q` of one I2_S block (32 bytes of `w`, 128 activations).

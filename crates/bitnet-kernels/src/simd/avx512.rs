@@ -23,7 +23,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Avx512,
     i2s,
     i2s_clean: i2s,
-    i2s_pair: avx2::TABLE_BASE.i2s_pair,
+    i2s_quad: avx2::TABLE_BASE.i2s_quad,
     tq2,
     ..avx2::TABLE_BASE
 };

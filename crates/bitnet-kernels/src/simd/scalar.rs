@@ -24,19 +24,15 @@ pub(crate) fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mu
     }
 }
 
-/// I2_S for two rows and one token (the twin of the SIMD pair kernels).
-pub(crate) fn i2s_pair(
-    w_a: &[u8],
-    w_b: &[u8],
-    p: &Prepared<'_>,
-    t: usize,
-    _clean: bool,
-) -> [i32; 2] {
-    let mut a = [0i32; 1];
-    let mut b = [0i32; 1];
-    i2s(w_a, p, t, 1, &mut a);
-    i2s(w_b, p, t, 1, &mut b);
-    [a[0], b[0]]
+/// I2_S for four consecutive rows and one token (the twin of the SIMD four-row kernels):
+/// `w4` holds rows r..r+4 back to back, K/4 bytes each.
+pub(crate) fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, _clean: bool) -> [i32; 4] {
+    let rb = p.k / 4;
+    std::array::from_fn(|r| {
+        let mut o = [0i32; 1];
+        i2s(&w4[r * rb..(r + 1) * rb], p, t, 1, &mut o);
+        o[0]
+    })
 }
 
 /// TQ2_0: `out[ti·nb + b] = Σ_e c_e · q_(256b+e)`.
