@@ -266,7 +266,7 @@ const QUAD_PREFETCH_BYTES: usize = 4096;
 /// prefetches that stream in address order: block `bb` covers bytes 128·bb..128·bb+128 of the
 /// four-row span, and the lines `QUAD_PREFETCH_BYTES` past them are hinted. Prefetching each
 /// row separately (a per-row distance, as the single-row kernels do) hints the same lines but
-/// out of address order; on the development machine that streamed at 65–75 % of the plain
+/// out of address order; on the development machine that streamed at 68–79 % of the plain
 /// read bandwidth, against 87–97 % for this order (2 threads, 6912×2560; BENCHMARKS.md).
 ///
 /// # Safety

@@ -26,6 +26,7 @@ pub(crate) fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mu
 
 /// I2_S for four consecutive rows and one token (the twin of the SIMD four-row kernels):
 /// `w4` holds rows r..r+4 back to back, K/4 bytes each.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 tables have four-row kernels
 pub(crate) fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, _clean: bool) -> [i32; 4] {
     let rb = p.k / 4;
     std::array::from_fn(|r| {
