@@ -166,6 +166,10 @@ pub enum GgufError {
         limit: u64,
     },
 
+    /// A byte range handed to [`crate::GgufFile::release`] that does not lie in the file.
+    #[error("the {len}-byte range to release is not part of this file's bytes")]
+    NotInFile { len: usize },
+
     /// The writer was used out of order (data before header, wrong tensor, ...).
     #[error("GGUF writer misuse: {0}")]
     Writer(String),

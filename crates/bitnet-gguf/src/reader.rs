@@ -193,6 +193,50 @@ impl GgufFile {
         self.bytes()
     }
 
+    /// Tells the OS that the pages holding `bytes` (a sub-slice of [`Self::as_bytes`]) are
+    /// not needed for now. For a memory-mapped file they leave this process's resident set;
+    /// a later read faults them back in from the page cache or the file, with the same
+    /// contents, so slices borrowed from the file stay valid and unchanged. A no-op for a file
+    /// held in memory. Returns whether pages were released.
+    ///
+    /// Pages are whole: the first and last page of the range may also hold bytes of a
+    /// neighbouring tensor, which are then read back in when next used.
+    pub fn release(&self, bytes: &[u8]) -> Result<bool, GgufError> {
+        let all = self.bytes();
+        let not_in = || GgufError::NotInFile { len: bytes.len() };
+        let offset = bytes
+            .as_ptr()
+            .addr()
+            .checked_sub(all.as_ptr().addr())
+            .ok_or_else(not_in)?;
+        let end = offset.checked_add(bytes.len()).ok_or_else(not_in)?;
+        if end > all.len() {
+            return Err(not_in());
+        }
+        match &self.backing {
+            Backing::Owned(_) => Ok(false),
+            Backing::Mmap(_) if bytes.is_empty() => Ok(false),
+            #[cfg(unix)]
+            Backing::Mmap(m) => {
+                // SAFETY: the map is a shared, read-only mapping of a file (see `open`).
+                // MADV_DONTNEED on such a mapping only drops this process's page-table
+                // entries; the next access reads the same bytes back from the page cache or
+                // the file, so no borrowed slice observes a change. The range was checked to
+                // lie inside the map just above.
+                unsafe {
+                    m.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        offset,
+                        bytes.len(),
+                    )?;
+                }
+                Ok(true)
+            }
+            #[cfg(not(unix))]
+            Backing::Mmap(_) => Ok(false),
+        }
+    }
+
     /// Metadata key-value pairs in file order.
     pub fn metadata(&self) -> &Metadata {
         &self.parsed.metadata
