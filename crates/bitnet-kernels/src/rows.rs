@@ -404,6 +404,19 @@ impl<'a> RowMatrix<'a> {
         ty: RowType,
         pool: &Pool,
     ) -> Result<RowMatrix<'static>, KernelError> {
+        Self::quantize_from_releasing(src, ty, pool, &|_| {})
+    }
+
+    /// [`Self::quantize_from`], handing each run of at most [`RELEASE_ROWS`] source rows to
+    /// `release` once they are converted (in no particular order across threads), so a caller
+    /// whose source is memory-mapped can drop those pages as it goes and the source is never
+    /// resident in full beside the result.
+    pub fn quantize_from_releasing(
+        src: &RowMatrix<'_>,
+        ty: RowType,
+        pool: &Pool,
+        release: &(dyn Fn(&[u8]) + Sync),
+    ) -> Result<RowMatrix<'static>, KernelError> {
         let row_bytes = ty.row_bytes(src.cols)?;
         let total = src
             .rows
@@ -415,17 +428,27 @@ impl<'a> RowMatrix<'a> {
         let dst = crate::pool::SharedMut::new(&mut data);
         let f = |rows: Range<usize>| {
             let mut buf = vec![0f32; src.cols];
-            for r in rows {
-                dequantize_row_bytes(src.ty, src.row(r), &mut buf);
-                // SAFETY: row r's byte range is written only by the chunk holding r.
-                let out = unsafe { dst.slice_mut(r * row_bytes..(r + 1) * row_bytes) };
-                quantize_row_into(ty, &buf, out);
+            let mut start = rows.start;
+            while start < rows.end {
+                let end = (start + RELEASE_ROWS).min(rows.end);
+                for r in start..end {
+                    dequantize_row_bytes(src.ty, src.row(r), &mut buf);
+                    // SAFETY: row r's byte range is written only by the chunk holding r.
+                    let out = unsafe { dst.slice_mut(r * row_bytes..(r + 1) * row_bytes) };
+                    quantize_row_into(ty, &buf, out);
+                }
+                release(&src.data[start * src.row_bytes..end * src.row_bytes]);
+                start = end;
             }
         };
         pool.for_rows(src.rows, 16, &f);
         RowMatrix::new(ty, src.rows, src.cols, Cow::Owned(data))
     }
 }
+
+/// Source rows per call of the `release` hook of [`RowMatrix::quantize_from_releasing`]
+/// (1.3 MB of a 2560-wide F16 matrix).
+pub const RELEASE_ROWS: usize = 256;
 
 /// Dequantize one encoded row (`out.len()` elements; `row` must hold them).
 pub fn dequantize_row_bytes(ty: RowType, row: &[u8], out: &mut [f32]) {

@@ -217,6 +217,50 @@ fn row_dots_every_tier_matches_scalar_and_f64() {
     }
 }
 
+/// The release hook sees every source row exactly once, in runs of at most `RELEASE_ROWS`
+/// whole rows, each after its rows were converted; the result equals `quantize_from`'s.
+#[test]
+fn quantize_from_releasing_hands_back_each_row_once() {
+    use bitnet_kernels::rows::RELEASE_ROWS;
+    let mut rng = Rng::new(13);
+    let cols = 64;
+    let row_bytes = RowType::F16.row_bytes(cols).unwrap();
+    for (rows, threads) in [
+        (1usize, 1usize),
+        (255, 2),
+        (256, 2),
+        (1000, 3),
+        (2 * RELEASE_ROWS + 7, 2),
+    ] {
+        let data = random_rows(&mut rng, RowType::F16, rows, cols);
+        let src = RowMatrix::new(RowType::F16, rows, cols, Cow::Borrowed(&data)).unwrap();
+        let pool = Pool::new(threads);
+        let seen = std::sync::Mutex::new(Vec::new());
+        let base = data.as_ptr().addr();
+        let q = RowMatrix::quantize_from_releasing(&src, RowType::Q8_0, &pool, &|b| {
+            let start = b.as_ptr().addr() - base;
+            assert_eq!(start % row_bytes, 0);
+            assert_eq!(b.len() % row_bytes, 0);
+            assert!(b.len() / row_bytes <= RELEASE_ROWS);
+            seen.lock()
+                .unwrap()
+                .push(start / row_bytes..(start + b.len()) / row_bytes);
+        })
+        .unwrap();
+        let mut runs = seen.into_inner().unwrap();
+        runs.sort_by_key(|r| r.start);
+        let mut next = 0;
+        for r in &runs {
+            assert_eq!(r.start, next, "rows {rows}: runs {runs:?}");
+            assert!(r.end > r.start);
+            next = r.end;
+        }
+        assert_eq!(next, rows);
+        let want = RowMatrix::quantize_from(&src, RowType::Q8_0, &pool).unwrap();
+        assert_eq!(q.data(), want.data());
+    }
+}
+
 #[test]
 fn quantize_from_f16_embedding() {
     let mut rng = Rng::new(12);
