@@ -110,14 +110,20 @@ pub enum LmHead {
 }
 
 /// Replace the model's LM head with a quantized copy when asked (progress on stderr).
+///
+/// When `file` is memory-mapped, the pages of the source matrix (the F16 embedding of a tied
+/// head) are released as they are converted, so they are not resident beside the quantized
+/// copy: token embedding lookups later fault in only the rows they read. Returns the byte
+/// range of the file so released, if any.
 pub fn apply_lm_head(
     model: &mut bitnet_model::Model<'_>,
+    file: &GgufFile,
     a: &ModelArgs,
     pool: &bitnet_kernels::Pool,
-) -> Result<()> {
+) -> Result<Option<std::ops::Range<usize>>> {
     use bitnet_kernels::{RowMatrix, RowType};
     let ty = match a.lm_head {
-        LmHead::F16 => return Ok(()),
+        LmHead::F16 => return Ok(None),
         LmHead::Q8_0 => RowType::Q8_0,
         LmHead::Q6K => RowType::Q6K,
         LmHead::Q4_0 => RowType::Q4_0,
@@ -132,8 +138,28 @@ pub fn apply_lm_head(
     ));
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     let t = std::time::Instant::now();
-    let q = RowMatrix::quantize_from(model.lm_head(), ty, pool)?;
+    let release_error = std::sync::OnceLock::new();
+    let released = std::sync::atomic::AtomicBool::new(false);
+    let q = RowMatrix::quantize_from_releasing(model.lm_head(), ty, pool, &|bytes| {
+        match file.release(bytes) {
+            Ok(r) => released.fetch_or(r, std::sync::atomic::Ordering::Relaxed),
+            Err(e) => {
+                let _ = release_error.set(e.to_string());
+                false
+            }
+        };
+    })?;
     bar.finish_and_clear();
+    if let Some(e) = release_error.get() {
+        eprintln!("note: the source of the LM head stays resident ({e})");
+    }
+    let src = model.lm_head().data();
+    let range = src
+        .as_ptr()
+        .addr()
+        .checked_sub(file.as_bytes().as_ptr().addr())
+        .map(|start| start..start + src.len())
+        .filter(|_| released.into_inner() && release_error.get().is_none());
     eprintln!(
         "LM head: {:?}, {} in memory (was {}), built in {:.1} s",
         a.lm_head,
@@ -142,7 +168,7 @@ pub fn apply_lm_head(
         t.elapsed().as_secs_f64()
     );
     model.set_lm_head(q);
-    Ok(())
+    Ok(range)
 }
 
 impl ModelArgs {
@@ -186,7 +212,7 @@ impl ModelArgs {
 pub fn load_engine<'a>(file: &'a GgufFile, a: &ModelArgs) -> Result<bitnet_engine::Engine<'a>> {
     let threads = a.single_threads()?;
     let mut model = bitnet_model::Model::load(file).context("cannot load model")?;
-    apply_lm_head(&mut model, a, &bitnet_kernels::Pool::new(threads))?;
+    apply_lm_head(&mut model, file, a, &bitnet_kernels::Pool::new(threads))?;
     let tokenizer = bitnet_tokenizer::Tokenizer::from_gguf(file.metadata(), a.pre_tokenizer()?)
         .context("cannot build the tokenizer")?;
     let opts = bitnet_engine::EngineOptions {
