@@ -519,39 +519,71 @@ impl<'a> TernaryMatrix<'a> {
             }
         }
         let mut raw = vec![0i32; TOKEN_TILE * nb];
-        for r in rows {
-            let w = self.row(r);
+        // Blocks of ROW_BLOCK rows × tiles of TOKEN_TILE tokens: within a block, one token
+        // tile's activations stay in L1 while the block's rows (L2-resident) go by, instead of
+        // every token's activations streaming from L2 for every row.
+        let mut rb = rows.start;
+        while rb < rows.end {
+            let rb_end = (rb + ROW_BLOCK).min(rows.end);
             let mut t0 = 0;
             while t0 < n_tok {
                 let nt = (n_tok - t0).min(TOKEN_TILE);
-                kernel(w, p, t0, nt, &mut raw[..nt * nb]);
-                for ti in 0..nt {
-                    let t = t0 + ti;
-                    let y = match self.scales {
-                        Scales::Tensor(beta) => {
-                            // y = ((T as f32) / s) · β
-                            let tt = raw[ti] - off * bsum[t];
-                            (tt as f32 / s[t]) * beta
-                        }
-                        _ => {
-                            // y = (Σ_b (T_b as f32) · d_b) / s, blocks in order
-                            let mut acc = 0f32;
-                            for b in 0..nb {
-                                let tb = raw[ti * nb + b] - off * bsum[t * nb + b];
-                                acc += tb as f32 * self.block_scale(r, b);
-                            }
-                            acc / s[t]
-                        }
-                    };
-                    // SAFETY: t < n_tok and r < n_out, so the index is < out.len(); each
-                    // (t, r) is written by exactly one chunk because row ranges are disjoint.
-                    unsafe { out.write(t * self.n_out + r, y) };
+                for r in rb..rb_end {
+                    self.tile_out(kernel, p, bsum, s, r, t0, nt, &mut raw, out);
                 }
                 t0 += nt;
             }
+            rb = rb_end;
+        }
+    }
+
+    /// One row × one token tile: raw sums by `kernel`, then scaled into `out`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn tile_out(
+        &self,
+        kernel: crate::dispatch::TernaryKernel,
+        p: &Prepared<'_>,
+        bsum: &[i32],
+        s: &[f32],
+        r: usize,
+        t0: usize,
+        nt: usize,
+        raw: &mut [i32],
+        out: &SharedMut<f32>,
+    ) {
+        let nb = self.nb;
+        let off = self.layout.code_offset();
+        let w = self.row(r);
+        kernel(w, p, t0, nt, &mut raw[..nt * nb]);
+        for ti in 0..nt {
+            let t = t0 + ti;
+            let y = match self.scales {
+                Scales::Tensor(beta) => {
+                    // y = ((T as f32) / s) · β
+                    let tt = raw[ti] - off * bsum[t];
+                    (tt as f32 / s[t]) * beta
+                }
+                _ => {
+                    // y = (Σ_b (T_b as f32) · d_b) / s, blocks in order
+                    let mut acc = 0f32;
+                    for b in 0..nb {
+                        let tb = raw[ti * nb + b] - off * bsum[t * nb + b];
+                        acc += tb as f32 * self.block_scale(r, b);
+                    }
+                    acc / s[t]
+                }
+            };
+            // SAFETY: t < n_tok and r < n_out, so the index is < out.len(); each
+            // (t, r) is written by exactly one chunk because row ranges are disjoint.
+            unsafe { out.write(t * self.n_out + r, y) };
         }
     }
 }
+
+/// Rows per block of the multi-token loop in `rows_kernel` (64 rows of K = 6912 are 110 KB of
+/// I2_S, well inside L2).
+const ROW_BLOCK: usize = 64;
 
 /// Rows per work unit handed to the pool (a multiple of every SIMD row tile).
 pub const ROW_GRAIN: usize = 8;

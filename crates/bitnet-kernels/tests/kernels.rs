@@ -159,7 +159,13 @@ fn reference(m: &TernaryMatrix<'_>, w: &[u8], sib: Option<&[u8]>, q: &[i8], s: &
 
 fn shapes(layout: TernaryLayout, rng: &mut Rng) -> Vec<(usize, usize)> {
     let km = layout.k_multiple().max(1);
-    let mut v = vec![(1, km.max(128)), (13, 2 * km.max(128)), (37, 512)];
+    // 150 rows: more than one row block of the multi-token loop, with a ragged last block.
+    let mut v = vec![
+        (1, km.max(128)),
+        (13, 2 * km.max(128)),
+        (37, 512),
+        (150, km.max(128)),
+    ];
     for _ in 0..6 {
         let n_out = 1 + rng.below(70);
         let k = match layout {
