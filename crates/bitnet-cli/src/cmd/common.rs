@@ -142,12 +142,15 @@ pub fn apply_lm_head(
     let released = std::sync::atomic::AtomicBool::new(false);
     let q = RowMatrix::quantize_from_releasing(model.lm_head(), ty, pool, &|bytes| {
         match file.release(bytes) {
-            Ok(r) => released.fetch_or(r, std::sync::atomic::Ordering::Relaxed),
+            Ok(r) => {
+                released.fetch_or(r, std::sync::atomic::Ordering::Relaxed);
+            }
+            // A source that is not the file's bytes (nothing mapped to release).
+            Err(bitnet_gguf::GgufError::NotInFile { .. }) => {}
             Err(e) => {
                 let _ = release_error.set(e.to_string());
-                false
             }
-        };
+        }
     })?;
     bar.finish_and_clear();
     if let Some(e) = release_error.get() {
@@ -158,7 +161,7 @@ pub fn apply_lm_head(
         .as_ptr()
         .addr()
         .checked_sub(file.as_bytes().as_ptr().addr())
-        .map(|start| start..start + src.len())
+        .and_then(|start| Some(start..start.checked_add(src.len())?))
         .filter(|_| released.into_inner() && release_error.get().is_none());
     eprintln!(
         "LM head: {:?}, {} in memory (was {}), built in {:.1} s",
