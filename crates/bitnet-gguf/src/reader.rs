@@ -193,6 +193,15 @@ impl GgufFile {
         self.bytes()
     }
 
+    /// Where `bytes` lies in [`Self::as_bytes`] (byte offsets), or `None` when it is not a
+    /// sub-slice of the file's bytes.
+    pub fn range_of(&self, bytes: &[u8]) -> Option<std::ops::Range<usize>> {
+        let all = self.bytes();
+        let start = bytes.as_ptr().addr().checked_sub(all.as_ptr().addr())?;
+        let end = start.checked_add(bytes.len())?;
+        (end <= all.len()).then_some(start..end)
+    }
+
     /// Tells the OS that the pages holding `bytes` (a sub-slice of [`Self::as_bytes`]) are
     /// not needed for now. For a memory-mapped file they leave this process's resident set;
     /// a later read faults them back in from the page cache or the file, with the same
@@ -202,17 +211,10 @@ impl GgufFile {
     /// Pages are whole: the first and last page of the range may also hold bytes of a
     /// neighbouring tensor, which are then read back in when next used.
     pub fn release(&self, bytes: &[u8]) -> Result<bool, GgufError> {
-        let all = self.bytes();
-        let not_in = || GgufError::NotInFile { len: bytes.len() };
-        let offset = bytes
-            .as_ptr()
-            .addr()
-            .checked_sub(all.as_ptr().addr())
-            .ok_or_else(not_in)?;
-        let end = offset.checked_add(bytes.len()).ok_or_else(not_in)?;
-        if end > all.len() {
-            return Err(not_in());
-        }
+        let offset = self
+            .range_of(bytes)
+            .ok_or(GgufError::NotInFile { len: bytes.len() })?
+            .start;
         match &self.backing {
             Backing::Owned(_) => Ok(false),
             Backing::Mmap(_) if bytes.is_empty() => Ok(false),

@@ -37,6 +37,13 @@ fn release_drops_mapped_pages_and_keeps_contents() {
     let f = GgufFile::open(&path, &Limits::default()).unwrap();
     let data = f.tensor_data(f.tensor("big").unwrap()).unwrap();
     assert_eq!(data, &big[..]);
+    let r = f.range_of(data).unwrap();
+    assert_eq!(r.len(), data.len());
+    assert_eq!(
+        u64::try_from(r.start).unwrap(),
+        f.data_offset() + f.tensor("big").unwrap().offset
+    );
+    assert_eq!(f.range_of(&big), None);
     #[cfg(target_os = "linux")]
     let before = rss_file_kib();
     assert!(f.release(data).unwrap());

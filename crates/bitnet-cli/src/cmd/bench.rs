@@ -229,7 +229,7 @@ pub fn run(a: Args) -> Result<()> {
         // (released after conversion, and no longer read by decode): the larger side of it.
         let all = file.as_bytes();
         let base = match &released {
-            Some(r) if r.end <= all.len() => {
+            Some(r) => {
                 let (head, tail) = (&all[..r.start], &all[r.end..]);
                 if head.len() >= tail.len() {
                     head

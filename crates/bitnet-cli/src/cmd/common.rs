@@ -156,12 +156,8 @@ pub fn apply_lm_head(
     if let Some(e) = release_error.get() {
         eprintln!("note: the source of the LM head stays resident ({e})");
     }
-    let src = model.lm_head().data();
-    let range = src
-        .as_ptr()
-        .addr()
-        .checked_sub(file.as_bytes().as_ptr().addr())
-        .and_then(|start| Some(start..start.checked_add(src.len())?))
+    let range = file
+        .range_of(model.lm_head().data())
         .filter(|_| released.into_inner() && release_error.get().is_none());
     eprintln!(
         "LM head: {:?}, {} in memory (was {}), built in {:.1} s",
