@@ -1,5 +1,5 @@
-//! The shared fixture files parse, and their tables equal the reference listing
-//! (/work/shared/golden/tiny/TENSORS.md, produced by gguf-py from the same files).
+//! The golden fixture files parse, and their tables equal the reference listing
+//! (testdata/golden/tiny/TENSORS.md, produced by gguf-py from the same files).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -7,27 +7,13 @@
     clippy::cast_possible_truncation
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use bitnet_gguf::{GgmlType, GgufFile, Limits, Value};
+use bitnet_testdata::golden;
 
-fn golden(rel: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("BITNET_GOLDEN_DIR")
-        .map_or_else(|| PathBuf::from("/work/shared/golden"), PathBuf::from);
-    let p = dir.join(rel);
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "skipping: golden fixture {} not found (set BITNET_GOLDEN_DIR)",
-            p.display()
-        );
-        None
-    }
-}
-
-/// Metadata of bitnet-tiny-i2_s.gguf, from TENSORS.md: (key, type name).
+/// Metadata of bitnet-tiny-i2_s.gguf, from testdata/golden/tiny/TENSORS.md: (key, type name).
 const TINY_KEYS: [(&str, &str); 24] = [
     ("general.architecture", "string"),
     ("general.name", "string"),
@@ -55,7 +41,7 @@ const TINY_KEYS: [(&str, &str); 24] = [
     ("general.quantization_version", "u32"),
 ];
 
-/// Tensor table of bitnet-tiny-i2_s.gguf, from TENSORS.md: (name, type, ne, bytes, offset).
+/// Tensor table of bitnet-tiny-i2_s.gguf, from testdata/golden/tiny/TENSORS.md: (name, type, ne, bytes, offset).
 const TINY_TENSORS: [(&str, &str, &[u64], u64, u64); 24] = [
     ("token_embd.weight", "F16", &[256, 4256], 2179072, 0),
     ("blk.0.attn_norm.weight", "F32", &[256], 1024, 2179072),
@@ -97,14 +83,12 @@ const TINY_TENSORS: [(&str, &str, &[u64], u64, u64); 24] = [
 
 #[test]
 fn tiny_i2s_matches_reference_listing() {
-    let Some(path) = golden("tiny/bitnet-tiny-i2_s.gguf") else {
-        return;
-    };
+    let path = golden("tiny/bitnet-tiny-i2_s.gguf");
     for f in [
         GgufFile::open(&path, &Limits::default()).unwrap(),
         GgufFile::open_in_memory(&path, &Limits::default()).unwrap(),
     ] {
-        // Header line of TENSORS.md.
+        // Header line of testdata/golden/tiny/TENSORS.md.
         assert_eq!(f.version(), 3);
         assert_eq!(f.alignment(), 32);
         assert_eq!(f.data_offset(), 194848);
@@ -117,7 +101,7 @@ fn tiny_i2s_matches_reference_listing() {
         let got: Vec<(&str, &str)> = md.iter().map(|(k, v)| (k, v.type_name())).collect();
         assert_eq!(got, TINY_KEYS);
 
-        // Values listed in TENSORS.md.
+        // Values listed in testdata/golden/tiny/TENSORS.md.
         assert_eq!(md.get_str("general.name").unwrap(), "bitnet2b-ref-tiny");
         assert_eq!(md.get_u32("bitnet-b1.58.vocab_size").unwrap(), 4256);
         assert_eq!(md.get_u32("bitnet-b1.58.context_length").unwrap(), 512);
@@ -134,7 +118,7 @@ fn tiny_i2s_matches_reference_listing() {
             1
         );
         assert!(md.get_bool("tokenizer.ggml.add_bos_token").unwrap());
-        // TENSORS.md prints the stored f32 widened to f64.
+        // testdata/golden/tiny/TENSORS.md prints the stored f32 widened to f64.
         let eps = md
             .get_f32("bitnet-b1.58.attention.layer_norm_rms_epsilon")
             .unwrap();
@@ -178,7 +162,7 @@ fn tiny_i2s_matches_reference_listing() {
             assert_eq!(f.tensor_bytes(t).unwrap().len() as u64, bytes);
             assert_eq!(f.tensor(name), Some(t));
         }
-        // The type summary line of TENSORS.md.
+        // The type summary line of testdata/golden/tiny/TENSORS.md.
         let sum = |ty: GgmlType| -> (usize, u64) {
             let ts: Vec<_> = f.tensors().iter().filter(|t| t.ggml_type == ty).collect();
             (ts.len(), ts.iter().map(|t| t.nbytes().unwrap()).sum())
@@ -198,9 +182,7 @@ fn tiny_i2s_matches_reference_listing() {
 
 #[test]
 fn tiny_f32_tensor_table() {
-    let Some(path) = golden("tiny/bitnet-tiny-f32.gguf") else {
-        return;
-    };
+    let path = golden("tiny/bitnet-tiny-f32.gguf");
     let f = GgufFile::open(&path, &Limits::default()).unwrap();
     assert_eq!(f.version(), 3);
     assert_eq!(f.tensors().len(), 24);
@@ -230,9 +212,7 @@ fn tiny_f32_tensor_table() {
 
 #[test]
 fn llama3_vocab_parses_quickly() {
-    let Some(path) = golden("tokenizer/llama3-vocab.gguf") else {
-        return;
-    };
+    let path = golden("tokenizer/llama3-vocab.gguf");
     let t0 = Instant::now();
     let f = GgufFile::open(Path::new(&path), &Limits::default()).unwrap();
     let elapsed = t0.elapsed();

@@ -54,17 +54,17 @@ fn block_sizes_follow_ggml_common_h() {
             assert_eq!(t.nbytes(elems + 1), None, "{t}: partial block");
         }
     }
-    // FORMATS.md §2 states the ternary block sizes directly.
+    // docs/FORMATS.md §2 states the ternary block sizes directly.
     assert_eq!(G::TQ2_0.block_bytes(), Some(66));
     assert_eq!(G::TQ1_0.block_bytes(), Some(54));
 }
 
 #[test]
 fn i2s_size_is_bitnet_cpp_flavor() {
-    // FORMATS.md §1: n/4 packed bytes + 32-byte tail; no fixed block.
+    // docs/FORMATS.md §1: n/4 packed bytes + 32-byte tail; no fixed block.
     assert_eq!(G::I2S.block_elems(), None);
     assert_eq!(G::I2S.nbytes(2560 * 2560), Some(2560 * 2560 / 4 + 32));
-    assert_eq!(G::I2S.nbytes(256 * 128), Some(8224)); // TENSORS.md attn_k
+    assert_eq!(G::I2S.nbytes(256 * 128), Some(8224)); // testdata/golden/tiny/TENSORS.md attn_k
     assert_eq!(G::I2S.nbytes(6), None);
     for t in [G::TL1, G::TL2, G::Unknown(77)] {
         assert_eq!(t.nbytes(1024), None);

@@ -12,23 +12,13 @@ mod common;
 use bitnet_kernels::{TernaryLayout, TernaryMatrix};
 use common::gguf_tensors;
 
-const DIR: &str = "/work/shared/golden/tiny";
-
-fn read(name: &str) -> Option<Vec<u8>> {
-    let p = std::env::var("BITNET_GOLDEN_DIR").unwrap_or_else(|_| DIR.to_owned());
-    std::fs::read(format!("{p}/{name}")).ok()
-}
-
 #[test]
 fn tiny_i2s_decodes_to_f32_file() {
-    let (Some(qbuf), Some(fbuf)) = (read("bitnet-tiny-i2_s.gguf"), read("bitnet-tiny-f32.gguf"))
-    else {
-        eprintln!("golden files not found; skipping");
-        return;
-    };
+    let qbuf = bitnet_testdata::read("tiny/bitnet-tiny-i2_s.gguf");
+    let fbuf = bitnet_testdata::read("tiny/bitnet-tiny-f32.gguf");
     let (qt, qstart) = gguf_tensors(&qbuf);
     let (ft, _) = gguf_tensors(&fbuf);
-    // The published table (TENSORS.md) says the data section starts at byte 194848.
+    // The published table (testdata/golden/tiny/TENSORS.md) says the data section starts at byte 194848.
     assert_eq!(qstart, 194_848);
     let mut checked = 0;
     for (i, t) in qt.iter().enumerate() {

@@ -5,7 +5,7 @@
     clippy::panic,
     clippy::cast_possible_truncation
 )]
-//! against an independent computation from unpacked values (FORMATS.md §1 formula).
+//! against an independent computation from unpacked values (docs/FORMATS.md §1 formula).
 
 mod common;
 
@@ -73,7 +73,7 @@ fn random_acts(rng: &mut Rng, n_tok: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
     (q, s)
 }
 
-/// Independent reference: unpack values and scales per layout, then FORMATS.md §1.
+/// Independent reference: unpack values and scales per layout, then docs/FORMATS.md §1.
 fn reference(m: &TernaryMatrix<'_>, w: &[u8], sib: Option<&[u8]>, q: &[i8], s: &[f32]) -> Vec<f32> {
     let (n_out, k) = (m.n_out(), m.n_in());
     let layout = m.layout();

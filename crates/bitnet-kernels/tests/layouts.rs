@@ -12,7 +12,7 @@ use bitnet_kernels::layout::i2s;
 
 #[test]
 fn i2s_worked_example() {
-    // FORMATS.md §1: codes c_j = j mod 3 for j = 0..127 give bytes 0..3 = 24 49 92 24.
+    // docs/FORMATS.md §1: codes c_j = j mod 3 for j = 0..127 give bytes 0..3 = 24 49 92 24.
     let codes: Vec<u8> = (0..128).map(|j| (j % 3) as u8).collect();
     let packed = i2s::pack_codes(&codes, 1.0).unwrap();
     assert_eq!(&packed[0..4], &[0x24, 0x49, 0x92, 0x24]);
@@ -30,7 +30,7 @@ fn ternary(rng: &mut Rng, n: usize) -> Vec<i8> {
 
 #[test]
 fn i2s_element_formula_matches_block_diagram() {
-    // Element p+32·g of a block sits at bits 7−2g..6−2g of byte p (FORMATS.md §1 diagram).
+    // Element p+32·g of a block sits at bits 7−2g..6−2g of byte p (docs/FORMATS.md §1 diagram).
     let mut rng = Rng::new(1);
     let bytes: Vec<u8> = (0..64).map(|_| rng.next_u64() as u8).collect();
     for j in 0..256 {
@@ -138,7 +138,7 @@ fn tq1_0_trits_and_round_trip() {
         .iter()
         .zip(&v)
         .all(|(&c, &x)| i32::from(c) - 1 == i32::from(x)));
-    // Element positions per FORMATS.md §2.
+    // Element positions per docs/FORMATS.md §2.
     assert_eq!(tq1_0::position(0), (0, 0));
     assert_eq!(tq1_0::position(33), (1, 1));
     assert_eq!(tq1_0::position(159), (31, 4));
@@ -272,7 +272,7 @@ fn sizes_per_formats_table() {
         TernaryLayout::Tq1_0.tensor_bytes(n_out, k).unwrap(),
         n / 256 * 54
     );
-    // 2B-4T per-layer I2_S bytes (MODEL.md): 17,367,264.
+    // 2B-4T per-layer I2_S bytes (docs/MODEL.md): 17,367,264.
     let layer: usize = [
         (2560, 2560),
         (640, 2560),

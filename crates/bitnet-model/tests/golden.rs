@@ -1,4 +1,4 @@
-//! Parity with bitnet.cpp on the tiny golden model (../shared/golden/tiny, produced by
+//! Parity with bitnet.cpp on the tiny golden model (testdata/golden/tiny, produced by
 //! bitnet.cpp itself): teacher-forced, every prompt, last position, 32 steps, all positions.
 //!
 //! - exact numerics: bit-identical (max |Δ| = 0), at 1 and 2 threads;
@@ -16,15 +16,11 @@
     clippy::cast_possible_truncation
 )]
 
-use std::path::{Path, PathBuf};
+use bitnet_testdata::{compare_logits, first_bit_difference, read_f32};
 
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_kernels::Pool;
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
-
-fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/tiny")
-}
 
 struct Prompt {
     stem: String,
@@ -35,21 +31,12 @@ struct Prompt {
     all: Vec<f32>,
 }
 
-fn read_f32(p: &Path) -> Vec<f32> {
-    let b = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 fn prompts() -> Vec<Prompt> {
-    let dir = golden_dir();
     let mut out = Vec::new();
-    for stem in ["p1_english", "p2_unicode", "p3_digits_punct", "p4_code_ws"] {
-        let meta: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(dir.join(format!("{stem}.tokens.json"))).unwrap(),
-        )
-        .unwrap();
+    for stem in bitnet_testdata::PROMPTS {
+        let meta: serde_json::Value =
+            serde_json::from_slice(&bitnet_testdata::read(&format!("tiny/{stem}.tokens.json")))
+                .unwrap();
         let ids = |k: &str| -> Vec<u32> {
             meta[k]
                 .as_array()
@@ -62,9 +49,9 @@ fn prompts() -> Vec<Prompt> {
             stem: stem.to_string(),
             prompt: ids("prompt_tokens"),
             generated: ids("generated_tokens"),
-            last: read_f32(&dir.join(format!("{stem}.logits.f32"))),
-            steps: read_f32(&dir.join(format!("{stem}.step_logits.f32"))),
-            all: read_f32(&dir.join(format!("{stem}.all_logits.f32"))),
+            last: read_f32(&format!("tiny/{stem}.logits.f32")),
+            steps: read_f32(&format!("tiny/{stem}.step_logits.f32")),
+            all: read_f32(&format!("tiny/{stem}.all_logits.f32")),
         });
     }
     out
@@ -72,7 +59,7 @@ fn prompts() -> Vec<Prompt> {
 
 fn open() -> GgufFile {
     GgufFile::open(
-        &golden_dir().join("bitnet-tiny-i2_s.gguf"),
+        &bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf"),
         &Limits::default(),
     )
     .unwrap()
@@ -111,14 +98,6 @@ fn run(
     (last, steps, all)
 }
 
-fn first_diff(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
-    a.iter()
-        .zip(b)
-        .enumerate()
-        .find(|(_, (x, y))| x.to_bits() != y.to_bits())
-        .map(|(i, (x, y))| (i, *x, *y))
-}
-
 #[test]
 fn exact_numerics_are_bit_identical_to_bitnet_cpp() {
     let file = open();
@@ -135,7 +114,7 @@ fn exact_numerics_are_bit_identical_to_bitnet_cpp() {
                 ("steps", &steps, &p.steps),
                 ("all", &all, &p.all),
             ] {
-                if let Some((i, x, y)) = first_diff(mine, golden) {
+                if let Some((i, x, y)) = first_bit_difference(mine, golden) {
                     panic!(
                         "{} {what} ({threads} threads): first difference at row {} id {}: ours {x:e}, bitnet.cpp {y:e}",
                         p.stem,
@@ -146,42 +125,6 @@ fn exact_numerics_are_bit_identical_to_bitnet_cpp() {
             }
         }
     }
-}
-
-struct Gate {
-    max_abs: f32,
-    min_cos: f64,
-    top1_misses_above_margin: usize,
-}
-
-fn gate(mine: &[f32], golden: &[f32], n_vocab: usize, margin: f32) -> Gate {
-    let mut g = Gate {
-        max_abs: 0.0,
-        min_cos: 1.0,
-        top1_misses_above_margin: 0,
-    };
-    for (a, b) in mine.chunks_exact(n_vocab).zip(golden.chunks_exact(n_vocab)) {
-        let (mut dot, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
-        for (&x, &y) in a.iter().zip(b) {
-            g.max_abs = g.max_abs.max((x - y).abs());
-            dot += f64::from(x) * f64::from(y);
-            na += f64::from(x) * f64::from(x);
-            nb += f64::from(y) * f64::from(y);
-        }
-        g.min_cos = g.min_cos.min(dot / (na.sqrt() * nb.sqrt()));
-        let argmax = |v: &[f32]| {
-            v.iter()
-                .enumerate()
-                .fold(0, |bi, (i, &x)| if x > v[bi] { i } else { bi })
-        };
-        let (ia, ib) = (argmax(a), argmax(b));
-        let mut sorted = b.to_vec();
-        sorted.sort_by(|x, y| y.total_cmp(x));
-        if ia != ib && sorted[0] - sorted[1] > margin {
-            g.top1_misses_above_margin += 1;
-        }
-    }
-    g
 }
 
 #[test]
@@ -196,7 +139,7 @@ fn fast_numerics_within_statistical_gates() {
             ("steps", &steps, &p.steps),
             ("all", &all, &p.all),
         ] {
-            let g = gate(mine, golden, n_vocab, 0.08);
+            let g = compare_logits(mine, golden, n_vocab, 0.08);
             assert!(
                 g.max_abs <= 0.25,
                 "{} {what}: max |Δ| {} > 0.25",

@@ -1,4 +1,4 @@
-//! Bad model files (RELIABILITY.md §4 B): each becomes a specific typed error at load,
+//! Bad model files (docs/RELIABILITY.md §4 B): each becomes a specific typed error at load,
 //! before anything large is allocated; never a panic.
 
 #![allow(

@@ -9,8 +9,6 @@
     clippy::cast_possible_truncation
 )]
 
-use std::path::Path;
-
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_kernels::{Pool, RowMatrix, RowType};
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
@@ -61,14 +59,12 @@ fn compare(file: &GgufFile, prompts: &[Vec<u32>], ty: RowType) -> Err {
 }
 
 fn golden_prompts() -> Vec<Vec<u32>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/tiny");
     ["p1_english", "p2_unicode", "p3_digits_punct", "p4_code_ws"]
         .iter()
         .map(|s| {
-            let v: serde_json::Value = serde_json::from_slice(
-                &std::fs::read(dir.join(format!("{s}.tokens.json"))).unwrap(),
-            )
-            .unwrap();
+            let v: serde_json::Value =
+                serde_json::from_slice(&bitnet_testdata::read(&format!("tiny/{s}.tokens.json")))
+                    .unwrap();
             v["prompt_tokens"]
                 .as_array()
                 .unwrap()
@@ -81,8 +77,11 @@ fn golden_prompts() -> Vec<Vec<u32>> {
 
 #[test]
 fn quantized_lm_head_error_is_bounded() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/tiny");
-    let golden = GgufFile::open(&dir.join("bitnet-tiny-i2_s.gguf"), &Limits::default()).unwrap();
+    let golden = GgufFile::open(
+        &bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf"),
+        &Limits::default(),
+    )
+    .unwrap();
     let synth = GgufFile::from_bytes(
         bitnet_testkit::tiny_model_bytes(5).unwrap(),
         &Limits::default(),

@@ -1,4 +1,4 @@
-//! RELIABILITY.md §4 G over real HTTP: each hostile or invalid request and its status.
+//! docs/RELIABILITY.md §4 G over real HTTP: each hostile or invalid request and its status.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
 mod common;

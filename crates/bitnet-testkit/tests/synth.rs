@@ -32,13 +32,12 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
 }
 
 /// The tiny preset has the tiny golden model's structure: the same keys in the same order,
-/// and the tensor table of ../shared/golden/tiny/TENSORS.md (names, types, ne, data-relative
+/// and the tensor table of testdata/golden/tiny/TENSORS.md (names, types, ne, data-relative
 /// offsets and byte sizes).
 #[test]
 fn tiny_preset_matches_golden_structure() {
     let f = GgufFile::from_bytes(write(&tiny(WeightLayout::I2S)), &Limits::default()).unwrap();
-    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/golden/tiny/bitnet-tiny-i2_s.gguf");
+    let golden = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
     let g = GgufFile::open(&golden, &Limits::default()).unwrap();
     let keys = |f: &GgufFile| {
         f.metadata()
@@ -48,7 +47,7 @@ fn tiny_preset_matches_golden_structure() {
     };
     assert_eq!(keys(&f), keys(&g));
     assert_eq!(f.tensors().len(), 24);
-    // From TENSORS.md: (name, type, ne, bytes, offset) of a few rows, and the totals.
+    // From testdata/golden/tiny/TENSORS.md: (name, type, ne, bytes, offset) of a few rows, and the totals.
     let expect = [
         (
             "token_embd.weight",

@@ -1,17 +1,14 @@
 //! Reference tokenizations: Hugging Face `tokenizers` with the LLaMA-3 tokenizer.json
-//! and bitnet.cpp's `llama-tokenize` (shared/golden, see its README).
+//! and bitnet.cpp's `llama-tokenize` (testdata/golden, see its README).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
-use std::path::Path;
 use std::sync::OnceLock;
 
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_tokenizer::{PreTokenizer, PreTokenizerSource, Tokenizer};
 
-const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden");
-
 fn metadata(rel: &str) -> GgufFile {
-    GgufFile::open(Path::new(&format!("{GOLDEN}/{rel}")), &Limits::default()).unwrap()
+    GgufFile::open(&bitnet_testdata::golden(rel), &Limits::default()).unwrap()
 }
 
 fn llama3(pre: Option<PreTokenizer>) -> &'static Tokenizer {
@@ -48,7 +45,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 }
 
 fn cases() -> Vec<Case> {
-    let s = std::fs::read_to_string(format!("{GOLDEN}/tokenizer/cases.json")).unwrap();
+    let s = std::fs::read_to_string(bitnet_testdata::golden_str("tokenizer/cases.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&s).unwrap();
     v.as_array()
         .unwrap()
@@ -143,12 +140,18 @@ fn tiny_prompts_match_bitnetcpp_in_default_mode() {
     assert_eq!(t.eog_tokens(), &[4001, 4009]);
     assert!(t.add_bos());
     for p in TINY_PROMPTS {
-        let text = std::fs::read_to_string(format!("{GOLDEN}/tiny/{p}.txt")).unwrap();
-        let json = std::fs::read_to_string(format!("{GOLDEN}/tiny/{p}.tokens.json")).unwrap();
+        let text =
+            std::fs::read_to_string(bitnet_testdata::golden_str(&format!("tiny/{p}.txt"))).unwrap();
+        let json = std::fs::read_to_string(bitnet_testdata::golden_str(&format!(
+            "tiny/{p}.tokens.json"
+        )))
+        .unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         let want = ids(&v["prompt_tokens"]);
-        let listed =
-            std::fs::read_to_string(format!("{GOLDEN}/tiny/{p}.llama-tokenize.ids.txt")).unwrap();
+        let listed = std::fs::read_to_string(bitnet_testdata::golden_str(&format!(
+            "tiny/{p}.llama-tokenize.ids.txt"
+        )))
+        .unwrap();
         let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
         assert_eq!(ids(&listed), want, "{p}: golden files disagree");
         assert_eq!(t.encode(&text, t.add_bos(), true).unwrap(), want, "{p}");

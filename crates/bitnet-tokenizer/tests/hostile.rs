@@ -1,4 +1,4 @@
-//! Hostile vocabularies and inputs (RELIABILITY.md §4 C, D, E): typed errors, no
+//! Hostile vocabularies and inputs (docs/RELIABILITY.md §4 C, D, E): typed errors, no
 //! panics, bounded time.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
@@ -11,12 +11,10 @@ use bitnet_tokenizer::{
     keys, PreTokenizer, PreTokenizerSource, StreamDecoder, Tokenizer, TokenizerError, VocabData,
 };
 
-const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden");
-
 fn llama3() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
-        let p = format!("{GOLDEN}/tokenizer/llama3-vocab.gguf");
+        let p = bitnet_testdata::golden_str("tokenizer/llama3-vocab.gguf");
         let f = GgufFile::open(Path::new(&p), &Limits::default()).unwrap();
         Tokenizer::from_gguf(f.metadata(), None).unwrap()
     })

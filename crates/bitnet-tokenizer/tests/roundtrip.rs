@@ -1,17 +1,14 @@
 //! Every vocabulary token survives decode -> encode, and text survives encode -> decode.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
-use std::path::Path;
 use std::sync::OnceLock;
 
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_tokenizer::{PreTokenizer, TokenKind, Tokenizer};
 use proptest::prelude::*;
 
-const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden");
-
 fn load(rel: &str, pre: Option<PreTokenizer>) -> Tokenizer {
-    let f = GgufFile::open(Path::new(&format!("{GOLDEN}/{rel}")), &Limits::default()).unwrap();
+    let f = GgufFile::open(&bitnet_testdata::golden(rel), &Limits::default()).unwrap();
     Tokenizer::from_gguf(f.metadata(), pre).unwrap()
 }
 

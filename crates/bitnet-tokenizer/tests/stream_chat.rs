@@ -9,12 +9,10 @@ use bitnet_tokenizer::{
     format_chat, ChatMessage, ChatRole, StreamDecoder, Tokenizer, TokenizerError,
 };
 
-const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden");
-
 fn llama3() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
     T.get_or_init(|| {
-        let p = format!("{GOLDEN}/tokenizer/llama3-vocab.gguf");
+        let p = bitnet_testdata::golden_str("tokenizer/llama3-vocab.gguf");
         let f = GgufFile::open(Path::new(&p), &Limits::default()).unwrap();
         Tokenizer::from_gguf(f.metadata(), None).unwrap()
     })
@@ -76,7 +74,7 @@ fn chat_format_is_the_tuned_one() {
         ChatMessage::new(ChatRole::System, "You are a helpful assistant."),
         ChatMessage::new(ChatRole::User, "Hi"),
     ];
-    // MODEL.md, "Chat format and stopping".
+    // docs/MODEL.md, "Chat format and stopping".
     assert_eq!(
         format_chat(&msgs, true),
         "<|begin_of_text|>System: You are a helpful assistant.<|eot_id|>User: Hi<|eot_id|>Assistant: "
@@ -99,7 +97,7 @@ fn chat_format_is_the_tuned_one() {
 fn encode_chat_matches_the_hf_reference() {
     let t = llama3();
     // cases.json: "<|begin_of_text|>User: hi<|eot_id|>Assistant: " -> hf_llama3_ids.
-    let s = std::fs::read_to_string(format!("{GOLDEN}/tokenizer/cases.json")).unwrap();
+    let s = std::fs::read_to_string(bitnet_testdata::golden_str("tokenizer/cases.json")).unwrap();
     let cases: serde_json::Value = serde_json::from_str(&s).unwrap();
     let case = cases
         .as_array()

@@ -15,18 +15,17 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub const TINY: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../../shared/golden/tiny/bitnet-tiny-i2_s.gguf"
-);
+pub fn tiny_path() -> std::path::PathBuf {
+    bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf")
+}
 
 /// The golden tiny model, opened once per test binary and leaked (it lives as long as
 /// the process, like a served model).
 pub fn tiny_file() -> &'static GgufFile {
     static F: OnceLock<&'static GgufFile> = OnceLock::new();
     F.get_or_init(|| {
-        let f = GgufFile::open(std::path::Path::new(TINY), &Limits::default())
-            .expect("the golden tiny model (../shared/golden/tiny) is required");
+        let f = GgufFile::open(&tiny_path(), &Limits::default())
+            .expect("the golden tiny model (testdata/golden/tiny) opens");
         Box::leak(Box::new(f))
     })
 }
