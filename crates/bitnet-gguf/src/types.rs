@@ -242,7 +242,7 @@ impl GgmlType {
     /// and for TL1/TL2/unknown ids.
     ///
     /// I2_S returns bitnet.cpp's size, `n/4 + 32` (packed codes plus a 32-byte tail holding the
-    /// f32 scale; FORMATS.md §1). Other ternary layouts share id 36 with different sizes, so
+    /// f32 scale; docs/FORMATS.md §1). Other ternary layouts share id 36 with different sizes, so
     /// the parser does not require this size; it only bounds-checks against available bytes.
     pub fn nbytes(&self, n_elements: u64) -> Option<u64> {
         if *self == GgmlType::I2S {

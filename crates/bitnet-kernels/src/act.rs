@@ -1,4 +1,4 @@
-//! Per-token int8 activation quantization (FORMATS.md §1), bit-exact with bitnet.cpp.
+//! Per-token int8 activation quantization (docs/FORMATS.md §1), bit-exact with bitnet.cpp.
 //!
 //! For one token row `x` (length K):
 //! 1. `m = max(1e-5, max_k |x_k|)`, the maximum taken in f64;

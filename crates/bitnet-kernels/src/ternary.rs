@@ -193,7 +193,7 @@ impl<'a> TernaryMatrix<'a> {
 
     /// Detect the flavor of a GGUF type-36 tensor from its available bytes (up to the next
     /// tensor's offset or the end of the data section, so it includes alignment padding) and
-    /// build the view (FORMATS.md §3).
+    /// build the view (docs/FORMATS.md §3).
     ///
     /// Each candidate's exact size is computed and accepted only when
     /// `expected ≤ available ≤ align_up(expected, alignment)`:

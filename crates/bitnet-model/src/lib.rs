@@ -1,5 +1,5 @@
 //! BitNet b1.58 model: validated config, one tensor-name table, weight binding over the GGUF
-//! map, KV cache and the forward pass (MODEL.md).
+//! map, KV cache and the forward pass (docs/MODEL.md).
 #![forbid(unsafe_code)]
 
 mod attention;

@@ -563,7 +563,7 @@ impl<'a> Model<'a> {
         y
     }
 
-    /// `Lin(W, x)`: the ternary matmul over int8 activations (FORMATS.md §1).
+    /// `Lin(W, x)`: the ternary matmul over int8 activations (docs/FORMATS.md §1).
     fn lin(
         &self,
         w: &TernaryMatrix<'_>,

@@ -36,7 +36,7 @@ pub enum PreTokenizer {
     Gpt2,
 }
 
-/// The LLaMA-3 split regex (MODEL.md).
+/// The LLaMA-3 split regex (docs/MODEL.md).
 pub const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The GPT-2 split regex.

@@ -1,4 +1,4 @@
-//! I2_S as written by bitnet.cpp (FORMATS.md §1) — the official 2B-4T layout.
+//! I2_S as written by bitnet.cpp (docs/FORMATS.md §1) — the official 2B-4T layout.
 //!
 //! ```text
 //! tensor of n = n_out·K elements, K % 128 == 0, row-major (row r = elements r·K .. r·K+K−1)
@@ -33,7 +33,7 @@ pub struct BlockI2S {
 }
 const _: () = assert!(std::mem::size_of::<BlockI2S>() == BLOCK_BYTES);
 
-/// The 2-bit code of element `j` of a packed sequence (the worked formula of FORMATS.md §1).
+/// The 2-bit code of element `j` of a packed sequence (the worked formula of docs/FORMATS.md §1).
 #[inline]
 pub fn code(packed: &[u8], j: usize) -> u8 {
     (packed[32 * (j / 128) + (j % 128) % 32] >> (6 - 2 * ((j % 128) / 32))) & 3

@@ -1,4 +1,4 @@
-//! BitNet.rs GgmlQk256NoScale ("QK256"), FORMATS.md §3.
+//! BitNet.rs GgmlQk256NoScale ("QK256"), docs/FORMATS.md §3.
 //!
 //! ```text
 //! 256-element blocks of 64 bytes, sequential, least significant pair first:

@@ -1,4 +1,4 @@
-//! BitNet.rs 32-element layouts (FORMATS.md §3): BitNet32F16 and Split32WithSibling.
+//! BitNet.rs 32-element layouts (docs/FORMATS.md §3): BitNet32F16 and Split32WithSibling.
 //!
 //! ```text
 //! 8 packed bytes per 32 elements, sequential, least significant pair first:

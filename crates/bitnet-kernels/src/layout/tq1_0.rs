@@ -1,4 +1,4 @@
-//! TQ1_0 as in upstream llama.cpp (GGUF type 34), FORMATS.md §2.
+//! TQ1_0 as in upstream llama.cpp (GGUF type 34), docs/FORMATS.md §2.
 //!
 //! ```text
 //! block of 256 elements = 54 bytes:  qs[48] | qh[4] | d: f16

@@ -1,4 +1,4 @@
-//! TQ2_0 as in upstream llama.cpp (GGUF type 35), FORMATS.md §2.
+//! TQ2_0 as in upstream llama.cpp (GGUF type 35), docs/FORMATS.md §2.
 //!
 //! ```text
 //! block of 256 elements = 66 bytes:  qs[64] | d: f16
