@@ -1,4 +1,4 @@
-//! The `bitnet` binary end to end, on the golden fixtures beside the checkout.
+//! The `bitnet` binary end to end, on the golden fixtures in testdata/golden.
 
 #![allow(
     clippy::unwrap_used,
@@ -7,7 +7,7 @@
     clippy::cast_possible_truncation
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn bitnet(args: &[&str]) -> Output {
@@ -17,12 +17,9 @@ fn bitnet(args: &[&str]) -> Output {
         .expect("run bitnet")
 }
 
-fn shared(p: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared")
-        .join(p)
-        .display()
-        .to_string()
+/// A golden fixture's path (the test fails, naming it, when the file is missing).
+fn golden(p: &str) -> String {
+    bitnet_testdata::golden_str(p)
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -33,11 +30,7 @@ fn tmp(name: &str) -> PathBuf {
 
 #[test]
 fn inspect_lists_the_golden_keys_and_tensors() {
-    let out = bitnet(&[
-        "inspect",
-        "--json",
-        &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
-    ]);
+    let out = bitnet(&["inspect", "--json", &golden("tiny/bitnet-tiny-i2_s.gguf")]);
     assert!(
         out.status.success(),
         "{}",
@@ -55,7 +48,7 @@ fn inspect_lists_the_golden_keys_and_tensors() {
     assert_eq!(keys[23], "general.quantization_version");
     let t = v["tensors"].as_array().unwrap();
     assert_eq!(t.len(), 24);
-    // TENSORS.md rows 2 and 23
+    // testdata/golden/tiny/TENSORS.md rows 2 and 23
     assert_eq!(t[2]["name"], "blk.0.attn_q.weight");
     assert_eq!(t[2]["type"], "I2_S");
     assert_eq!(t[2]["bytes"], 16416);
@@ -64,7 +57,7 @@ fn inspect_lists_the_golden_keys_and_tensors() {
     assert_eq!(t[23]["offset"], 2_484_672);
     assert_eq!(v["data_offset"], 194_848);
     // the table form has the same rows
-    let out = bitnet(&["inspect", &shared("golden/tiny/bitnet-tiny-i2_s.gguf")]);
+    let out = bitnet(&["inspect", &golden("tiny/bitnet-tiny-i2_s.gguf")]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("24 KV pairs, 24 tensors"), "{text}");
 }
@@ -92,20 +85,11 @@ fn inspect_fails_cleanly_on_bad_files() {
 #[test]
 fn tokenize_json_matches_the_reference_tokenizer() {
     let cases: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(shared("golden/tokenizer/cases.json")).unwrap())
-            .unwrap();
+        serde_json::from_slice(&std::fs::read(golden("tokenizer/cases.json")).unwrap()).unwrap();
     let case = &cases[3]; // contractions: where LLaMA-3 and bitnet.cpp's default differ
     let text = case["text"].as_str().unwrap();
-    let vocab = shared("golden/tokenizer/llama3-vocab.gguf");
-    let out = bitnet(&[
-        "tokenize",
-        "-m",
-        &vocab,
-        "--json",
-        "--no-bos",
-        "--parse-special",
-        text,
-    ]);
+    let vocab = golden("tokenizer/llama3-vocab.gguf");
+    let out = bitnet(&["tokenize", "-m", &vocab, "--json", "--no-bos", text]);
     assert!(
         out.status.success(),
         "{}",
@@ -114,15 +98,7 @@ fn tokenize_json_matches_the_reference_tokenizer() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ids"], case["hf_llama3_ids"]);
     let out = bitnet(&[
-        "tokenize",
-        "-m",
-        &vocab,
-        "--json",
-        "--no-bos",
-        "--parse-special",
-        "--pre",
-        "default",
-        text,
+        "tokenize", "-m", &vocab, "--json", "--no-bos", "--pre", "default", text,
     ]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ids"], case["bitnetcpp_default_ids"]);
@@ -130,10 +106,9 @@ fn tokenize_json_matches_the_reference_tokenizer() {
 
 #[test]
 fn logits_exact_is_bit_identical_to_the_golden_file() {
-    let meta: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(shared("golden/tiny/p3_digits_punct.tokens.json")).unwrap(),
-    )
-    .unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(golden("tiny/p3_digits_punct.tokens.json")).unwrap())
+            .unwrap();
     let ids: Vec<String> = meta["prompt_tokens"]
         .as_array()
         .unwrap()
@@ -144,7 +119,7 @@ fn logits_exact_is_bit_identical_to_the_golden_file() {
     let out = bitnet(&[
         "logits",
         "-m",
-        &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+        &golden("tiny/bitnet-tiny-i2_s.gguf"),
         "--ids",
         &ids.join(","),
         "--numerics",
@@ -160,7 +135,7 @@ fn logits_exact_is_bit_identical_to_the_golden_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     let ours = std::fs::read(&out_path).unwrap();
-    let golden = std::fs::read(shared("golden/tiny/p3_digits_punct.logits.f32")).unwrap();
+    let golden = std::fs::read(golden("tiny/p3_digits_punct.logits.f32")).unwrap();
     assert!(ours == golden, "logits differ from bitnet.cpp's");
 }
 
@@ -224,7 +199,7 @@ fn run_refuses_bad_sampling_parameters() {
     let out = bitnet(&[
         "run",
         "-m",
-        &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+        &golden("tiny/bitnet-tiny-i2_s.gguf"),
         "-p",
         "x",
         "--top-p",
@@ -243,7 +218,7 @@ fn chat_keeps_going_across_turns_and_exits_on_eof() {
         .args([
             "chat",
             "-m",
-            &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+            &golden("tiny/bitnet-tiny-i2_s.gguf"),
             "-n",
             "6",
             "--seed",
@@ -279,7 +254,7 @@ fn bench_json_reports_every_test_including_batched_decode() {
     let out = bitnet(&[
         "bench",
         "-m",
-        &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+        &golden("tiny/bitnet-tiny-i2_s.gguf"),
         "-p",
         "8",
         "-n",
@@ -330,7 +305,7 @@ fn bench_json_reports_every_test_including_batched_decode() {
     let bad = bitnet(&[
         "bench",
         "-m",
-        &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+        &golden("tiny/bitnet-tiny-i2_s.gguf"),
         "--batch",
         "1",
     ]);
@@ -340,7 +315,7 @@ fn bench_json_reports_every_test_including_batched_decode() {
     let bad = bitnet(&[
         "run",
         "-m",
-        &shared("golden/tiny/bitnet-tiny-i2_s.gguf"),
+        &golden("tiny/bitnet-tiny-i2_s.gguf"),
         "-t",
         "1,2",
         "-p",
@@ -350,4 +325,85 @@ fn bench_json_reports_every_test_including_batched_decode() {
     ]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("-t takes one thread count"));
+}
+
+/// The golden model with the bytes at `name` replaced (same length), written to a temp file.
+fn patched_golden(out: &str, patch: impl FnOnce(&mut Vec<u8>)) -> String {
+    let mut b = std::fs::read(golden("tiny/bitnet-tiny-i2_s.gguf")).unwrap();
+    patch(&mut b);
+    let p = tmp(out);
+    std::fs::write(&p, b).unwrap();
+    p.to_str().unwrap().to_owned()
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("{:?} not in the file", String::from_utf8_lossy(needle)))
+}
+
+#[test]
+fn duplicate_tensor_names_and_unknown_types_fail_inspect_and_run() {
+    // Tensor #13 renamed to the name of tensor #2.
+    let dup = patched_golden("dup.gguf", |b| {
+        let i = find(b, b"blk.1.attn_q.weight");
+        b[i..i + 19].copy_from_slice(b"blk.0.attn_q.weight");
+    });
+    // output_norm.weight (#23, F32, one dimension) given type id 1000.
+    let unk = patched_golden("unknown-type.gguf", |b| {
+        let name = b"output_norm.weight";
+        let i = find(b, name) + name.len();
+        assert_eq!(b[i..i + 4], 1u32.to_le_bytes(), "n_dims");
+        let ty = i + 4 + 8;
+        assert_eq!(b[ty..ty + 4], 0u32.to_le_bytes(), "F32");
+        b[ty..ty + 4].copy_from_slice(&1000u32.to_le_bytes());
+    });
+    let dup_msg = "duplicate tensor name \"blk.0.attn_q.weight\": tensors #2 and #13";
+    let unk_inspect = "tensor #23 \"output_norm.weight\" has ggml type id 1000";
+    for (file, inspect_msg, run_msg) in [
+        (&dup, dup_msg, dup_msg),
+        (&unk, unk_inspect, "output_norm.weight"),
+    ] {
+        let out = bitnet(&["inspect", file]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "inspect {file} succeeded");
+        assert!(err.contains(inspect_msg), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        let out = bitnet(&["run", "-m", file, "-p", "hi", "-n", "2"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "run {file} succeeded");
+        assert!(err.contains(run_msg), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // inspect still shows what it can of the unknown-type file before failing.
+    let out = bitnet(&["inspect", &unk]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("UNKNOWN(1000)"), "{text}");
+    assert!(text.contains("blk.0.attn_q.weight"), "{text}");
+    let out = bitnet(&["inspect", "--json", &unk]);
+    assert!(!out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tensors"][23]["type_id"], 1000);
+}
+
+#[test]
+fn tokenize_parses_special_tokens_unless_told_not_to() {
+    let vocab = golden("tokenizer/llama3-vocab.gguf");
+    let ids = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["tokenize", "-m", &vocab, "--json", "--no-bos"];
+        args.extend_from_slice(extra);
+        args.push("<|eot_id|>");
+        let out = bitnet(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["ids"].clone()
+    };
+    assert_eq!(ids(&[]), serde_json::json!([128009]));
+    let plain = ids(&["--no-parse-special"]);
+    let plain = plain.as_array().unwrap();
+    assert!(plain.len() > 1, "{plain:?}");
+    assert!(!plain.contains(&serde_json::json!(128009)));
 }

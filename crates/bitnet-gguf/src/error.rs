@@ -75,9 +75,14 @@ pub enum GgufError {
     #[error("tensor name is empty")]
     NameEmpty,
 
-    /// Two tensors share a name.
-    #[error("duplicate tensor name {0:?}")]
-    DuplicateTensor(String),
+    /// Two tensors share a name (ggml refuses such a file too): the name and the indices of
+    /// the first two tensors that carry it.
+    #[error("duplicate tensor name {name:?}: tensors #{first} and #{second}")]
+    DuplicateTensor {
+        name: String,
+        first: usize,
+        second: usize,
+    },
 
     /// `n_dims` is 0 or above [`crate::Limits::max_dims`], or the shape does not suit the type.
     #[error("tensor {tensor:?}: bad dimensions: {reason}")]

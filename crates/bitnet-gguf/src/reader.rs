@@ -684,10 +684,15 @@ fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, GgufError> {
     }
 
     let mut by_name: Vec<usize> = (0..tensors.len()).collect();
-    by_name.sort_unstable_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name));
+    // A stable sort keeps equal names in file order, so a duplicate names its first two uses.
+    by_name.sort_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name));
     for w in by_name.windows(2) {
         if tensors[w[0]].name == tensors[w[1]].name {
-            return Err(GgufError::DuplicateTensor(tensors[w[0]].name.clone()));
+            return Err(GgufError::DuplicateTensor {
+                name: tensors[w[0]].name.clone(),
+                first: w[0],
+                second: w[1],
+            });
         }
     }
 

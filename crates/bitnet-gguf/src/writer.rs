@@ -6,7 +6,7 @@
 //! [`GgufWriter::write_tensor_chunk`]), and [`GgufWriter::finish`]. Nothing is buffered beyond
 //! the header tables, so multi-GB tensors stream straight through.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 
 use crate::reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, KEY_ALIGNMENT};
@@ -33,7 +33,8 @@ pub struct GgufWriter<W: Write> {
     kvs: Vec<(String, Value)>,
     keys: HashSet<String>,
     tensors: Vec<PendingTensor>,
-    names: HashSet<String>,
+    /// Tensor names added so far, with their indices.
+    names: HashMap<String, usize>,
     /// End of the declared data (relative to the data section), before final padding.
     data_end: u64,
     header_written: bool,
@@ -74,7 +75,7 @@ impl<W: Write> GgufWriter<W> {
             kvs: Vec::new(),
             keys: HashSet::new(),
             tensors: Vec::new(),
-            names: HashSet::new(),
+            names: HashMap::new(),
             data_end: 0,
             header_written: false,
             pos: 0,
@@ -136,8 +137,12 @@ impl<W: Write> GgufWriter<W> {
                 limit: MAX_NAME_BYTES + 1,
             });
         }
-        if self.names.contains(name) {
-            return Err(GgufError::DuplicateTensor(name.to_owned()));
+        if let Some(&first) = self.names.get(name) {
+            return Err(GgufError::DuplicateTensor {
+                name: name.to_owned(),
+                first,
+                second: self.names.len(),
+            });
         }
         if dims.is_empty() || dims.len() > 4 {
             return Err(GgufError::BadDims {
@@ -201,7 +206,8 @@ impl<W: Write> GgufWriter<W> {
                 tensor: name.to_owned(),
                 dims: dims.to_vec(),
             })?;
-        self.names.insert(name.to_owned());
+        let index = self.names.len();
+        self.names.insert(name.to_owned(), index);
         self.tensors.push(PendingTensor {
             name: name.to_owned(),
             dims: dims.to_vec(),

@@ -1,4 +1,4 @@
-//! RELIABILITY.md §4 A: every GGUF container attack yields a specific typed error, never a
+//! docs/RELIABILITY.md §4 A: every GGUF container attack yields a specific typed error, never a
 //! panic, an abort or an unbounded allocation. Files are assembled by hand from the spec.
 #![allow(
     clippy::unwrap_used,
@@ -476,7 +476,7 @@ fn tensor_names() {
         info(b"a", &[8], G_F32, 64),
     ]
     .concat();
-    assert_err!(with_tensors(3, &infos, 96).parse(), E::DuplicateTensor(n) if n == "a");
+    assert_err!(with_tensors(3, &infos, 96).parse(), E::DuplicateTensor { name, first: 0, second: 2 } if name == "a");
 }
 
 // ---------------------------------------------------------------- 8. dimensions

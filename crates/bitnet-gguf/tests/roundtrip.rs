@@ -265,7 +265,11 @@ fn writer_rejects_misuse() {
     w.add_tensor(&"x".repeat(63), &[1], 0, 4).unwrap();
     assert!(matches!(
         w.add_tensor(&"x".repeat(63), &[1], 0, 4),
-        Err(E::DuplicateTensor(_))
+        Err(E::DuplicateTensor {
+            first: 0,
+            second: 1,
+            ..
+        })
     ));
     assert!(matches!(
         w.add_tensor("d0", &[], 0, 4),

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::io::Write;
 
 use anyhow::{bail, Result};
-use bitnet_gguf::{Array, GgufFile, Value};
+use bitnet_gguf::{Array, GgmlType, GgufFile, Value};
 use serde_json::json;
 
 use super::common::{human_bytes, open_gguf};
@@ -132,7 +132,7 @@ pub fn run(a: Args) -> Result<()> {
             "memory": mem.map(|(w, kv)| json!({"weights_bytes": w, "kv_cache_f16_bytes": kv})),
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
-        return Ok(());
+        return check_types(&f);
     }
     writeln!(
         out,
@@ -174,7 +174,7 @@ pub fn run(a: Args) -> Result<()> {
                 out,
                 "{i:>4}  {:<32} {:<8} {:<18} {bytes:>12} {:>12} {:>12}",
                 t.name,
-                t.ggml_type.name(),
+                t.ggml_type.to_string(),
                 format!("[{}]", dims.join(", ")),
                 t.offset,
                 t.available
@@ -200,6 +200,24 @@ pub fn run(a: Args) -> Result<()> {
             human_bytes(kv),
             human_bytes(w + kv)
         )?;
+    }
+    out.flush()?;
+    check_types(&f)
+}
+
+/// A tensor whose type id the reader does not know makes the file unusable: everything else
+/// has been shown, and the command fails with the first such tensor.
+fn check_types(f: &GgufFile) -> Result<()> {
+    let unknown = f
+        .tensors()
+        .iter()
+        .enumerate()
+        .find_map(|(i, t)| match t.ggml_type {
+            GgmlType::Unknown(id) => Some((i, &t.name, id)),
+            _ => None,
+        });
+    if let Some((i, name, id)) = unknown {
+        bail!("tensor #{i} {name:?} has ggml type id {id}, which this reader does not know");
     }
     Ok(())
 }

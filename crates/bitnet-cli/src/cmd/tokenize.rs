@@ -18,9 +18,10 @@ pub struct Args {
     /// Do not add BOS.
     #[arg(long)]
     no_bos: bool,
-    /// Parse special-token text such as <|eot_id|> as special tokens.
+    /// Treat special-token text such as <|eot_id|> as plain text (by default it is parsed
+    /// as the special token, as llama-tokenize does).
     #[arg(long)]
-    parse_special: bool,
+    no_parse_special: bool,
     /// Pre-tokenizer: llama3 or default (bitnet.cpp's fallback).
     #[arg(long)]
     pre: Option<String>,
@@ -36,7 +37,7 @@ pub fn run(a: Args) -> Result<()> {
         .map(PreTokenizer::from_gguf_name)
         .transpose()?;
     let tok = Tokenizer::from_gguf(file.metadata(), pre)?;
-    let ids = tok.encode(&a.text, tok.add_bos() && !a.no_bos, a.parse_special)?;
+    let ids = tok.encode(&a.text, tok.add_bos() && !a.no_bos, !a.no_parse_special)?;
     let pieces: Vec<String> = ids
         .iter()
         .map(|&id| String::from_utf8_lossy(tok.token_bytes(id).unwrap_or_default()).into_owned())
