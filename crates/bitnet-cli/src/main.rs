@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 mod download;
+mod output;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -3,11 +3,12 @@
 use std::io::BufWriter;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::common::{human_bytes, open_gguf};
+use crate::output::AtomicFile;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -64,8 +65,7 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => synth::vocab_from_gguf(&open_gguf(p, false)?)?,
         None => synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF)?,
     };
-    let file = std::fs::File::create(&a.out)
-        .with_context(|| format!("cannot create {}", a.out.display()))?;
+    let out = AtomicFile::create(&a.out)?;
     let bar = if a.quiet {
         ProgressBar::hidden()
     } else {
@@ -82,14 +82,14 @@ pub fn run(a: Args) -> Result<()> {
     let w = synth::write(
         &spec,
         &vocab,
-        BufWriter::with_capacity(1 << 22, file),
+        BufWriter::with_capacity(1 << 22, out.file()),
         &mut |done, total| {
             bar.set_length(total);
             bar.set_position(done);
         },
     )?;
-    let file = w.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
+    w.into_inner().map_err(|e| e.into_error())?;
+    out.commit()?;
     bar.finish_and_clear();
     let size = std::fs::metadata(&a.out)?.len();
     eprintln!(
