@@ -1,0 +1,134 @@
+//! Attention benchmark: `cargo bench -p bitnet-kernels --bench attn`.
+//!
+//! One decode step (one query row) of the 2B-4T attention shape (20 query heads, 5 KV heads of
+//! 128, f16 cache in the head-major layout the model uses) at several depths, per tier and
+//! thread count. Each call reads a different layer's cache out of 30, as a decode step does,
+//! so the cache streams from memory rather than staying in the last-level cache. Prints µs per
+//! layer, the cache bytes per second, the ratio against a plain read of the same buffers in
+//! the same run, and the speed-up over the plain (scalar twin) tier.
+//!
+//! Env: `BENCH_QUICK=1` runs fewer calls.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_precision_loss
+)]
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use bitnet_kernels::attn::{attend_isa, AttnShape, KvLayout, KvRows};
+use bitnet_kernels::{supported_isas, Isa, Pool};
+use half::f16;
+
+const LAYERS: usize = 30;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let quick = std::env::var_os("BENCH_QUICK").is_some();
+    let shape = AttnShape {
+        n_head: 20,
+        n_head_kv: 5,
+        head_dim: 128,
+    };
+    let q: Vec<f32> = (0..2560)
+        .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
+        .collect();
+    let mut out = vec![0f32; 2560];
+    println!(
+        "{:<8} {:>7} {:>7} {:>12} {:>10} {:>10} {:>8} {:>10}",
+        "isa", "threads", "depth", "us/layer", "GB/s", "read GB/s", "ratio", "vs plain"
+    );
+    for depth in [512usize, 4096] {
+        let per_layer = depth * shape.n_head_kv * shape.head_dim;
+        let caches: Vec<(Vec<f16>, Vec<f16>)> = (0..LAYERS)
+            .map(|l| {
+                let mk = |salt: usize| {
+                    (0..per_layer)
+                        .map(|i| {
+                            f16::from_f32(
+                                (((i + l * 7 + salt) * 7919) % 1000) as f32 / 1000.0 - 0.5,
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                };
+                (mk(1), mk(2))
+            })
+            .collect();
+        let bytes = 2 * per_layer * 2;
+        let layout = KvLayout::head_major(&shape, depth);
+        let reps = if quick { 3 } else { 7 };
+        for threads in [1usize, 2] {
+            let pool = Pool::new(threads);
+            // The same caches read plainly, in parallel, summing 8-byte words.
+            let read_gbs = {
+                let mut times = Vec::new();
+                for _ in 0..reps {
+                    let t = Instant::now();
+                    for (k, v) in &caches {
+                        let sink = std::sync::atomic::AtomicU64::new(0);
+                        let sum = |s: &[f16]| {
+                            let b: &[u8] = bytemuck::cast_slice(s);
+                            b.chunks_exact(8).fold(0u64, |a, w| {
+                                a.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()))
+                            })
+                        };
+                        pool.for_rows(2, 1, &|r| {
+                            for i in r {
+                                let s = if i == 0 { sum(k) } else { sum(v) };
+                                sink.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        });
+                        black_box(sink.into_inner());
+                    }
+                    times.push(t.elapsed().as_secs_f64() / LAYERS as f64);
+                }
+                bytes as f64 / median(times) / 1e9
+            };
+            let mut plain_us = f64::NAN;
+            let mut isas = vec![Isa::Scalar];
+            isas.extend(supported_isas().into_iter().filter(|&i| i != Isa::Scalar));
+            for isa in isas {
+                let mut times = Vec::new();
+                for _ in 0..reps {
+                    let t = Instant::now();
+                    for (k, v) in &caches {
+                        attend_isa(
+                            isa,
+                            &shape,
+                            &q,
+                            KvRows::F16(k),
+                            KvRows::F16(v),
+                            layout,
+                            depth - 1,
+                            1,
+                            0.088,
+                            &mut out,
+                            &pool,
+                        )
+                        .unwrap();
+                        black_box(&out);
+                    }
+                    times.push(t.elapsed().as_secs_f64() / LAYERS as f64);
+                }
+                let s = median(times);
+                if isa == Isa::Scalar {
+                    plain_us = s * 1e6;
+                }
+                let gbs = bytes as f64 / s / 1e9;
+                println!(
+                    "{:<8} {threads:>7} {depth:>7} {:>12.1} {gbs:>10.2} {read_gbs:>10.2} {:>8.2} {:>9.1}x",
+                    isa.name(),
+                    s * 1e6,
+                    gbs / read_gbs,
+                    plain_us / (s * 1e6)
+                );
+            }
+        }
+    }
+}

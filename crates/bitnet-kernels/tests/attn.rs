@@ -1,0 +1,334 @@
+//! The attention kernel: every tier this CPU has is bit-identical to the plain (scalar twin)
+//! build, and all of them match a naive f64 reference over random shapes — head sizes that are
+//! not a multiple of the lane width, every GQA ratio, prompts and single-token steps, histories
+//! long enough to be split into chunks, f16 and f32 caches.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation,
+    clippy::cast_precision_loss
+)]
+
+mod common;
+
+use bitnet_kernels::attn::{attend, attend_isa, AttnShape, KvLayout, KvRows};
+use bitnet_kernels::{supported_isas, Isa, KernelError, Pool};
+use common::Rng;
+use half::f16;
+
+/// softmax(q·Kᵀ·scale) · V in f64, position by position (the obvious code).
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    sh: &AttnShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    pos0: usize,
+    n: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let d = sh.head_dim;
+    let (qw, kvw, gqa) = (sh.n_head * d, sh.n_head_kv * d, sh.n_head / sh.n_head_kv);
+    let mut out = vec![0f32; n * qw];
+    for t in 0..n {
+        for h in 0..sh.n_head {
+            let g = h / gqa;
+            let qh = &q[t * qw + h * d..][..d];
+            let vis = pos0 + t + 1;
+            let s: Vec<f64> = (0..vis)
+                .map(|j| {
+                    let kj = &k[j * kvw + g * d..][..d];
+                    qh.iter()
+                        .zip(kj)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum::<f64>()
+                        * f64::from(scale)
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for i in 0..d {
+                let o: f64 = (0..vis)
+                    .map(|j| e[j] * f64::from(v[j * kvw + g * d + i]))
+                    .sum();
+                out[t * qw + h * d + i] = (o / z) as f32;
+            }
+        }
+    }
+    out
+}
+
+struct Case {
+    shape: AttnShape,
+    pos0: usize,
+    n: usize,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    k16: Vec<f16>,
+    v16: Vec<f16>,
+    scale: f32,
+}
+
+fn case(rng: &mut Rng, shape: AttnShape, pos0: usize, n: usize, spread: f32) -> Case {
+    let d = shape.head_dim;
+    let n_kv = pos0 + n;
+    let mut vec = |len: usize, a: f32| (0..len).map(|_| rng.f32() * a).collect::<Vec<f32>>();
+    let q = vec(n * shape.n_head * d, spread);
+    // K and V as an f16 cache holds them, so both cache types see the same values.
+    let round = |x: Vec<f32>| {
+        x.into_iter()
+            .map(|x| f16::from_f32(x).to_f32())
+            .collect::<Vec<_>>()
+    };
+    let k = round(vec(n_kv * shape.n_head_kv * d, 1.0));
+    let v = round(vec(n_kv * shape.n_head_kv * d, 1.0));
+    Case {
+        shape,
+        pos0,
+        n,
+        k16: k.iter().map(|&x| f16::from_f32(x)).collect(),
+        v16: v.iter().map(|&x| f16::from_f32(x)).collect(),
+        q,
+        k,
+        v,
+        scale: 1.0 / (d as f32).sqrt(),
+    }
+}
+
+fn run(c: &Case, isa: Isa, f16_cache: bool, pool: &Pool) -> Vec<f32> {
+    let mut out = vec![f32::NAN; c.q.len()];
+    let (k, v) = if f16_cache {
+        (KvRows::F16(&c.k16), KvRows::F16(&c.v16))
+    } else {
+        (KvRows::F32(&c.k), KvRows::F32(&c.v))
+    };
+    let layout = KvLayout::position_major(&c.shape);
+    attend_isa(
+        isa, &c.shape, &c.q, k, v, layout, c.pos0, c.n, c.scale, &mut out, pool,
+    )
+    .unwrap();
+    // The same values in the head-major layout give the same bits.
+    let n_ctx = c.pos0 + c.n + 3;
+    let layout = KvLayout::head_major(&c.shape, n_ctx);
+    let mut out2 = vec![f32::NAN; c.q.len()];
+    let (k16, v16) = (
+        to_head_major(&c.k16, &c.shape, n_ctx),
+        to_head_major(&c.v16, &c.shape, n_ctx),
+    );
+    let (k32, v32) = (
+        to_head_major(&c.k, &c.shape, n_ctx),
+        to_head_major(&c.v, &c.shape, n_ctx),
+    );
+    let (k, v) = if f16_cache {
+        (KvRows::F16(&k16), KvRows::F16(&v16))
+    } else {
+        (KvRows::F32(&k32), KvRows::F32(&v32))
+    };
+    attend_isa(
+        isa, &c.shape, &c.q, k, v, layout, c.pos0, c.n, c.scale, &mut out2, pool,
+    )
+    .unwrap();
+    assert!(
+        out.iter()
+            .zip(&out2)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "layouts disagree"
+    );
+    out
+}
+
+/// `[pos][head][d]` rows rearranged to `[head][n_ctx][d]` (with `n_ctx − n_pos` unused
+/// positions at the end of each head).
+fn to_head_major<T: Copy + Default>(x: &[T], sh: &AttnShape, n_ctx: usize) -> Vec<T> {
+    let d = sh.head_dim;
+    let n_pos = x.len() / (sh.n_head_kv * d);
+    let mut y = vec![T::default(); sh.n_head_kv * n_ctx * d];
+    for j in 0..n_pos {
+        for g in 0..sh.n_head_kv {
+            y[(g * n_ctx + j) * d..][..d].copy_from_slice(&x[(j * sh.n_head_kv + g) * d..][..d]);
+        }
+    }
+    y
+}
+
+#[test]
+fn every_tier_is_bit_identical_to_the_plain_build_and_close_to_f64() {
+    let mut rng = Rng::new(11);
+    let pools = [Pool::new(1), Pool::new(2), Pool::new(5)];
+    let mut checked = 0;
+    for round in 0..60 {
+        let head_dim = [128, 64, 40, 16, 8, 3, 130][rng.below(7)];
+        let n_head_kv = 1 + rng.below(3);
+        let gqa = [1, 2, 4, 5][rng.below(4)];
+        let shape = AttnShape {
+            n_head: n_head_kv * gqa,
+            n_head_kv,
+            head_dim,
+        };
+        // Single steps deep in a history (chunked), short prompts, prompts after a prefix.
+        let (pos0, n) = match round % 3 {
+            0 => (rng.below(1200), 1),
+            1 => (0, 1 + rng.below(13)),
+            _ => (rng.below(300), 1 + rng.below(9)),
+        };
+        let spread = [0.5, 4.0, 30.0][rng.below(3)];
+        let c = case(&mut rng, shape, pos0, n, spread);
+        let want = reference(&shape, &c.q, &c.k, &c.v, pos0, n, c.scale);
+        for pool in &pools {
+            for f16_cache in [true, false] {
+                let plain = run(&c, Isa::Scalar, f16_cache, pool);
+                for (i, (&a, &b)) in plain.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 2e-5 + 2e-5 * b.abs(),
+                        "{shape:?} pos0 {pos0} n {n} spread {spread} threads {}: element {i}: {a} vs {b}",
+                        pool.n_threads()
+                    );
+                }
+                for isa in supported_isas() {
+                    let got = run(&c, isa, f16_cache, pool);
+                    let same = got
+                        .iter()
+                        .zip(&plain)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{isa:?} differs from the plain build: {shape:?} pos0 {pos0} n {n}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 60 * 3 * 2);
+}
+
+#[test]
+fn thread_count_and_chunking_do_not_change_the_result_much() {
+    // A 4096-deep single step is split into chunks at 2+ threads and not at 1.
+    let mut rng = Rng::new(5);
+    let shape = AttnShape {
+        n_head: 20,
+        n_head_kv: 5,
+        head_dim: 128,
+    };
+    let c = case(&mut rng, shape, 4095, 1, 8.0);
+    let one = run(&c, bitnet_kernels::isa(), true, &Pool::new(1));
+    let two = run(&c, bitnet_kernels::isa(), true, &Pool::new(2));
+    let want = reference(&shape, &c.q, &c.k, &c.v, 4095, 1, c.scale);
+    for ((&a, &b), &w) in one.iter().zip(&two).zip(&want) {
+        assert!((a - w).abs() <= 1e-5 + 1e-5 * w.abs(), "{a} vs {w}");
+        assert!((b - w).abs() <= 1e-5 + 1e-5 * w.abs(), "{b} vs {w}");
+    }
+}
+
+#[test]
+fn a_dominant_position_wins_and_masked_positions_are_ignored() {
+    // Query row t sees positions 0..=pos0+t only: a huge score at a later position must
+    // not leak into earlier rows.
+    let shape = AttnShape {
+        n_head: 1,
+        n_head_kv: 1,
+        head_dim: 16,
+    };
+    let n = 6;
+    let q = vec![1.0f32; n * 16];
+    let mut k = vec![0.0f32; n * 16];
+    let mut v = vec![0.0f32; n * 16];
+    for j in 0..n {
+        v[j * 16] = j as f32;
+    }
+    k[5 * 16..6 * 16].fill(10.0); // position 5 dominates wherever it is visible
+    let mut out = vec![0f32; n * 16];
+    attend(
+        &shape,
+        &q,
+        KvRows::F32(&k),
+        KvRows::F32(&v),
+        KvLayout::position_major(&shape),
+        0,
+        n,
+        1.0,
+        &mut out,
+        &Pool::new(2),
+    )
+    .unwrap();
+    for t in 0..5 {
+        // uniform over 0..=t: mean of 0..=t
+        let want = t as f32 / 2.0;
+        assert!(
+            (out[t * 16] - want).abs() < 1e-5,
+            "row {t}: {}",
+            out[t * 16]
+        );
+    }
+    assert!((out[5 * 16] - 5.0).abs() < 1e-5, "{}", out[5 * 16]);
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let pool = Pool::new(1);
+    let sh = AttnShape {
+        n_head: 3,
+        n_head_kv: 2,
+        head_dim: 4,
+    };
+    let mut out = vec![0f32; 12];
+    let e = attend(
+        &sh,
+        &[0.0; 12],
+        KvRows::F32(&[0.0; 8]),
+        KvRows::F32(&[0.0; 8]),
+        KvLayout::position_major(&sh),
+        0,
+        1,
+        1.0,
+        &mut out,
+        &pool,
+    );
+    assert!(matches!(e, Err(KernelError::ShapeMismatch { .. })), "{e:?}");
+    let sh = AttnShape {
+        n_head: 2,
+        n_head_kv: 1,
+        head_dim: 4,
+    };
+    let mut out = vec![0f32; 8];
+    // The cache holds fewer positions than pos0 + n.
+    let e = attend(
+        &sh,
+        &[0.0; 8],
+        KvRows::F32(&[0.0; 4]),
+        KvRows::F32(&[0.0; 8]),
+        KvLayout::position_major(&sh),
+        1,
+        1,
+        1.0,
+        &mut out,
+        &pool,
+    );
+    assert!(
+        matches!(
+            e,
+            Err(KernelError::ShapeMismatch {
+                what: "attention keys",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    let e = attend(
+        &sh,
+        &[0.0; 7],
+        KvRows::F32(&[0.0; 8]),
+        KvRows::F32(&[0.0; 8]),
+        KvLayout::position_major(&sh),
+        0,
+        1,
+        1.0,
+        &mut out,
+        &pool,
+    );
+    assert!(matches!(e, Err(KernelError::ShapeMismatch { .. })), "{e:?}");
+}
