@@ -4,11 +4,18 @@
 //! for positions `0..pos0 + n`; query head `h` reads KV head `h / (n_head / n_head_kv)`
 //! (consecutive query heads share a KV head; `h % n_head_kv` would be wrong).
 
+use bitnet_kernels::attn::{self, AttnShape};
+use bitnet_kernels::Pool;
+
 use crate::kv_cache::KvCache;
 use crate::numerics::{self, Numerics};
-use crate::Config;
+use crate::{Config, Result};
 
 /// Attention output `[n][n_head * head_dim]` for `n` queries at positions `pos0..pos0 + n`.
+///
+/// Fast numerics: the threaded kernel over the cache in place
+/// ([`bitnet_kernels::attn::attend`]). Exact numerics: bitnet.cpp's float path below.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     c: &Config,
     q: &[f32],
@@ -17,51 +24,29 @@ pub(crate) fn attend(
     pos0: usize,
     n: usize,
     numerics: Numerics,
-) -> Vec<f32> {
+    pool: &Pool,
+) -> Result<Vec<f32>> {
     let n_kv_pos = pos0 + n;
-    let (mut k, mut v) = (Vec::new(), Vec::new());
-    cache.read(layer, n_kv_pos, &mut k, &mut v);
     let mut out = vec![0.0f32; n * c.n_embd];
     match numerics {
-        Numerics::Fast => attend_fast(c, q, &k, &v, pos0, n, &mut out),
-        Numerics::Exact => attend_exact(c, q, &k, &v, pos0, n, &mut out),
-    }
-    out
-}
-
-fn attend_fast(
-    c: &Config,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    pos0: usize,
-    n: usize,
-    out: &mut [f32],
-) {
-    let (d, kv_w, gqa) = (c.head_dim, c.n_embd_kv(), c.n_gqa());
-    #[allow(clippy::cast_precision_loss)]
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut w = Vec::with_capacity(pos0 + n);
-    for t in 0..n {
-        let n_vis = pos0 + t + 1; // causal: positions 0..=pos0+t
-        for h in 0..c.n_head {
-            let g = h / gqa;
-            let qh = &q[t * c.n_embd + h * d..t * c.n_embd + (h + 1) * d];
-            w.clear();
-            w.extend((0..n_vis).map(|j| {
-                numerics::dot_f32(qh, &k[j * kv_w + g * d..j * kv_w + (g + 1) * d]) * scale
-            }));
-            numerics::softmax_fast(&mut w);
-            let o = &mut out[t * c.n_embd + h * d..t * c.n_embd + (h + 1) * d];
-            o.fill(0.0);
-            for (j, &p) in w.iter().enumerate() {
-                let vj = &v[j * kv_w + g * d..j * kv_w + (g + 1) * d];
-                for (oi, &vi) in o.iter_mut().zip(vj) {
-                    *oi += p * vi;
-                }
-            }
+        Numerics::Fast => {
+            let (k, v, layout) = cache.rows(layer);
+            let shape = AttnShape {
+                n_head: c.n_head,
+                n_head_kv: c.n_head_kv,
+                head_dim: c.head_dim,
+            };
+            #[allow(clippy::cast_precision_loss)]
+            let scale = 1.0 / (c.head_dim as f32).sqrt();
+            attn::attend(&shape, q, k, v, layout, pos0, n, scale, &mut out, pool)?;
+        }
+        Numerics::Exact => {
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            cache.read(layer, n_kv_pos, &mut k, &mut v);
+            attend_exact(c, q, &k, &v, pos0, n, &mut out);
         }
     }
+    Ok(out)
 }
 
 /// bitnet.cpp's path: Q rounded to f16; `kq = ggml_vec_dot_f16(q, k)`; the KV length padded

@@ -1,9 +1,12 @@
-//! Per-sequence KV cache: for each layer, K and V rows of `n_embd_kv` values per position.
+//! Per-sequence KV cache: for each layer, K and V rows of `head_dim` values per KV head and
+//! position.
 //!
-//! Layout: `k[layer]` is `[n_ctx][n_embd_kv]` row-major (position-major), same for `v`.
+//! Layout: `k[layer]` is `[n_head_kv][n_ctx][head_dim]` (head-major: each head's history is
+//! contiguous, which is what the attention kernel streams), same for `v`.
 //! Element type f32 or f16 (`--kv-cache f16` halves the memory; exact numerics requires f16,
 //! which is what bitnet.cpp stores).
 
+use bitnet_kernels::attn::{KvLayout, KvRows};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -92,6 +95,8 @@ pub struct KvCache {
     ty: KvType,
     n_ctx: usize,
     n_embd_kv: usize,
+    n_head_kv: usize,
+    head_dim: usize,
     len: usize,
     /// per layer: `[n_ctx][n_embd_kv]`
     k: Vec<Store>,
@@ -131,6 +136,8 @@ impl KvCache {
             ty,
             n_ctx,
             n_embd_kv: config.n_embd_kv(),
+            n_head_kv: config.n_head_kv,
+            head_dim: config.head_dim,
             len: 0,
             k,
             v,
@@ -183,20 +190,52 @@ impl KvCache {
         Ok(())
     }
 
-    /// Store K and V rows (`rows * n_embd_kv` values each) at positions `pos..`.
+    /// Store K and V rows (`rows * n_embd_kv` values each, position-major) at positions
+    /// `pos..`.
     pub(crate) fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let at = pos * self.n_embd_kv;
-        self.k[layer].write(at, k);
-        self.v[layer].write(at, v);
+        let d = self.head_dim;
+        for (r, (kr, vr)) in k
+            .chunks_exact(self.n_embd_kv)
+            .zip(v.chunks_exact(self.n_embd_kv))
+            .enumerate()
+        {
+            for g in 0..self.n_head_kv {
+                let at = (g * self.n_ctx + pos + r) * d;
+                self.k[layer].write(at, &kr[g * d..(g + 1) * d]);
+                self.v[layer].write(at, &vr[g * d..(g + 1) * d]);
+            }
+        }
     }
 
-    /// Read K and V for positions `0..n` of one layer as f32 (`[n][n_embd_kv]`).
+    /// Read K and V for positions `0..n` of one layer as f32, position-major
+    /// (`[n][n_embd_kv]`).
     pub(crate) fn read(&self, layer: usize, n: usize, k: &mut Vec<f32>, v: &mut Vec<f32>) {
-        let len = n * self.n_embd_kv;
-        k.resize(len, 0.0);
-        v.resize(len, 0.0);
-        self.k[layer].read(0, k);
-        self.v[layer].read(0, v);
+        let (d, kvw) = (self.head_dim, self.n_embd_kv);
+        k.resize(n * kvw, 0.0);
+        v.resize(n * kvw, 0.0);
+        for g in 0..self.n_head_kv {
+            for j in 0..n {
+                let at = (g * self.n_ctx + j) * d;
+                self.k[layer].read(at, &mut k[j * kvw + g * d..j * kvw + (g + 1) * d]);
+                self.v[layer].read(at, &mut v[j * kvw + g * d..j * kvw + (g + 1) * d]);
+            }
+        }
+    }
+
+    /// K and V of one layer in place, in the cache's element type, with their layout (every
+    /// position up to `n_ctx`; the caller reads only the filled ones).
+    pub(crate) fn rows(&self, layer: usize) -> (KvRows<'_>, KvRows<'_>, KvLayout) {
+        fn view(s: &Store) -> KvRows<'_> {
+            match s {
+                Store::F32(v) => KvRows::F32(v),
+                Store::F16(v) => KvRows::F16(v),
+            }
+        }
+        let layout = KvLayout {
+            pos_stride: self.head_dim,
+            head_stride: self.n_ctx * self.head_dim,
+        };
+        (view(&self.k[layer]), view(&self.v[layer]), layout)
     }
 
     pub(crate) fn advance(&mut self, n: usize) {

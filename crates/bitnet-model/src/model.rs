@@ -515,7 +515,8 @@ impl<'a> Model<'a> {
                 pos0,
                 len,
                 exec.numerics,
-            ));
+                exec.pool,
+            )?);
             first += len;
         }
         exec.emit("kqv_out", li, &o, n);

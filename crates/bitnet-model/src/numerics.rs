@@ -232,38 +232,6 @@ pub fn softmax_exact(w: &mut [f32]) {
     }
 }
 
-/// Plain f32 softmax with a max shift (fast mode). Masked entries are `-inf`.
-pub fn softmax_fast(w: &mut [f32]) {
-    let mx = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for v in w.iter_mut() {
-        *v = (*v - mx).exp();
-        sum += *v;
-    }
-    let inv = 1.0 / sum;
-    for v in w.iter_mut() {
-        *v *= inv;
-    }
-}
-
-/// `f32` dot product with 8 independent partial sums (vectorizes well; fast mode).
-pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let ca = a.chunks_exact(8);
-    let cb = b.chunks_exact(8);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

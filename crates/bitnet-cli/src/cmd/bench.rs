@@ -31,6 +31,16 @@ pub struct Args {
     /// One JSON object per test on stdout.
     #[arg(long)]
     json: bool,
+    /// Context depths, comma separated (llama-bench's `-d`): pp and tg run with this many
+    /// tokens already in the KV cache (filled once per thread count, untimed, in batches of
+    /// 512); tests at a depth are named like `tg64@d4096`. Batched decode runs at depth 0.
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    depth: Vec<usize>,
     /// Also measure batched decode: for each B listed (comma separated, ≥ 2), B sequences
     /// decode together, one token each per step, as the server's continuous batching does;
     /// reported as test `tg<N>x<B>` with the aggregate tok/s over all B sequences.
@@ -138,7 +148,7 @@ pub fn run(a: Args) -> Result<()> {
             a.model.kv_cache
         );
         println!(
-            "{:<8} {:>7} {:>12} {:>20} {:>10} {:>10} {:>8}",
+            "{:<14} {:>7} {:>12} {:>20} {:>10} {:>10} {:>8}",
             "test", "threads", "tok/s", "(min .. max)", "GB/s", "read GB/s", "ratio"
         );
     }
@@ -150,40 +160,56 @@ pub fn run(a: Args) -> Result<()> {
             trace: None,
         };
         let mut tests: Vec<(String, usize, Vec<f64>)> = Vec::new();
-        if a.n_prompt > 0 {
-            let prompt = tokens(a.n_prompt, n_vocab, 1);
-            let mut rates = Vec::new();
-            // one warm-up run pages the weights in
-            for rep in 0..=a.repetitions {
-                let mut cache = model.new_cache(n_ctx, a.model.kv_cache, u64::MAX)?;
-                let t0 = Instant::now();
-                model.forward(&prompt, &mut cache, Outputs::Last, &mut exec)?;
-                if rep > 0 {
-                    rates.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
-                }
+        for &depth in &a.depth {
+            let suffix = if depth > 0 {
+                format!("@d{depth}")
+            } else {
+                String::new()
+            };
+            // The history every repetition starts from; each one truncates back to it.
+            let mut cache = model.new_cache(depth + n_ctx, a.model.kv_cache, u64::MAX)?;
+            for chunk in tokens(depth, n_vocab, 3).chunks(512) {
+                model.forward(chunk, &mut cache, Outputs::None, &mut exec)?;
             }
-            tests.push((format!("pp{}", a.n_prompt), 1, rates));
-        }
-        if a.n_gen > 0 {
-            let mut rates = Vec::new();
-            for rep in 0..=a.repetitions {
-                let mut cache = model.new_cache(n_ctx, a.model.kv_cache, u64::MAX)?;
-                let mut logits =
-                    model.forward(&tokens(1, n_vocab, 2), &mut cache, Outputs::Last, &mut exec)?;
-                let t0 = Instant::now();
-                for _ in 0..a.n_gen {
-                    logits = model.forward(
-                        &[bitnet_sampling::argmax(&logits).unwrap_or(0)],
+            if a.n_prompt > 0 {
+                let prompt = tokens(a.n_prompt, n_vocab, 1);
+                let mut rates = Vec::new();
+                // one warm-up run pages the weights in
+                for rep in 0..=a.repetitions {
+                    cache.truncate(depth);
+                    let t0 = Instant::now();
+                    model.forward(&prompt, &mut cache, Outputs::Last, &mut exec)?;
+                    if rep > 0 {
+                        rates.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
+                    }
+                }
+                tests.push((format!("pp{}{suffix}", a.n_prompt), 1, rates));
+            }
+            if a.n_gen > 0 {
+                let mut rates = Vec::new();
+                for rep in 0..=a.repetitions {
+                    cache.truncate(depth);
+                    let mut logits = model.forward(
+                        &tokens(1, n_vocab, 2),
                         &mut cache,
                         Outputs::Last,
                         &mut exec,
                     )?;
+                    let t0 = Instant::now();
+                    for _ in 0..a.n_gen {
+                        logits = model.forward(
+                            &[bitnet_sampling::argmax(&logits).unwrap_or(0)],
+                            &mut cache,
+                            Outputs::Last,
+                            &mut exec,
+                        )?;
+                    }
+                    if rep > 0 {
+                        rates.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+                    }
                 }
-                if rep > 0 {
-                    rates.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
-                }
+                tests.push((format!("tg{}{suffix}", a.n_gen), 1, rates));
             }
-            tests.push((format!("tg{}", a.n_gen), 1, rates));
         }
         for &b in a.batch.iter().filter(|&&b| b >= 2 && a.n_gen > 0) {
             let mut rates = Vec::new();
@@ -262,14 +288,14 @@ pub fn run(a: Args) -> Result<()> {
                 );
             } else if is_tg {
                 println!(
-                    "{name:<8} {t:>7} {:>12.2} {:>20} {gbs:>10.2} {bw:>10.2} {:>8.2}",
+                    "{name:<14} {t:>7} {:>12.2} {:>20} {gbs:>10.2} {bw:>10.2} {:>8.2}",
                     s.median,
                     format!("({:.2} .. {:.2})", s.min, s.max),
                     gbs / bw
                 );
             } else {
                 println!(
-                    "{name:<8} {t:>7} {:>12.2} {:>20} {:>10} {bw:>10.2} {:>8}",
+                    "{name:<14} {t:>7} {:>12.2} {:>20} {:>10} {bw:>10.2} {:>8}",
                     s.median,
                     format!("({:.2} .. {:.2})", s.min, s.max),
                     "-",
