@@ -260,8 +260,14 @@ async fn shutdown_drains_in_flight_requests() {
     let addr = s.addr;
     // A short request (~0.2 s) finishes normally; a long one (~5 s) is ended at the
     // grace deadline with an error event, then [DONE].
-    let short =
-        tokio::spawn(async move { post(addr, COMPL, r#"{"prompt":"a","max_tokens":20,"temperature":0}"#).await });
+    let short = tokio::spawn(async move {
+        post(
+            addr,
+            COMPL,
+            r#"{"prompt":"a","max_tokens":20,"temperature":0}"#,
+        )
+        .await
+    });
     let (status, mut long, mut rest) = open_stream(
         addr,
         COMPL,

@@ -41,7 +41,12 @@ fn sigterm_drains_and_returns() {
         // ~0.5 s of generation, well inside the grace period.
         let req = tokio::spawn(async move {
             // Greedy: this prompt gives 50 tokens without an end-of-generation token.
-            post(addr, "/v1/completions", r#"{"prompt":"a","max_tokens":50,"temperature":0}"#).await
+            post(
+                addr,
+                "/v1/completions",
+                r#"{"prompt":"a","max_tokens":50,"temperature":0}"#,
+            )
+            .await
         });
         let t = Instant::now();
         while get(addr, "/metrics", &[])
