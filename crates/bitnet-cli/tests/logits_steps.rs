@@ -147,7 +147,9 @@ fn step_rows_are_not_one_batch() {
 
 #[test]
 fn step_mode_refuses_bad_input_and_writes_nothing() {
-    let dir = tmp_dir();
+    // A folder of its own: the other tests of this binary write theirs concurrently.
+    let dir = tmp_dir().join("refused");
+    std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("refused.f32");
     let model = golden_str("tiny/bitnet-tiny-i2_s.gguf");
     for then in ["4256", "1,2,99999"] {

@@ -1,15 +1,44 @@
-//! Sessions, the generation loop, stop rules and the context policy.
+//! Loading, sessions, the generation loop, stop rules and the context policy.
+//!
+//! One call turns a path into a ready engine; an engine holds its model (and the file the
+//! weights live in), so it is `'static` and `Send`:
+//!
+//! ```
+//! use bitnet_engine::{load, Event, GenParams, LoadOptions};
+//! use bitnet_sampling::SamplerParams;
+//!
+//! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/golden/tiny/bitnet-tiny-i2_s.gguf");
+//! let engine = load(path.as_ref(), &LoadOptions { threads: 2, ..Default::default() }, &mut |_| {})?;
+//! let prompt = engine.tokenizer.encode("Once upon a time", true, false)?;
+//! let mut session = engine.new_session(256)?;
+//! let params = GenParams {
+//!     max_tokens: 8,
+//!     sampler: SamplerParams { temperature: 0.0, ..Default::default() },
+//!     ..Default::default()
+//! };
+//! let mut text = String::new();
+//! let stats = engine.generate(&mut session, &prompt, false, &params, &mut |e| {
+//!     if let Event::Text(t) = e {
+//!         text.push_str(t);
+//!     }
+//!     true // keep going
+//! })?;
+//! assert!((1..=8).contains(&stats.generated_tokens)); // fewer if it ends its text
+//! # Ok::<(), bitnet_engine::EngineError>(())
+//! ```
 #![forbid(unsafe_code)]
 
+mod load;
 mod stop;
 
 use std::time::{Duration, Instant};
 
 use bitnet_kernels::Pool;
-use bitnet_model::{Exec, KvCache, KvType, Model, ModelError, Numerics, Outputs};
+use bitnet_model::{Exec, KvCache, KvType, Model, ModelError, Numerics, Outputs, OwnedModel};
 use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
+pub use load::{build_lm_head, load, LmHeadFormat, LoadEvent, LoadOptions};
 pub use stop::StopMatcher;
 
 /// Errors of a generation.
@@ -27,6 +56,17 @@ pub enum EngineError {
     ContextFull { n_past: usize, n_ctx: usize },
     #[error("exact numerics needs an f16 KV cache")]
     ExactNeedsF16,
+    #[error("exact numerics needs the file's F16 LM head (drop the quantized --lm-head)")]
+    ExactNeedsF16Head,
+    #[error("cannot open model {}: {error}", path.display())]
+    Open {
+        path: std::path::PathBuf,
+        error: bitnet_gguf::GgufError,
+    },
+    #[error("{what} must be at least 1")]
+    Zero { what: &'static str },
+    #[error(transparent)]
+    Kernel(#[from] bitnet_kernels::KernelError),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -128,6 +168,22 @@ pub struct EngineOptions {
     pub kv_budget_bytes: u64,
 }
 
+impl EngineOptions {
+    /// Every combination the engine cannot run, refused once, here.
+    pub fn validate(&self) -> Result<()> {
+        if self.threads == 0 {
+            return Err(EngineError::Zero { what: "threads" });
+        }
+        if self.n_batch == 0 {
+            return Err(EngineError::Zero { what: "n_batch" });
+        }
+        if self.numerics == Numerics::Exact && self.kv_type != KvType::F16 {
+            return Err(EngineError::ExactNeedsF16);
+        }
+        Ok(())
+    }
+}
+
 impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
@@ -140,10 +196,11 @@ impl Default for EngineOptions {
     }
 }
 
-/// A model, its tokenizer and a thread pool that lives for the whole run.
+/// A model (owning its file), its tokenizer and a thread pool that lives for the whole run.
+/// `'static` and `Send`: it can be moved to a server thread or into a foreign handle.
 #[derive(Debug)]
-pub struct Engine<'a> {
-    pub model: Model<'a>,
+pub struct Engine {
+    model: OwnedModel,
     pub tokenizer: Tokenizer,
     pool: Pool,
     opts: EngineOptions,
@@ -180,11 +237,11 @@ pub enum Event<'t> {
     Text(&'t str),
 }
 
-impl<'a> Engine<'a> {
-    pub fn new(model: Model<'a>, tokenizer: Tokenizer, opts: EngineOptions) -> Result<Self> {
-        if opts.numerics == Numerics::Exact && opts.kv_type != KvType::F16 {
-            return Err(EngineError::ExactNeedsF16);
-        }
+impl Engine {
+    /// An engine over a loaded model (see [`load`] for the whole loading sequence from a
+    /// path). The options are validated here.
+    pub fn new(model: OwnedModel, tokenizer: Tokenizer, opts: EngineOptions) -> Result<Self> {
+        opts.validate()?;
         let pool = Pool::new(opts.threads.max(1));
         Ok(Engine {
             model,
@@ -198,15 +255,25 @@ impl<'a> Engine<'a> {
         &self.opts
     }
 
+    /// The model.
+    pub fn model(&self) -> &Model<'_> {
+        self.model.model()
+    }
+
+    /// The file the model reads.
+    pub fn file(&self) -> &bitnet_gguf::GgufFile {
+        self.model.file()
+    }
+
     pub fn pool(&self) -> &Pool {
         &self.pool
     }
 
     /// A new session with room for `n_ctx` positions (at most the training context).
     pub fn new_session(&self, n_ctx: usize) -> Result<Session> {
-        let n_ctx = n_ctx.min(self.model.config.n_ctx_train).max(1);
+        let n_ctx = n_ctx.min(self.model().config.n_ctx_train).max(1);
         let cache = self
-            .model
+            .model()
             .new_cache(n_ctx, self.opts.kv_type, self.opts.kv_budget_bytes)?;
         Ok(Session {
             cache,
@@ -236,7 +303,7 @@ impl<'a> Engine<'a> {
             } else {
                 Outputs::None
             };
-            let l = self.model.forward(chunk, &mut s.cache, out, &mut exec)?;
+            let l = self.model().forward(chunk, &mut s.cache, out, &mut exec)?;
             if outputs == Outputs::All {
                 logits.extend(l);
             } else {
@@ -277,7 +344,7 @@ impl<'a> Engine<'a> {
                 outputs: Outputs::Last,
             })
             .collect();
-        let logits = self.model.forward_seqs(&mut seqs, &mut exec)?;
+        let logits = self.model().forward_seqs(&mut seqs, &mut exec)?;
         drop(seqs);
         for (s, &t) in sessions.iter_mut().zip(tokens) {
             s.tokens.push(t);

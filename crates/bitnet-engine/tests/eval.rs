@@ -2,7 +2,7 @@
 
 use bitnet_engine::{Engine, EngineOptions};
 use bitnet_gguf::{GgufFile, Limits};
-use bitnet_model::{Model, Outputs};
+use bitnet_model::{Outputs, OwnedModel};
 use bitnet_tokenizer::Tokenizer;
 
 /// A prompt split into several prefill batches still yields one logits row per position, and
@@ -10,15 +10,17 @@ use bitnet_tokenizer::Tokenizer;
 /// except in attention's summation order, hence the small tolerance).
 #[test]
 fn all_outputs_span_every_prefill_batch() {
-    let f = GgufFile::from_bytes(
-        bitnet_testkit::tiny_model_bytes(2).unwrap(),
-        &Limits::default(),
-    )
-    .unwrap();
+    let f = std::sync::Arc::new(
+        GgufFile::from_bytes(
+            bitnet_testkit::tiny_model_bytes(2).unwrap(),
+            &Limits::default(),
+        )
+        .unwrap(),
+    );
     let engine = |n_batch| {
         let tok = Tokenizer::from_gguf(f.metadata(), None).unwrap();
         Engine::new(
-            Model::load(&f).unwrap(),
+            OwnedModel::load(std::sync::Arc::clone(&f)).unwrap(),
             tok,
             EngineOptions {
                 n_batch,
@@ -33,7 +35,7 @@ fn all_outputs_span_every_prefill_batch() {
     let mut s2 = big.new_session(32).unwrap();
     let a = small.eval(&mut s1, &ids, Outputs::All).unwrap();
     let b = big.eval(&mut s2, &ids, Outputs::All).unwrap();
-    let n_vocab = small.model.config.n_vocab;
+    let n_vocab = small.model().config.n_vocab;
     assert_eq!(a.len(), ids.len() * n_vocab);
     assert_eq!(b.len(), a.len());
     let max = a

@@ -10,9 +10,11 @@ pub mod kv_cache;
 pub mod model;
 pub mod names;
 pub mod numerics;
+mod owned;
 
 pub use config::{Activation, Config};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, KvType};
 pub use model::{Exec, Layer, Model, Outputs, Seq, TraceEvent};
 pub use numerics::Numerics;
+pub use owned::OwnedModel;

@@ -231,14 +231,11 @@ impl Server {
 
 impl ServerHandle {
     /// Start the scheduler thread: it runs `loader` (the server answers 503 meanwhile),
-    /// allocates every slot's KV cache, then serves.
-    ///
-    /// The engine must live as long as the server: a caller typically leaks the
-    /// `GgufFile` it borrows (`Box::leak`), which is sound and costs nothing for a file
-    /// that is needed until the process exits.
+    /// allocates every slot's KV cache, then serves. The engine owns its model and file
+    /// (`bitnet_engine::load`), and is dropped with the scheduler.
     pub fn load<F>(&self, loader: F)
     where
-        F: FnOnce() -> Result<Engine<'static>, String> + Send + 'static,
+        F: FnOnce() -> Result<Engine, String> + Send + 'static,
     {
         let shared = Arc::clone(&self.shared);
         let handle = std::thread::Builder::new()
@@ -289,7 +286,7 @@ impl ServerHandle {
 
 fn run_scheduler<F>(shared: &Arc<Shared>, loader: F)
 where
-    F: FnOnce() -> Result<Engine<'static>, String>,
+    F: FnOnce() -> Result<Engine, String>,
 {
     let engine = match loader() {
         Ok(e) => e,
@@ -298,7 +295,7 @@ where
             return;
         }
     };
-    let n_ctx_train = engine.model.config.n_ctx_train;
+    let n_ctx_train = engine.model().config.n_ctx_train;
     let n_ctx = shared
         .cfg
         .n_ctx
@@ -306,7 +303,7 @@ where
         .min(n_ctx_train)
         .max(1);
     let tokenizer = Arc::new(engine.tokenizer.clone());
-    let n_vocab = engine.model.config.n_vocab;
+    let n_vocab = engine.model().config.n_vocab;
     let cfg = scheduler::SchedConfig {
         parallel: shared.cfg.parallel,
         n_ctx,
@@ -369,7 +366,7 @@ pub fn run_blocking<L>(
     mut on_event: impl FnMut(Lifecycle) + Send + 'static,
 ) -> Result<(), ServerError>
 where
-    L: FnOnce() -> Result<Engine<'static>, String> + Send + 'static,
+    L: FnOnce() -> Result<Engine, String> + Send + 'static,
 {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

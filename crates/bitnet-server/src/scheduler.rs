@@ -136,7 +136,7 @@ struct Plan {
 }
 
 pub(crate) struct Scheduler {
-    engine: Engine<'static>,
+    engine: Engine,
     slots: Vec<Slot>,
     waiting: VecDeque<Job>,
     cfg: SchedConfig,
@@ -149,7 +149,7 @@ pub(crate) struct Scheduler {
 impl Scheduler {
     /// Allocate every slot's KV cache up front, so memory use is fixed from the start.
     pub fn new(
-        engine: Engine<'static>,
+        engine: Engine,
         cfg: SchedConfig,
         metrics: Arc<Metrics>,
     ) -> Result<Self, bitnet_model::ModelError> {
@@ -157,7 +157,7 @@ impl Scheduler {
         for _ in 0..cfg.parallel {
             let opts = engine.options();
             let cache = engine
-                .model
+                .model()
                 .new_cache(cfg.n_ctx, opts.kv_type, opts.kv_budget_bytes)?;
             slots.push(Slot {
                 cache,
@@ -446,7 +446,7 @@ impl Scheduler {
                 });
             }
         }
-        engine.model.forward_seqs(&mut seqs, &mut exec)
+        engine.model().forward_seqs(&mut seqs, &mut exec)
     }
 
     /// Sample the next token of slot `i` from `logits`; `Some` when generation ends.

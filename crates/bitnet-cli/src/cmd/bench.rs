@@ -114,8 +114,19 @@ pub fn run(a: Args) -> Result<()> {
     let path = a.model.path()?;
     let file = open_gguf(&path, a.model.in_memory)?;
     let mut model = Model::load(&file).context("cannot load model")?;
-    let released =
-        super::common::apply_lm_head(&mut model, &file, &a.model, &Pool::new(a.model.threads()))?;
+    if a.model.numerics == bitnet_model::Numerics::Exact
+        && a.model.lm_head != super::common::LmHead::F16
+    {
+        bail!("{}", bitnet_engine::EngineError::ExactNeedsF16Head);
+    }
+    let mut progress = super::common::LoadProgress::new();
+    let released = bitnet_engine::build_lm_head(
+        &mut model,
+        &file,
+        a.model.lm_head.format(),
+        &Pool::new(a.model.threads()),
+        &mut |e| progress.event(e),
+    )?;
     let listed = a
         .threads_list
         .clone()

@@ -14,7 +14,7 @@ use bitnet_engine::{ContextPolicy, Event, FinishReason, GenParams};
 use bitnet_tokenizer::{ChatMessage, ChatRole};
 use rustyline::error::ReadlineError;
 
-use super::common::{ctx_size, load_engine, open_gguf, ModelArgs, SamplingArgs};
+use super::common::{ctx_size, load_engine_at, ModelArgs, SamplingArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -32,8 +32,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let path = a.model.path()?;
-    let file = open_gguf(&path, a.model.in_memory)?;
-    let engine = load_engine(&file, &a.model)?;
+    let engine = load_engine_at(&path, &a.model)?;
     let tok = &engine.tokenizer;
     let mut session = engine.new_session(ctx_size(&a.model, &engine))?;
     let params = GenParams {

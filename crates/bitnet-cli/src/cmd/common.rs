@@ -109,65 +109,57 @@ pub enum LmHead {
     Q4_0,
 }
 
-/// Replace the model's LM head with a quantized copy when asked (progress on stderr).
-///
-/// When `file` is memory-mapped, the pages of the source matrix (the F16 embedding of a tied
-/// head) are released as they are converted, so they are not resident beside the quantized
-/// copy: token embedding lookups later fault in only the rows they read. Returns the byte
-/// range of the file so released, if any.
-pub fn apply_lm_head(
-    model: &mut bitnet_model::Model<'_>,
-    file: &GgufFile,
-    a: &ModelArgs,
-    pool: &bitnet_kernels::Pool,
-) -> Result<Option<std::ops::Range<usize>>> {
-    use bitnet_kernels::{RowMatrix, RowType};
-    let ty = match a.lm_head {
-        LmHead::F16 => return Ok(None),
-        LmHead::Q8_0 => RowType::Q8_0,
-        LmHead::Q6K => RowType::Q6K,
-        LmHead::Q4_0 => RowType::Q4_0,
-    };
-    if a.numerics == bitnet_model::Numerics::Exact {
-        anyhow::bail!("--numerics exact needs the F16 LM head (drop --lm-head)");
-    }
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_message(format!(
-        "building a {:?} LM head from the embedding",
-        a.lm_head
-    ));
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    let t = std::time::Instant::now();
-    let release_error = std::sync::OnceLock::new();
-    let released = std::sync::atomic::AtomicBool::new(false);
-    let q = RowMatrix::quantize_from_releasing(model.lm_head(), ty, pool, &|bytes| {
-        match file.release(bytes) {
-            Ok(r) => {
-                released.fetch_or(r, std::sync::atomic::Ordering::Relaxed);
-            }
-            // A source that is not the file's bytes (nothing mapped to release).
-            Err(bitnet_gguf::GgufError::NotInFile { .. }) => {}
-            Err(e) => {
-                let _ = release_error.set(e.to_string());
-            }
+impl LmHead {
+    pub fn format(self) -> bitnet_engine::LmHeadFormat {
+        match self {
+            LmHead::F16 => bitnet_engine::LmHeadFormat::File,
+            LmHead::Q8_0 => bitnet_engine::LmHeadFormat::Q8_0,
+            LmHead::Q6K => bitnet_engine::LmHeadFormat::Q6K,
+            LmHead::Q4_0 => bitnet_engine::LmHeadFormat::Q4_0,
         }
-    })?;
-    bar.finish_and_clear();
-    if let Some(e) = release_error.get() {
-        eprintln!("note: the source of the LM head stays resident ({e})");
     }
-    let range = file
-        .range_of(model.lm_head().data())
-        .filter(|_| released.into_inner() && release_error.get().is_none());
-    eprintln!(
-        "LM head: {:?}, {} in memory (was {}), built in {:.1} s",
-        a.lm_head,
-        human_bytes(q.nbytes() as u64),
-        human_bytes(model.lm_head().nbytes() as u64),
-        t.elapsed().as_secs_f64()
-    );
-    model.set_lm_head(q);
-    Ok(range)
+}
+
+/// Loading progress on stderr: a spinner while the LM head is built, notes as they come.
+pub struct LoadProgress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl LoadProgress {
+    pub fn new() -> Self {
+        LoadProgress { bar: None }
+    }
+
+    pub fn event(&mut self, e: bitnet_engine::LoadEvent<'_>) {
+        use bitnet_engine::LoadEvent;
+        match e {
+            LoadEvent::Opened { .. } => {}
+            LoadEvent::LmHeadStart { format, .. } => {
+                let bar = indicatif::ProgressBar::new_spinner();
+                bar.set_message(format!("building a {format:?} LM head from the embedding"));
+                bar.enable_steady_tick(std::time::Duration::from_millis(120));
+                self.bar = Some(bar);
+            }
+            LoadEvent::LmHeadDone {
+                format,
+                bytes,
+                source_bytes,
+                elapsed,
+                ..
+            } => {
+                if let Some(bar) = self.bar.take() {
+                    bar.finish_and_clear();
+                }
+                eprintln!(
+                    "LM head: {format:?}, {} in memory (was {}), built in {:.1} s",
+                    human_bytes(bytes as u64),
+                    human_bytes(source_bytes as u64),
+                    elapsed.as_secs_f64()
+                );
+            }
+            LoadEvent::Note(n) => eprintln!("note: {n}"),
+        }
+    }
 }
 
 impl ModelArgs {
@@ -207,26 +199,41 @@ impl ModelArgs {
     }
 }
 
-/// Build the engine over an opened file.
-pub fn load_engine<'a>(file: &'a GgufFile, a: &ModelArgs) -> Result<bitnet_engine::Engine<'a>> {
-    let threads = a.single_threads()?;
-    let mut model = bitnet_model::Model::load(file).context("cannot load model")?;
-    apply_lm_head(&mut model, file, a, &bitnet_kernels::Pool::new(threads))?;
-    let tokenizer = bitnet_tokenizer::Tokenizer::from_gguf(file.metadata(), a.pre_tokenizer()?)
-        .context("cannot build the tokenizer")?;
-    let opts = bitnet_engine::EngineOptions {
-        threads,
-        numerics: a.numerics,
-        kv_type: a.kv_cache,
-        ..Default::default()
-    };
-    Ok(bitnet_engine::Engine::new(model, tokenizer, opts)?)
+impl ModelArgs {
+    /// The library's load options for these flags (one thread count).
+    pub fn load_options(&self) -> Result<bitnet_engine::LoadOptions> {
+        Ok(bitnet_engine::LoadOptions {
+            threads: self.single_threads()?,
+            numerics: self.numerics,
+            kv_type: self.kv_cache,
+            lm_head: self.lm_head.format(),
+            in_memory: self.in_memory,
+            pre_tokenizer: self.pre_tokenizer()?,
+            ..Default::default()
+        })
+    }
+}
+
+/// Resolve the model path (downloading when needed) and load the engine, with progress on
+/// stderr.
+pub fn load_engine(a: &ModelArgs) -> Result<bitnet_engine::Engine> {
+    load_engine_at(&a.path()?, a)
+}
+
+/// Load the engine from `path` with the flags in `a`, with progress on stderr.
+pub fn load_engine_at(path: &std::path::Path, a: &ModelArgs) -> Result<bitnet_engine::Engine> {
+    let opts = a.load_options()?;
+    let mut progress = LoadProgress::new();
+    bitnet_engine::load(path, &opts, &mut |e| progress.event(e)).map_err(|e| match e {
+        bitnet_engine::EngineError::Open { .. } => anyhow::Error::from(e),
+        other => anyhow::Error::from(other).context("cannot load model"),
+    })
 }
 
 /// The session context size: `--ctx-size`, else the training context capped at 4096.
-pub fn ctx_size(a: &ModelArgs, engine: &bitnet_engine::Engine<'_>) -> usize {
+pub fn ctx_size(a: &ModelArgs, engine: &bitnet_engine::Engine) -> usize {
     a.ctx_size
-        .unwrap_or_else(|| engine.model.config.n_ctx_train.min(4096))
+        .unwrap_or_else(|| engine.model().config.n_ctx_train.min(4096))
 }
 
 /// Peak resident memory of this process (Linux `VmHWM`), in bytes.

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use bitnet_model::Outputs;
 
-use super::common::{load_engine, open_gguf, ModelArgs};
+use super::common::{load_engine, ModelArgs};
 use crate::output::{write_f32s, AtomicFile};
 
 #[derive(Debug, clap::Args)]
@@ -45,9 +45,7 @@ pub fn run(a: Args) -> Result<()> {
     if to_stdout && std::io::stdout().is_terminal() {
         bail!("logits are binary: give --out FILE or redirect stdout");
     }
-    let path = a.model.path()?;
-    let file = open_gguf(&path, a.model.in_memory)?;
-    let engine = load_engine(&file, &a.model)?;
+    let engine = load_engine(&a.model)?;
     let ids = match (&a.prompt, a.ids) {
         (Some(p), _) => engine
             .tokenizer
@@ -59,14 +57,14 @@ pub fn run(a: Args) -> Result<()> {
         bail!("the prompt has no tokens");
     }
     let then = a.then.unwrap_or_default();
-    let n_vocab = engine.model.config.n_vocab;
+    let n_vocab = engine.model().config.n_vocab;
     let n_ctx = ids.len() + then.len();
-    if n_ctx > engine.model.config.n_ctx_train {
+    if n_ctx > engine.model().config.n_ctx_train {
         bail!(
             "{} prompt and {} step tokens need {n_ctx} positions; the model's context is {}",
             ids.len(),
             then.len(),
-            engine.model.config.n_ctx_train
+            engine.model().config.n_ctx_train
         );
     }
     if let Some(&bad) = then

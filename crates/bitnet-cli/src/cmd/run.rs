@@ -6,9 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use bitnet_engine::{ContextPolicy, Event, GenParams};
 
-use super::common::{
-    ctx_size, human_bytes, load_engine, open_gguf, peak_rss_bytes, ModelArgs, SamplingArgs,
-};
+use super::common::{ctx_size, human_bytes, load_engine, peak_rss_bytes, ModelArgs, SamplingArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -38,9 +36,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let t_load = Instant::now();
-    let path = a.model.path()?;
-    let file = open_gguf(&path, a.model.in_memory)?;
-    let engine = load_engine(&file, &a.model)?;
+    let engine = load_engine(&a.model)?;
     let load_time = t_load.elapsed();
     let params = GenParams {
         max_tokens: a.n_predict,

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use bitnet_server::{Lifecycle, ServerConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::common::{load_engine, open_gguf, ModelArgs};
+use super::common::ModelArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -93,7 +93,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     let model_args = a.model.clone();
     let load_bar = bar.clone();
-    let loader = move || -> Result<bitnet_engine::Engine<'static>, String> {
+    let loader = move || -> Result<bitnet_engine::Engine, String> {
         let b = load_bar;
         b.enable_steady_tick(Duration::from_millis(120));
         b.set_message("locating the model");
@@ -102,14 +102,13 @@ pub fn run(a: Args) -> Result<()> {
             .suspend(|| model_args.path())
             .map_err(|e| format!("{e:#}"))?;
         b.inc(1);
-        b.set_message(format!("opening {}", path.display()));
-        let file = open_gguf(&path, model_args.in_memory).map_err(|e| format!("{e:#}"))?;
-        // The server runs until the process exits, so the file it borrows from does too.
-        let file: &'static bitnet_gguf::GgufFile = Box::leak(Box::new(file));
-        b.inc(1);
-        b.set_message("binding weights and building the tokenizer");
-        let engine = load_engine(file, &model_args).map_err(|e| format!("{e:#}"))?;
-        b.inc(1);
+        b.set_message(format!("loading {}", path.display()));
+        let opts = model_args.load_options().map_err(|e| format!("{e:#}"))?;
+        let mut progress = super::common::LoadProgress::new();
+        let engine = b
+            .suspend(|| bitnet_engine::load(&path, &opts, &mut |e| progress.event(e)))
+            .map_err(|e| format!("cannot load model: {e}"))?;
+        b.inc(2);
         // One token through every layer: faults the mapped weights in, so the first
         // request does not pay for it.
         b.set_message("warming up");

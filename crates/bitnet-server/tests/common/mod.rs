@@ -3,12 +3,12 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bitnet_engine::{Engine, EngineOptions};
 use bitnet_gguf::{GgufFile, Limits};
-use bitnet_model::Model;
+use bitnet_model::OwnedModel;
 use bitnet_server::{Server, ServerConfig, ServerHandle};
 use bitnet_tokenizer::Tokenizer;
 use serde_json::Value;
@@ -19,21 +19,21 @@ pub fn tiny_path() -> std::path::PathBuf {
     bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf")
 }
 
-/// The golden tiny model, opened once per test binary and leaked (it lives as long as
-/// the process, like a served model).
-pub fn tiny_file() -> &'static GgufFile {
-    static F: OnceLock<&'static GgufFile> = OnceLock::new();
-    F.get_or_init(|| {
-        let f = GgufFile::open(&tiny_path(), &Limits::default())
-            .expect("the golden tiny model (testdata/golden/tiny) opens");
-        Box::leak(Box::new(f))
-    })
+/// The golden tiny model, opened once per test binary and shared.
+pub fn tiny_file() -> Arc<GgufFile> {
+    static F: OnceLock<Arc<GgufFile>> = OnceLock::new();
+    Arc::clone(F.get_or_init(|| {
+        Arc::new(
+            GgufFile::open(&tiny_path(), &Limits::default())
+                .expect("the golden tiny model (testdata/golden/tiny) opens"),
+        )
+    }))
 }
 
-pub fn tiny_engine() -> Engine<'static> {
+pub fn tiny_engine() -> Engine {
     let f = tiny_file();
-    let model = Model::load(f).unwrap();
     let tok = Tokenizer::from_gguf(f.metadata(), None).unwrap();
+    let model = OwnedModel::load(f).unwrap();
     Engine::new(
         model,
         tok,

@@ -1,0 +1,210 @@
+//! One loading call: a path and options in, a ready [`Engine`] out.
+//!
+//! open (memory-mapped, or read into memory) → bind the model → optionally re-encode the LM
+//! head (releasing the mapped pages of its source as they are converted) → tokenizer →
+//! engine. Every option is validated once, before anything heavy runs. Progress is reported
+//! through a callback (the CLI turns it into progress bars and notes).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bitnet_gguf::{GgufError, GgufFile, Limits};
+use bitnet_kernels::{Pool, RowMatrix, RowType};
+use bitnet_model::{KvType, Model, Numerics, OwnedModel};
+use bitnet_tokenizer::{PreTokenizer, Tokenizer};
+
+use crate::{Engine, EngineError, EngineOptions, Result};
+
+/// How the LM head is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LmHeadFormat {
+    /// The file's own matrix (the tied F16 embedding of the official file): exact.
+    #[default]
+    File,
+    /// A Q8_0 copy built at load (less to read per token, small logit error).
+    Q8_0,
+    /// A Q6_K copy built at load.
+    Q6K,
+    /// A Q4_0 copy built at load.
+    Q4_0,
+}
+
+impl LmHeadFormat {
+    fn row_type(self) -> Option<RowType> {
+        match self {
+            LmHeadFormat::File => None,
+            LmHeadFormat::Q8_0 => Some(RowType::Q8_0),
+            LmHeadFormat::Q6K => Some(RowType::Q6K),
+            LmHeadFormat::Q4_0 => Some(RowType::Q4_0),
+        }
+    }
+}
+
+/// Everything [`load`] needs besides the path.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Threads of the engine's pool (and of the LM-head conversion).
+    pub threads: usize,
+    pub numerics: Numerics,
+    pub kv_type: KvType,
+    pub lm_head: LmHeadFormat,
+    /// Read the whole file into memory instead of mapping it (immune to the file changing
+    /// underneath; costs its size in RAM).
+    pub in_memory: bool,
+    /// Pre-tokenizer override (default: from the file, LLaMA-3 for the official one).
+    pub pre_tokenizer: Option<PreTokenizer>,
+    /// Tokens per prefill batch.
+    pub n_batch: usize,
+    /// Upper bound for one session's KV cache.
+    pub kv_budget_bytes: u64,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        let e = EngineOptions::default();
+        LoadOptions {
+            threads: e.threads,
+            numerics: e.numerics,
+            kv_type: e.kv_type,
+            lm_head: LmHeadFormat::File,
+            in_memory: false,
+            pre_tokenizer: None,
+            n_batch: e.n_batch,
+            kv_budget_bytes: e.kv_budget_bytes,
+        }
+    }
+}
+
+impl LoadOptions {
+    fn engine_options(&self) -> EngineOptions {
+        EngineOptions {
+            threads: self.threads,
+            numerics: self.numerics,
+            kv_type: self.kv_type,
+            n_batch: self.n_batch,
+            kv_budget_bytes: self.kv_budget_bytes,
+        }
+    }
+
+    /// Every combination that cannot run, refused before the file is opened.
+    pub fn validate(&self) -> Result<()> {
+        self.engine_options().validate()?;
+        if self.numerics == Numerics::Exact && self.lm_head != LmHeadFormat::File {
+            return Err(EngineError::ExactNeedsF16Head);
+        }
+        Ok(())
+    }
+}
+
+/// What loading reports as it goes.
+#[derive(Debug)]
+pub enum LoadEvent<'a> {
+    /// The file is open.
+    Opened { path: &'a Path, bytes: u64 },
+    /// The LM head conversion started (`rows` to convert).
+    LmHeadStart { format: LmHeadFormat, rows: usize },
+    /// The LM head is built.
+    LmHeadDone {
+        format: LmHeadFormat,
+        /// Bytes of the new head, and of the matrix it was built from.
+        bytes: usize,
+        source_bytes: usize,
+        elapsed: Duration,
+        /// Whether the source's mapped pages were released.
+        released: bool,
+    },
+    /// Something the user should know that does not stop loading.
+    Note(String),
+}
+
+/// Open `path` and build an engine with `opts`, reporting progress to `progress`.
+pub fn load(
+    path: &Path,
+    opts: &LoadOptions,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<Engine> {
+    opts.validate()?;
+    let limits = Limits::default();
+    let opened = if opts.in_memory {
+        GgufFile::open_in_memory(path, &limits)
+    } else {
+        GgufFile::open(path, &limits)
+    };
+    let file = opened.map_err(|error| EngineError::Open {
+        path: PathBuf::from(path),
+        error,
+    })?;
+    progress(LoadEvent::Opened {
+        path,
+        bytes: file.file_size(),
+    });
+    let mut model = OwnedModel::load(Arc::new(file))?;
+    if opts.lm_head != LmHeadFormat::File {
+        let pool = Pool::new(opts.threads);
+        let mut err = None;
+        model.with_model_mut(|file, m| {
+            if let Err(e) = build_lm_head(m, file, opts.lm_head, &pool, progress) {
+                err = Some(e);
+            }
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+    }
+    let tokenizer = Tokenizer::from_gguf(model.file().metadata(), opts.pre_tokenizer)?;
+    Engine::new(model, tokenizer, opts.engine_options())
+}
+
+/// Replace `model`'s LM head with a `format` copy of it (no-op for [`LmHeadFormat::File`]).
+///
+/// When `file` is memory-mapped, the pages of the source matrix (the F16 embedding of a tied
+/// head) are released as they are converted, so they are not resident beside the new copy:
+/// token embedding lookups later fault in only the rows they read. Returns the byte range of
+/// the file so released, if any.
+pub fn build_lm_head(
+    model: &mut Model<'_>,
+    file: &GgufFile,
+    format: LmHeadFormat,
+    pool: &Pool,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<Option<std::ops::Range<usize>>> {
+    let Some(ty) = format.row_type() else {
+        return Ok(None);
+    };
+    progress(LoadEvent::LmHeadStart {
+        format,
+        rows: model.lm_head().rows(),
+    });
+    let t = Instant::now();
+    let release_error = std::sync::OnceLock::new();
+    let released = std::sync::atomic::AtomicBool::new(false);
+    let q = RowMatrix::quantize_from_releasing(model.lm_head(), ty, pool, &|bytes| {
+        match file.release(bytes) {
+            Ok(r) => {
+                released.fetch_or(r, std::sync::atomic::Ordering::Relaxed);
+            }
+            // A source that is not the file's bytes (nothing mapped to release).
+            Err(GgufError::NotInFile { .. }) => {}
+            Err(e) => {
+                let _ = release_error.set(e.to_string());
+            }
+        }
+    })?;
+    if let Some(e) = release_error.get() {
+        progress(LoadEvent::Note(format!(
+            "the source of the LM head stays resident ({e})"
+        )));
+    }
+    let released = released.into_inner() && release_error.get().is_none();
+    let range = file.range_of(model.lm_head().data()).filter(|_| released);
+    progress(LoadEvent::LmHeadDone {
+        format,
+        bytes: q.nbytes(),
+        source_bytes: model.lm_head().nbytes(),
+        elapsed: t.elapsed(),
+        released,
+    });
+    model.set_lm_head(q);
+    Ok(range)
+}

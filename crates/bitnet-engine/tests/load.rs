@@ -1,0 +1,130 @@
+//! The library's loading call: options validated before anything is opened, typed errors,
+//! an engine that owns its model (moved to another thread and used there), the LM-head
+//! conversion reported through the progress callback.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use bitnet_engine::{load, Engine, EngineError, LmHeadFormat, LoadEvent, LoadOptions};
+use bitnet_model::{KvType, Numerics, Outputs};
+
+fn tiny() -> PathBuf {
+    bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf")
+}
+
+fn assert_send_static<T: Send + 'static>() {}
+
+#[test]
+fn an_engine_is_send_and_static_and_works_on_another_thread() {
+    assert_send_static::<Engine>();
+    let engine = load(&tiny(), &LoadOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(engine.model().config.n_vocab, 4256);
+    let ids = bitnet_testdata::read("tiny/p1_english.tokens.json");
+    let meta: serde_json::Value = serde_json::from_slice(&ids).unwrap();
+    let prompt: Vec<u32> = meta["prompt_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| u32::try_from(v.as_u64().unwrap()).unwrap())
+        .collect();
+    let logits = std::thread::spawn(move || {
+        let mut s = engine.new_session(64).unwrap();
+        engine.eval(&mut s, &prompt, Outputs::Last).unwrap()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(logits.len(), 4256);
+    // The golden model's first greedy token, as bitnet.cpp chose it.
+    let first = meta["generated_tokens"][0].as_u64().unwrap();
+    let argmax = logits
+        .iter()
+        .enumerate()
+        .fold(0, |b, (i, &x)| if x > logits[b] { i } else { b });
+    assert_eq!(argmax as u64, first);
+}
+
+#[test]
+fn bad_option_combinations_are_refused_before_opening() {
+    let nowhere = PathBuf::from("/nonexistent/model.gguf");
+    type Expect = fn(&EngineError) -> bool;
+    let cases: [(LoadOptions, Expect); 4] = [
+        (
+            LoadOptions {
+                numerics: Numerics::Exact,
+                lm_head: LmHeadFormat::Q8_0,
+                ..Default::default()
+            },
+            |e| matches!(e, EngineError::ExactNeedsF16Head),
+        ),
+        (
+            LoadOptions {
+                numerics: Numerics::Exact,
+                kv_type: KvType::F32,
+                ..Default::default()
+            },
+            |e| matches!(e, EngineError::ExactNeedsF16),
+        ),
+        (
+            LoadOptions {
+                threads: 0,
+                ..Default::default()
+            },
+            |e| matches!(e, EngineError::Zero { what: "threads" }),
+        ),
+        (
+            LoadOptions {
+                n_batch: 0,
+                ..Default::default()
+            },
+            |e| matches!(e, EngineError::Zero { what: "n_batch" }),
+        ),
+    ];
+    for (opts, want) in cases {
+        let e = load(&nowhere, &opts, &mut |_| panic!("nothing may be reported")).unwrap_err();
+        assert!(want(&e), "{opts:?}: {e}");
+    }
+    let e = load(&nowhere, &LoadOptions::default(), &mut |_| {}).unwrap_err();
+    assert!(matches!(e, EngineError::Open { .. }), "{e}");
+    assert!(e.to_string().contains("/nonexistent/model.gguf"), "{e}");
+}
+
+#[test]
+fn a_quantized_head_is_built_and_reported() {
+    let mut events = Vec::new();
+    let opts = LoadOptions {
+        lm_head: LmHeadFormat::Q8_0,
+        threads: 2,
+        ..Default::default()
+    };
+    let q8 = load(&tiny(), &opts, &mut |e| {
+        events.push(match e {
+            LoadEvent::Opened { .. } => "opened",
+            LoadEvent::LmHeadStart { rows: 4256, .. } => "start",
+            LoadEvent::LmHeadDone {
+                format: LmHeadFormat::Q8_0,
+                ..
+            } => "done",
+            LoadEvent::Note(_) => "note",
+            _ => "other",
+        });
+    })
+    .unwrap();
+    assert_eq!(events, ["opened", "start", "done"]);
+    let f16 = load(&tiny(), &LoadOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(
+        q8.model().lm_head().row_type(),
+        bitnet_kernels::RowType::Q8_0
+    );
+    let ids = [4000u32, 791, 1864, 315];
+    let run = |e: &Engine| {
+        let mut s = e.new_session(8).unwrap();
+        e.eval(&mut s, &ids, Outputs::Last).unwrap()
+    };
+    let (a, b) = (run(&q8), run(&f16));
+    let max = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(max > 0.0 && max < 0.05, "Q8_0 head moved logits by {max}");
+}
