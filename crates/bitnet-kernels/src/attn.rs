@@ -34,6 +34,19 @@ use crate::dispatch::Isa;
 use crate::pool::SharedMut;
 use crate::{KernelError, Pool};
 
+/// `f::<N>(args)` with N = `n` (1..=4): the query-count-specialized x86 loops.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_count {
+    ($n:expr, $($f:ident)::+, ($($arg:expr),*)) => {
+        match $n {
+            4 => $($f)::+::<4>($($arg),*),
+            3 => $($f)::+::<3>($($arg),*),
+            2 => $($f)::+::<2>($($arg),*),
+            _ => $($f)::+::<1>($($arg),*),
+        }
+    };
+}
+
 /// Query rows per work item.
 pub const TOKEN_BLOCK: usize = 4;
 /// KV positions per online-softmax step.
@@ -531,26 +544,12 @@ fn scores4<const TIER: u8>(q: &[f32], dp: usize, nqg: usize, k: Row<'_>, out: &m
     {
         if TIER == AVX512 {
             // SAFETY: TIER == AVX512 only inside `item_avx512` (AVX-512 F/BW, F16C enabled).
-            unsafe {
-                match nqg {
-                    4 => x86::scores4_avx512::<4>(q, dp, k, out),
-                    3 => x86::scores4_avx512::<3>(q, dp, k, out),
-                    2 => x86::scores4_avx512::<2>(q, dp, k, out),
-                    _ => x86::scores4_avx512::<1>(q, dp, k, out),
-                }
-            };
+            unsafe { by_count!(nqg, x86::scores4_avx512, (q, dp, k, out)) };
             return;
         }
         if TIER == AVX2 {
             // SAFETY: TIER == AVX2 only inside `item_avx2` (AVX2, FMA, F16C enabled).
-            unsafe {
-                match nqg {
-                    4 => x86::scores4_avx2::<4>(q, dp, k, out),
-                    3 => x86::scores4_avx2::<3>(q, dp, k, out),
-                    2 => x86::scores4_avx2::<2>(q, dp, k, out),
-                    _ => x86::scores4_avx2::<1>(q, dp, k, out),
-                }
-            };
+            unsafe { by_count!(nqg, x86::scores4_avx2, (q, dp, k, out)) };
             return;
         }
     }
@@ -578,26 +577,12 @@ fn accumulate<const TIER: u8>(acc: &mut [f32], dp: usize, nqg: usize, p: &[f32],
     {
         if TIER == AVX512 {
             // SAFETY: as in `scores4`.
-            unsafe {
-                match nqg {
-                    4 => x86::accumulate_avx512::<4>(acc, dp, p, rows),
-                    3 => x86::accumulate_avx512::<3>(acc, dp, p, rows),
-                    2 => x86::accumulate_avx512::<2>(acc, dp, p, rows),
-                    _ => x86::accumulate_avx512::<1>(acc, dp, p, rows),
-                }
-            };
+            unsafe { by_count!(nqg, x86::accumulate_avx512, (acc, dp, p, rows)) };
             return;
         }
         if TIER == AVX2 {
             // SAFETY: as in `scores4`.
-            unsafe {
-                match nqg {
-                    4 => x86::accumulate_avx2::<4>(acc, dp, p, rows),
-                    3 => x86::accumulate_avx2::<3>(acc, dp, p, rows),
-                    2 => x86::accumulate_avx2::<2>(acc, dp, p, rows),
-                    _ => x86::accumulate_avx2::<1>(acc, dp, p, rows),
-                }
-            };
+            unsafe { by_count!(nqg, x86::accumulate_avx2, (acc, dp, p, rows)) };
             return;
         }
     }

@@ -270,44 +270,38 @@ fn a_dominant_position_wins_and_masked_positions_are_ignored() {
 #[test]
 fn bad_shapes_are_errors() {
     let pool = Pool::new(1);
-    let sh = AttnShape {
+    let call = |sh: AttnShape, q: &[f32], k: &[f32], pos0: usize| {
+        let mut out = vec![0f32; q.len()];
+        let v = [0.0f32; 8];
+        let layout = KvLayout::position_major(&sh);
+        attend(
+            &sh,
+            q,
+            KvRows::F32(k),
+            KvRows::F32(&v),
+            layout,
+            pos0,
+            1,
+            1.0,
+            &mut out,
+            &pool,
+        )
+    };
+    // 3 query heads cannot share 2 KV heads.
+    let three_two = AttnShape {
         n_head: 3,
         n_head_kv: 2,
         head_dim: 4,
     };
-    let mut out = vec![0f32; 12];
-    let e = attend(
-        &sh,
-        &[0.0; 12],
-        KvRows::F32(&[0.0; 8]),
-        KvRows::F32(&[0.0; 8]),
-        KvLayout::position_major(&sh),
-        0,
-        1,
-        1.0,
-        &mut out,
-        &pool,
-    );
+    let e = call(three_two, &[0.0; 12], &[0.0; 8], 0);
     assert!(matches!(e, Err(KernelError::ShapeMismatch { .. })), "{e:?}");
     let sh = AttnShape {
         n_head: 2,
         n_head_kv: 1,
         head_dim: 4,
     };
-    let mut out = vec![0f32; 8];
     // The cache holds fewer positions than pos0 + n.
-    let e = attend(
-        &sh,
-        &[0.0; 8],
-        KvRows::F32(&[0.0; 4]),
-        KvRows::F32(&[0.0; 8]),
-        KvLayout::position_major(&sh),
-        1,
-        1,
-        1.0,
-        &mut out,
-        &pool,
-    );
+    let e = call(sh, &[0.0; 8], &[0.0; 4], 1);
     assert!(
         matches!(
             e,
@@ -318,17 +312,7 @@ fn bad_shapes_are_errors() {
         ),
         "{e:?}"
     );
-    let e = attend(
-        &sh,
-        &[0.0; 7],
-        KvRows::F32(&[0.0; 8]),
-        KvRows::F32(&[0.0; 8]),
-        KvLayout::position_major(&sh),
-        0,
-        1,
-        1.0,
-        &mut out,
-        &pool,
-    );
+    // Queries that are not whole rows.
+    let e = call(sh, &[0.0; 7], &[0.0; 8], 0);
     assert!(matches!(e, Err(KernelError::ShapeMismatch { .. })), "{e:?}");
 }
