@@ -290,7 +290,7 @@ impl Engine {
             });
         }
         let mut exec = Exec {
-            pool: &self.pool,
+            backend: &self.pool,
             numerics: self.opts.numerics,
             trace: None,
         };
@@ -331,7 +331,7 @@ impl Engine {
             }
         }
         let mut exec = Exec {
-            pool: &self.pool,
+            backend: &self.pool,
             numerics: self.opts.numerics,
             trace: None,
         };

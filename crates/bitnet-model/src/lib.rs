@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod attention;
+pub mod backend;
 pub mod config;
 mod error;
 mod exact;
@@ -12,6 +13,7 @@ pub mod names;
 pub mod numerics;
 mod owned;
 
+pub use backend::Backend;
 pub use config::{Activation, Config};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, KvType};

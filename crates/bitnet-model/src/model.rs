@@ -3,8 +3,9 @@
 use std::borrow::Cow;
 
 use bitnet_gguf::{GgmlType, GgufFile, TensorInfo};
-use bitnet_kernels::{act, Pool, RowMatrix, RowType, TernaryLayout, TernaryMatrix};
+use bitnet_kernels::{act, RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 
+use crate::backend::Backend;
 use crate::config::{Activation, Config};
 use crate::kv_cache::{KvCache, KvType};
 use crate::names::{self, LayerTensor};
@@ -100,7 +101,8 @@ pub struct TraceEvent<'t> {
 
 /// Everything a forward call needs besides the model and the cache.
 pub struct Exec<'p> {
-    pub pool: &'p Pool,
+    /// Where the heavy operations run (the kernel [`Pool`] for the CPU).
+    pub backend: &'p dyn Backend,
     pub numerics: Numerics,
     /// Called with every named intermediate when set.
     pub trace: Option<&'p mut dyn FnMut(&TraceEvent<'_>)>,
@@ -109,7 +111,8 @@ pub struct Exec<'p> {
 impl std::fmt::Debug for Exec<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Exec")
-            .field("threads", &self.pool.n_threads())
+            .field("backend", &self.backend.name())
+            .field("threads", &self.backend.n_threads())
             .field("numerics", &self.numerics)
             .field("trace", &self.trace.is_some())
             .finish()
@@ -397,6 +400,7 @@ impl<'a> Model<'a> {
         exec.emit("inp_embd", None, &h, n);
 
         for (il, layer) in self.layers.iter().enumerate() {
+            exec.backend.begin_layer(il)?;
             self.block(il, layer, &mut h, &ropes, seqs, exec)?;
         }
 
@@ -507,16 +511,10 @@ impl<'a> Model<'a> {
                 &v[rows.start * kv..rows.end * kv],
             );
             let q_rows = &q[rows.start * e..rows.end * e];
-            o.extend(crate::attention::attend(
-                c,
-                q_rows,
-                sq.cache,
-                il,
-                pos0,
-                len,
-                exec.numerics,
-                exec.pool,
-            )?);
+            o.extend(
+                exec.backend
+                    .attention(c, q_rows, sq.cache, il, pos0, len, exec.numerics)?,
+            );
             first += len;
         }
         exec.emit("kqv_out", li, &o, n);
@@ -574,7 +572,7 @@ impl<'a> Model<'a> {
         exec: &Exec<'_>,
     ) -> Result<Vec<f32>> {
         let mut out = vec![0.0f32; n * w.n_out()];
-        w.matmul(xq, s, &mut out, exec.pool)?;
+        exec.backend.ternary_matmul(w, xq, s, &mut out)?;
         Ok(out)
     }
 
@@ -583,12 +581,8 @@ impl<'a> Model<'a> {
         let head = self.lm_head();
         let n_vocab = self.config.n_vocab;
         let mut logits = vec![0.0f32; rows * n_vocab];
-        match exec.numerics {
-            // Q8_0 / Q4_0 heads (built at load by `--lm-head`) dot Q8_0-quantized
-            // activations in integers; the F16 head is unaffected (f32 activations).
-            Numerics::Fast => head.matmul_q8(hn, &mut logits, exec.pool)?,
-            Numerics::Exact => crate::exact::lm_head(head, hn, rows, &mut logits, exec.pool)?,
-        }
+        exec.backend
+            .lm_head(head, hn, rows, exec.numerics, &mut logits)?;
         Ok(logits)
     }
 }

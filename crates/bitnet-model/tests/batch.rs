@@ -28,7 +28,7 @@ fn batched_sequences_match_single_sequences() {
     let m = Model::load(&f).unwrap();
     let pool = Pool::new(2);
     let mut exec = Exec {
-        pool: &pool,
+        backend: &pool,
         numerics: Numerics::Fast,
         trace: None,
     };

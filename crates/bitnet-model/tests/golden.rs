@@ -74,7 +74,7 @@ fn run(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let pool = Pool::new(threads);
     let mut exec = Exec {
-        pool: &pool,
+        backend: &pool,
         numerics,
         trace: None,
     };

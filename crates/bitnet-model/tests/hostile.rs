@@ -243,7 +243,7 @@ fn out_of_range_token_and_full_context() {
     let m = Model::load(&f).unwrap();
     let pool = bitnet_kernels::Pool::new(1);
     let mut exec = bitnet_model::Exec {
-        pool: &pool,
+        backend: &pool,
         numerics: bitnet_model::Numerics::Fast,
         trace: None,
     };

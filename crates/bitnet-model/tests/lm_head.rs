@@ -34,7 +34,7 @@ fn compare(file: &GgufFile, prompts: &[Vec<u32>], ty: RowType) -> Err {
     for p in prompts {
         let run = |m: &Model<'_>| {
             let mut exec = Exec {
-                pool: &pool,
+                backend: &pool,
                 numerics: Numerics::Fast,
                 trace: None,
             };

@@ -47,7 +47,7 @@ fn trace_matches_the_f32_reference_up_to_activation_quantization() {
         seen.push((ev.name, ev.layer, last.to_vec()));
     };
     let mut exec = Exec {
-        pool: &pool,
+        backend: &pool,
         numerics: Numerics::Fast,
         trace: Some(&mut hook),
     };

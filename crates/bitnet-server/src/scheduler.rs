@@ -430,7 +430,7 @@ impl Scheduler {
     fn forward(&mut self, plans: &[Plan]) -> bitnet_model::Result<Vec<Vec<f32>>> {
         let engine = &self.engine;
         let mut exec = Exec {
-            pool: engine.pool(),
+            backend: engine.pool(),
             numerics: engine.options().numerics,
             trace: None,
         };

@@ -107,7 +107,7 @@ fn last_logits(bytes: Vec<u8>) -> Vec<f32> {
     let model = Model::load(&f).unwrap();
     let pool = Pool::new(1);
     let mut exec = Exec {
-        pool: &pool,
+        backend: &pool,
         numerics: Numerics::Fast,
         trace: None,
     };

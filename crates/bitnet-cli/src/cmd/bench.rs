@@ -166,7 +166,7 @@ pub fn run(a: Args) -> Result<()> {
     for &t in &threads {
         let pool = Pool::new(t.max(1));
         let mut exec = Exec {
-            pool: &pool,
+            backend: &pool,
             numerics: a.model.numerics,
             trace: None,
         };
