@@ -58,6 +58,8 @@ pub enum EngineError {
     ExactNeedsF16,
     #[error("exact numerics needs the file's F16 LM head (drop the quantized --lm-head)")]
     ExactNeedsF16Head,
+    #[error("exact numerics needs prefill batches of 512 tokens (bitnet.cpp's ubatch), not {0}")]
+    ExactNeedsBatch512(usize),
     #[error("cannot open model {}: {error}", path.display())]
     Open {
         path: std::path::PathBuf,
@@ -179,6 +181,9 @@ impl EngineOptions {
         }
         if self.numerics == Numerics::Exact && self.kv_type != KvType::F16 {
             return Err(EngineError::ExactNeedsF16);
+        }
+        if self.numerics == Numerics::Exact && self.n_batch != 512 {
+            return Err(EngineError::ExactNeedsBatch512(self.n_batch));
         }
         Ok(())
     }

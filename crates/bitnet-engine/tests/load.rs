@@ -47,7 +47,7 @@ fn an_engine_is_send_and_static_and_works_on_another_thread() {
 fn bad_option_combinations_are_refused_before_opening() {
     let nowhere = PathBuf::from("/nonexistent/model.gguf");
     type Expect = fn(&EngineError) -> bool;
-    let cases: [(LoadOptions, Expect); 4] = [
+    let cases: [(LoadOptions, Expect); 5] = [
         (
             LoadOptions {
                 numerics: Numerics::Exact,
@@ -63,6 +63,14 @@ fn bad_option_combinations_are_refused_before_opening() {
                 ..Default::default()
             },
             |e| matches!(e, EngineError::ExactNeedsF16),
+        ),
+        (
+            LoadOptions {
+                numerics: Numerics::Exact,
+                n_batch: 256,
+                ..Default::default()
+            },
+            |e| matches!(e, EngineError::ExactNeedsBatch512(256)),
         ),
         (
             LoadOptions {
