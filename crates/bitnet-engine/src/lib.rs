@@ -34,7 +34,9 @@ mod stop;
 use std::time::{Duration, Instant};
 
 use bitnet_kernels::Pool;
-use bitnet_model::{Exec, KvCache, KvType, Model, ModelError, Numerics, Outputs, OwnedModel};
+use bitnet_model::{
+    Exec, KvCache, KvType, Model, ModelError, Numerics, Outputs, OwnedModel, Scratch,
+};
 use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
@@ -209,6 +211,8 @@ pub struct Engine {
     pub tokenizer: Tokenizer,
     pool: Pool,
     opts: EngineOptions,
+    /// The forward pass's activation buffers, allocated once and reused by every call.
+    scratch: std::sync::Mutex<Scratch>,
 }
 
 /// One conversation: its KV cache and the tokens it holds.
@@ -253,6 +257,7 @@ impl Engine {
             tokenizer,
             pool,
             opts,
+            scratch: std::sync::Mutex::new(Scratch::default()),
         })
     }
 
@@ -263,6 +268,12 @@ impl Engine {
     /// The model.
     pub fn model(&self) -> &Model<'_> {
         self.model.model()
+    }
+
+    /// The forward pass's reusable buffers (one forward pass at a time uses them).
+    pub fn scratch(&self) -> std::sync::MutexGuard<'_, Scratch> {
+        // A poisoned lock only means a forward pass panicked; the buffers are plain data.
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The file the model reads.
@@ -294,10 +305,12 @@ impl Engine {
                 n_ctx: s.cache.n_ctx(),
             });
         }
+        let mut scratch = self.scratch();
         let mut exec = Exec {
             backend: &self.pool,
             numerics: self.opts.numerics,
             trace: None,
+            scratch: Some(&mut scratch),
         };
         let chunks: Vec<&[u32]> = tokens.chunks(self.opts.n_batch.max(1)).collect();
         let mut logits = Vec::new();
@@ -335,10 +348,12 @@ impl Engine {
                 });
             }
         }
+        let mut scratch = self.scratch();
         let mut exec = Exec {
             backend: &self.pool,
             numerics: self.opts.numerics,
             trace: None,
+            scratch: Some(&mut scratch),
         };
         let mut seqs: Vec<bitnet_model::Seq<'_>> = sessions
             .iter_mut()

@@ -25,9 +25,9 @@ pub(crate) fn attend(
     n: usize,
     numerics: Numerics,
     pool: &Pool,
-) -> Result<Vec<f32>> {
+    out: &mut [f32],
+) -> Result<()> {
     let n_kv_pos = pos0 + n;
-    let mut out = vec![0.0f32; n * c.n_embd];
     match numerics {
         Numerics::Fast => {
             let (k, v, layout) = cache.rows(layer);
@@ -38,15 +38,16 @@ pub(crate) fn attend(
             };
             #[allow(clippy::cast_precision_loss)]
             let scale = 1.0 / (c.head_dim as f32).sqrt();
-            attn::attend(&shape, q, k, v, layout, pos0, n, scale, &mut out, pool)?;
+            attn::attend(&shape, q, k, v, layout, pos0, n, scale, out, pool)?;
         }
         Numerics::Exact => {
             let (mut k, mut v) = (Vec::new(), Vec::new());
             cache.read(layer, n_kv_pos, &mut k, &mut v);
-            attend_exact(c, q, &k, &v, pos0, n, &mut out);
+            out.fill(0.0);
+            attend_exact(c, q, &k, &v, pos0, n, out);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// bitnet.cpp's path: Q rounded to f16; `kq = ggml_vec_dot_f16(q, k)`; the KV length padded

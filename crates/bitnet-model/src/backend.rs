@@ -49,8 +49,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     ) -> Result<()>;
 
     /// Causal GQA attention of `n` roped query rows `q` (`n × n_embd`) at positions
-    /// `pos0..pos0 + n` over layer `il` of `cache` (which already holds their K and V);
-    /// returns `n × n_embd`.
+    /// `pos0..pos0 + n` over layer `il` of `cache` (which already holds their K and V), into
+    /// `out` (`n × n_embd`).
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -61,7 +61,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         pos0: usize,
         n: usize,
         numerics: Numerics,
-    ) -> Result<Vec<f32>>;
+        out: &mut [f32],
+    ) -> Result<()>;
 }
 
 /// The CPU backend: the kernels on this pool's threads, weights read where they are bound
@@ -112,7 +113,8 @@ impl Backend for Pool {
         pos0: usize,
         n: usize,
         numerics: Numerics,
-    ) -> Result<Vec<f32>> {
-        crate::attention::attend(c, q, cache, il, pos0, n, numerics, self)
+        out: &mut [f32],
+    ) -> Result<()> {
+        crate::attention::attend(c, q, cache, il, pos0, n, numerics, self, out)
     }
 }

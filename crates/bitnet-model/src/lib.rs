@@ -17,6 +17,6 @@ pub use backend::Backend;
 pub use config::{Activation, Config};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, KvType};
-pub use model::{Exec, Layer, Model, Outputs, Seq, TraceEvent};
+pub use model::{Exec, Layer, Model, Outputs, Scratch, Seq, TraceEvent};
 pub use numerics::Numerics;
 pub use owned::OwnedModel;

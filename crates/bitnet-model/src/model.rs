@@ -106,6 +106,46 @@ pub struct Exec<'p> {
     pub numerics: Numerics,
     /// Called with every named intermediate when set.
     pub trace: Option<&'p mut dyn FnMut(&TraceEvent<'_>)>,
+    /// Buffers reused from call to call; without them a forward call allocates its own.
+    pub scratch: Option<&'p mut Scratch>,
+}
+
+/// The activation buffers of a forward pass (llama2.c's `RunState`), kept by the caller and
+/// reused by every call: they grow to the largest batch seen and are never shrunk, so a
+/// decode step allocates nothing for its layers.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    /// Normed rows (`n × n_embd`, or `n × n_ff` before the down projection).
+    a: Vec<f32>,
+    /// Their int8 codes and per-row scales.
+    xq: Vec<i8>,
+    s: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Attention output.
+    o: Vec<f32>,
+    /// Output of the O and down projections.
+    t: Vec<f32>,
+    g: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl Scratch {
+    /// Bytes held (its allocated capacity).
+    pub fn capacity_bytes(&self) -> usize {
+        let f = [
+            &self.a, &self.s, &self.q, &self.k, &self.v, &self.o, &self.t, &self.g, &self.up,
+        ];
+        f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.xq.capacity()
+    }
+}
+
+/// `v` as `len` zeros, reusing its allocation.
+fn sized<T: Clone + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
+    v.clear();
+    v.resize(len, T::default());
+    v
 }
 
 impl std::fmt::Debug for Exec<'_> {
@@ -399,10 +439,20 @@ impl<'a> Model<'a> {
         }
         exec.emit("inp_embd", None, &h, n);
 
-        for (il, layer) in self.layers.iter().enumerate() {
-            exec.backend.begin_layer(il)?;
-            self.block(il, layer, &mut h, &ropes, seqs, exec)?;
-        }
+        let mut taken = exec.scratch.take();
+        let mut local = Scratch::default();
+        let blocks = {
+            let sc = match taken.as_deref_mut() {
+                Some(sc) => sc,
+                None => &mut local,
+            };
+            self.layers.iter().enumerate().try_for_each(|(il, layer)| {
+                exec.backend.begin_layer(il)?;
+                self.block(il, layer, &mut h, &ropes, seqs, exec, sc)
+            })
+        };
+        exec.scratch = taken;
+        blocks?;
 
         // logits = E · RMS(h, output_norm). Fast numerics: one head pass for every output row
         // of every sequence (the head is the largest read of a decode step; a row's logits
@@ -461,7 +511,8 @@ impl<'a> Model<'a> {
         Ok(result)
     }
 
-    /// One transformer block, in place on `h` ([n][n_embd]).
+    /// One transformer block, in place on `h` ([n][n_embd]), its intermediates in `sc`.
+    #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
         il: usize,
@@ -470,6 +521,7 @@ impl<'a> Model<'a> {
         ropes: &[RopeRow],
         seqs: &mut [Seq<'_>],
         exec: &mut Exec<'_>,
+        sc: &mut Scratch,
     ) -> Result<()> {
         let c = &self.config;
         let n = ropes.len();
@@ -477,29 +529,29 @@ impl<'a> Model<'a> {
         let li = Some(il);
 
         // 1. a = RMS(h, attn_norm)
-        let a = self.norm_rows(h, &l.attn_norm, e);
-        exec.emit("attn_norm", li, &a, n);
+        self.norm_rows(h, &l.attn_norm, e, &mut sc.a);
+        exec.emit("attn_norm", li, &sc.a, n);
         // 2. Q, K, V = Lin(Wq, a), Lin(Wk, a), Lin(Wv, a)
-        let (xq, s) = quantize_rows(&a, e);
-        let mut q = self.lin(&l.wq, &xq, &s, n, exec)?;
-        let mut k = self.lin(&l.wk, &xq, &s, n, exec)?;
-        let v = self.lin(&l.wv, &xq, &s, n, exec)?;
-        exec.emit("Qcur", li, &q, n);
-        exec.emit("Kcur", li, &k, n);
-        exec.emit("Vcur", li, &v, n);
+        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s);
+        self.lin(&l.wq, &sc.xq, &sc.s, n, exec, &mut sc.q)?;
+        self.lin(&l.wk, &sc.xq, &sc.s, n, exec, &mut sc.k)?;
+        self.lin(&l.wv, &sc.xq, &sc.s, n, exec, &mut sc.v)?;
+        exec.emit("Qcur", li, &sc.q, n);
+        exec.emit("Kcur", li, &sc.k, n);
+        exec.emit("Vcur", li, &sc.v, n);
         // 3. Q, K = RoPE_NEOX(Q, pos), RoPE_NEOX(K, pos)
         for (t, rope) in ropes.iter().enumerate() {
-            for head in q[t * e..(t + 1) * e].chunks_exact_mut(c.head_dim) {
+            for head in sc.q[t * e..(t + 1) * e].chunks_exact_mut(c.head_dim) {
                 numerics::rope_neox(&mut head[..c.n_rot], rope, exec.numerics);
             }
-            for head in k[t * kv..(t + 1) * kv].chunks_exact_mut(c.head_dim) {
+            for head in sc.k[t * kv..(t + 1) * kv].chunks_exact_mut(c.head_dim) {
                 numerics::rope_neox(&mut head[..c.n_rot], rope, exec.numerics);
             }
         }
-        exec.emit("q_rope", li, &q, n);
-        exec.emit("k_rope", li, &k, n);
+        exec.emit("q_rope", li, &sc.q, n);
+        exec.emit("k_rope", li, &sc.k, n);
         // 4. O = Attn(Q, K, V) over each sequence's cache (causal, GQA)
-        let mut o = Vec::with_capacity(n * e);
+        let o = sized(&mut sc.o, n * e);
         let mut first = 0;
         for sq in seqs.iter_mut() {
             let (len, pos0) = (sq.tokens.len(), sq.cache.len());
@@ -507,59 +559,64 @@ impl<'a> Model<'a> {
             sq.cache.store(
                 il,
                 pos0,
-                &k[rows.start * kv..rows.end * kv],
-                &v[rows.start * kv..rows.end * kv],
+                &sc.k[rows.start * kv..rows.end * kv],
+                &sc.v[rows.start * kv..rows.end * kv],
             );
-            let q_rows = &q[rows.start * e..rows.end * e];
-            o.extend(
-                exec.backend
-                    .attention(c, q_rows, sq.cache, il, pos0, len, exec.numerics)?,
-            );
+            exec.backend.attention(
+                c,
+                &sc.q[rows.start * e..rows.end * e],
+                sq.cache,
+                il,
+                pos0,
+                len,
+                exec.numerics,
+                &mut o[rows.start * e..rows.end * e],
+            )?;
             first += len;
         }
-        exec.emit("kqv_out", li, &o, n);
+        exec.emit("kqv_out", li, &sc.o, n);
         // 5. O = RMS(O, attn_sub_norm)
-        let o = self.norm_rows(&o, &l.attn_sub_norm, e);
-        exec.emit("attn_sub_norm", li, &o, n);
+        self.norm_rows(&sc.o, &l.attn_sub_norm, e, &mut sc.a);
+        exec.emit("attn_sub_norm", li, &sc.a, n);
         // 6. h = h + Lin(Wo, O)
-        let (xq, s) = quantize_rows(&o, e);
-        let attn_out = self.lin(&l.wo, &xq, &s, n, exec)?;
-        add_in_place(h, &attn_out);
+        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s);
+        self.lin(&l.wo, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
+        add_in_place(h, &sc.t);
         exec.emit("ffn_inp", li, h, n);
         // 7. f = RMS(h, ffn_norm)
-        let f = self.norm_rows(h, &l.ffn_norm, e);
-        exec.emit("ffn_norm", li, &f, n);
+        self.norm_rows(h, &l.ffn_norm, e, &mut sc.a);
+        exec.emit("ffn_norm", li, &sc.a, n);
         // 8. g = act(Lin(Wgate, f)) * Lin(Wup, f)
-        let (xq, s) = quantize_rows(&f, e);
-        let mut g = self.lin(&l.w_gate, &xq, &s, n, exec)?;
-        let up = self.lin(&l.w_up, &xq, &s, n, exec)?;
+        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s);
+        self.lin(&l.w_gate, &sc.xq, &sc.s, n, exec, &mut sc.g)?;
+        self.lin(&l.w_up, &sc.xq, &sc.s, n, exec, &mut sc.up)?;
         match c.activation {
-            Activation::Relu2 => g.iter_mut().zip(&up).for_each(|(g, &u)| {
+            Activation::Relu2 => sc.g.iter_mut().zip(&sc.up).for_each(|(g, &u)| {
                 let r = g.max(0.0);
                 *g = (r * r) * u;
             }),
-            Activation::Silu => g.iter_mut().zip(&up).for_each(|(g, &u)| {
+            Activation::Silu => sc.g.iter_mut().zip(&sc.up).for_each(|(g, &u)| {
                 *g = (*g / (1.0 + (-*g).exp())) * u;
             }),
         }
-        exec.emit("ffn_act", li, &g, n);
+        exec.emit("ffn_act", li, &sc.g, n);
         // 9. g = RMS(g, ffn_sub_norm)
-        let g = self.norm_rows(&g, &l.ffn_sub_norm, ff);
-        exec.emit("ffn_sub_norm", li, &g, n);
+        self.norm_rows(&sc.g, &l.ffn_sub_norm, ff, &mut sc.a);
+        exec.emit("ffn_sub_norm", li, &sc.a, n);
         // 10. h = h + Lin(Wdown, g)
-        let (xq, s) = quantize_rows(&g, ff);
-        let down = self.lin(&l.w_down, &xq, &s, n, exec)?;
-        add_in_place(h, &down);
+        quantize_rows(&sc.a, ff, &mut sc.xq, &mut sc.s);
+        self.lin(&l.w_down, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
+        add_in_place(h, &sc.t);
         exec.emit("l_out", li, h, n);
         Ok(())
     }
 
-    fn norm_rows(&self, x: &[f32], w: &[f32], width: usize) -> Vec<f32> {
-        let mut y = vec![0.0f32; x.len()];
+    /// `y` = each `width`-row of `x` RMS-normed with weights `w`.
+    fn norm_rows(&self, x: &[f32], w: &[f32], width: usize, y: &mut Vec<f32>) {
+        let y = sized(y, x.len());
         for (src, dst) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)) {
             numerics::rms_norm(src, w, self.config.rms_eps, dst);
         }
-        y
     }
 
     /// `Lin(W, x)`: the ternary matmul over int8 activations (docs/FORMATS.md §1).
@@ -570,10 +627,10 @@ impl<'a> Model<'a> {
         s: &[f32],
         n: usize,
         exec: &Exec<'_>,
-    ) -> Result<Vec<f32>> {
-        let mut out = vec![0.0f32; n * w.n_out()];
-        exec.backend.ternary_matmul(w, xq, s, &mut out)?;
-        Ok(out)
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let out = sized(out, n * w.n_out());
+        exec.backend.ternary_matmul(w, xq, s, out)
     }
 
     /// Logits for `rows` normed hidden states.
@@ -587,15 +644,15 @@ impl<'a> Model<'a> {
     }
 }
 
-/// Per-token int8 quantization of `[n][width]` activations: (codes, scales).
-fn quantize_rows(x: &[f32], width: usize) -> (Vec<i8>, Vec<f32>) {
-    let mut q = vec![0i8; x.len()];
-    let s = x
-        .chunks_exact(width)
-        .zip(q.chunks_exact_mut(width))
-        .map(|(row, qr)| act::quantize_i8(row, qr))
-        .collect();
-    (q, s)
+/// Per-token int8 quantization of `[n][width]` activations into codes `q` and scales `s`.
+fn quantize_rows(x: &[f32], width: usize, q: &mut Vec<i8>, s: &mut Vec<f32>) {
+    let q = sized(q, x.len());
+    s.clear();
+    s.extend(
+        x.chunks_exact(width)
+            .zip(q.chunks_exact_mut(width))
+            .map(|(row, qr)| act::quantize_i8(row, qr)),
+    );
 }
 
 fn add_in_place(h: &mut [f32], d: &[f32]) {

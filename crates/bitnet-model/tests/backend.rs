@@ -64,9 +64,10 @@ impl Backend for Recording {
         pos0: usize,
         n: usize,
         numerics: Numerics,
-    ) -> Result<Vec<f32>> {
+        out: &mut [f32],
+    ) -> Result<()> {
         self.log(format!("attn l{il} pos{pos0} n{n}"));
-        self.pool.attention(c, q, cache, il, pos0, n, numerics)
+        self.pool.attention(c, q, cache, il, pos0, n, numerics, out)
     }
 }
 
@@ -90,6 +91,7 @@ fn every_heavy_operation_goes_through_the_backend() {
                 backend,
                 numerics,
                 trace: None,
+                scratch: None,
             };
             let mut cache = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
             let mut out = m

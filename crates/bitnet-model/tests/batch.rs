@@ -31,6 +31,7 @@ fn batched_sequences_match_single_sequences() {
         backend: &pool,
         numerics: Numerics::Fast,
         trace: None,
+        scratch: None,
     };
     let prompts: [&[u32]; 3] = [&[4000, 10, 20, 30, 40], &[4000, 7], &[4000, 99, 98, 97]];
     // alone

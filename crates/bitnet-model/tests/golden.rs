@@ -77,6 +77,7 @@ fn run(
         backend: &pool,
         numerics,
         trace: None,
+        scratch: None,
     };
     let n_ctx = p.prompt.len() + p.generated.len();
     let mut cache = model.new_cache(n_ctx, KvType::F16, u64::MAX).unwrap();

@@ -246,6 +246,7 @@ fn out_of_range_token_and_full_context() {
         backend: &pool,
         numerics: bitnet_model::Numerics::Fast,
         trace: None,
+        scratch: None,
     };
     let mut cache = m.new_cache(4, bitnet_model::KvType::F16, u64::MAX).unwrap();
     let e = m

@@ -37,6 +37,7 @@ fn compare(file: &GgufFile, prompts: &[Vec<u32>], ty: RowType) -> Err {
                 backend: &pool,
                 numerics: Numerics::Fast,
                 trace: None,
+                scratch: None,
             };
             let mut c = m.new_cache(p.len(), KvType::F16, u64::MAX).unwrap();
             m.forward(p, &mut c, Outputs::All, &mut exec).unwrap()

@@ -50,6 +50,7 @@ fn trace_matches_the_f32_reference_up_to_activation_quantization() {
         backend: &pool,
         numerics: Numerics::Fast,
         trace: Some(&mut hook),
+        scratch: None,
     };
     let mut cache = m.new_cache(16, KvType::F32, u64::MAX).unwrap();
     let logits = m

@@ -429,10 +429,12 @@ impl Scheduler {
 
     fn forward(&mut self, plans: &[Plan]) -> bitnet_model::Result<Vec<Vec<f32>>> {
         let engine = &self.engine;
+        let mut scratch = engine.scratch();
         let mut exec = Exec {
             backend: engine.pool(),
             numerics: engine.options().numerics,
             trace: None,
+            scratch: Some(&mut scratch),
         };
         // `plans` is sorted by slot; pair each plan with its slot's cache.
         let mut it = plans.iter().peekable();

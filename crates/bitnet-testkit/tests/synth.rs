@@ -110,6 +110,7 @@ fn last_logits(bytes: Vec<u8>) -> Vec<f32> {
         backend: &pool,
         numerics: Numerics::Fast,
         trace: None,
+        scratch: None,
     };
     let mut cache = model.new_cache(16, KvType::F32, u64::MAX).unwrap();
     model

@@ -165,10 +165,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     for &t in &threads {
         let pool = Pool::new(t.max(1));
+        let mut scratch = bitnet_model::Scratch::default();
         let mut exec = Exec {
             backend: &pool,
             numerics: a.model.numerics,
             trace: None,
+            scratch: Some(&mut scratch),
         };
         let mut tests: Vec<(String, usize, Vec<f64>)> = Vec::new();
         for &depth in &a.depth {
