@@ -125,16 +125,7 @@ pub fn load(
     progress: &mut dyn FnMut(LoadEvent<'_>),
 ) -> Result<Engine> {
     opts.validate()?;
-    let limits = Limits::default();
-    let opened = if opts.in_memory {
-        GgufFile::open_in_memory(path, &limits)
-    } else {
-        GgufFile::open(path, &limits)
-    };
-    let file = opened.map_err(|error| EngineError::Open {
-        path: PathBuf::from(path),
-        error,
-    })?;
+    let file = open_file(path, opts.in_memory)?;
     progress(LoadEvent::Opened {
         path,
         bytes: file.file_size(),
@@ -142,18 +133,24 @@ pub fn load(
     let mut model = OwnedModel::load(Arc::new(file))?;
     if opts.lm_head != LmHeadFormat::File {
         let pool = Pool::new(opts.threads);
-        let mut err = None;
-        model.with_model_mut(|file, m| {
-            if let Err(e) = build_lm_head(m, file, opts.lm_head, &pool, progress) {
-                err = Some(e);
-            }
-        });
-        if let Some(e) = err {
-            return Err(e);
-        }
+        model.with_model_mut(|file, m| build_lm_head(m, file, opts.lm_head, &pool, progress))?;
     }
     let tokenizer = Tokenizer::from_gguf(model.file().metadata(), opts.pre_tokenizer)?;
     Engine::new(model, tokenizer, opts.engine_options())
+}
+
+/// Open a GGUF file, memory-mapped or (`in_memory`) read whole, with the default limits.
+pub fn open_file(path: &Path, in_memory: bool) -> Result<GgufFile> {
+    let limits = Limits::default();
+    let opened = if in_memory {
+        GgufFile::open_in_memory(path, &limits)
+    } else {
+        GgufFile::open(path, &limits)
+    };
+    opened.map_err(|error| EngineError::Open {
+        path: PathBuf::from(path),
+        error,
+    })
 }
 
 /// Replace `model`'s LM head with a `format` copy of it (no-op for [`LmHeadFormat::File`]).

@@ -671,7 +671,7 @@ fn item_impl<const TIER: u8>(job: &Job<'_>, it: usize, sc: &mut Scratch, part: &
             let bm = max_of(&s[..vis]);
             if bm > m[i] {
                 // The running maximum moves: rescale what was accumulated.
-                let corr = exp_one(m[i] - bm);
+                let corr = exp_approx(m[i] - bm);
                 l[i] *= corr;
                 for a in &mut sc.acc[i * dp..(i + 1) * dp] {
                     *a *= corr;
@@ -972,11 +972,6 @@ fn exp_block(x: &mut [f32], m: f32) -> f32 {
         *v = exp_approx(*v - m);
     }
     x.iter().sum()
-}
-
-#[inline(always)]
-fn exp_one(x: f32) -> f32 {
-    exp_approx(x)
 }
 
 /// `e^x` for `x ≤ 0` (softmax inputs), within 2 ulp; 0 below −87.3 (and for −∞).

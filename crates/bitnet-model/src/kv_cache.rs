@@ -98,9 +98,9 @@ pub struct KvCache {
     n_head_kv: usize,
     head_dim: usize,
     len: usize,
-    /// per layer: `[n_ctx][n_embd_kv]`
+    /// per layer: `[n_head_kv][n_ctx][head_dim]`
     k: Vec<Store>,
-    /// per layer: `[n_ctx][n_embd_kv]`
+    /// per layer: `[n_head_kv][n_ctx][head_dim]`
     v: Vec<Store>,
 }
 

@@ -114,11 +114,14 @@ pub fn run(a: Args) -> Result<()> {
     let path = a.model.path()?;
     let file = open_gguf(&path, a.model.in_memory)?;
     let mut model = Model::load(&file).context("cannot load model")?;
-    if a.model.numerics == bitnet_model::Numerics::Exact
-        && a.model.lm_head != super::common::LmHead::F16
-    {
-        bail!("{}", bitnet_engine::EngineError::ExactNeedsF16Head);
+    // The loader's own check of the numerics / LM-head combination (bench takes a thread list,
+    // so it builds the model itself).
+    bitnet_engine::LoadOptions {
+        numerics: a.model.numerics,
+        lm_head: a.model.lm_head.format(),
+        ..Default::default()
     }
+    .validate()?;
     let mut progress = super::common::LoadProgress::new();
     let released = bitnet_engine::build_lm_head(
         &mut model,

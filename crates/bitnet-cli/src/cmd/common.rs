@@ -2,18 +2,12 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
-use bitnet_gguf::{GgufFile, Limits};
+use anyhow::Result;
+use bitnet_gguf::GgufFile;
 
 /// Open a GGUF file (memory-mapped, or read into memory with `in_memory`).
 pub fn open_gguf(path: &Path, in_memory: bool) -> Result<GgufFile> {
-    let limits = Limits::default();
-    let f = if in_memory {
-        GgufFile::open_in_memory(path, &limits)
-    } else {
-        GgufFile::open(path, &limits)
-    };
-    f.with_context(|| format!("cannot open model {}", path.display()))
+    Ok(bitnet_engine::open_file(path, in_memory)?)
 }
 
 /// Physical cores (logical / 2 when SMT is on), at least 1.
