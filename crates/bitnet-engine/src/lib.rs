@@ -40,7 +40,9 @@ use bitnet_model::{
 use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
-pub use load::{build_lm_head, load, open_file, LmHeadFormat, LoadEvent, LoadOptions};
+pub use load::{
+    build_lm_head, load, open_file, repack_weights, LmHeadFormat, LoadEvent, LoadOptions,
+};
 pub use stop::StopMatcher;
 
 /// Errors of a generation.

@@ -58,6 +58,9 @@ pub struct LoadOptions {
     pub n_batch: usize,
     /// Upper bound for one session's KV cache.
     pub kv_budget_bytes: u64,
+    /// Repack I2_S weights for the panel GEMM when the CPU's kernel tier has one (default);
+    /// `false` keeps the file's layout only (llama.cpp's `--no-repack`).
+    pub repack: bool,
 }
 
 impl Default for LoadOptions {
@@ -72,6 +75,7 @@ impl Default for LoadOptions {
             pre_tokenizer: None,
             n_batch: e.n_batch,
             kv_budget_bytes: e.kv_budget_bytes,
+            repack: true,
         }
     }
 }
@@ -114,6 +118,15 @@ pub enum LoadEvent<'a> {
         /// Whether the source's mapped pages were released.
         released: bool,
     },
+    /// The I2_S projections were repacked for the panel GEMM.
+    Repacked {
+        /// Matrices repacked, and the bytes of the new copies.
+        matrices: usize,
+        bytes: usize,
+        elapsed: Duration,
+        /// Whether the mapped pages of the file's copies were released.
+        released: bool,
+    },
     /// Something the user should know that does not stop loading.
     Note(String),
 }
@@ -131,9 +144,12 @@ pub fn load(
         bytes: file.file_size(),
     });
     let mut model = OwnedModel::load(Arc::new(file))?;
+    let pool = Pool::new(opts.threads);
     if opts.lm_head != LmHeadFormat::File {
-        let pool = Pool::new(opts.threads);
         model.with_model_mut(|file, m| build_lm_head(m, file, opts.lm_head, &pool, progress))?;
+    }
+    if opts.repack {
+        model.with_model_mut(|file, m| repack_weights(m, file, &pool, progress))?;
     }
     let tokenizer = Tokenizer::from_gguf(model.file().metadata(), opts.pre_tokenizer)?;
     Engine::new(model, tokenizer, opts.engine_options())
@@ -151,6 +167,57 @@ pub fn open_file(path: &Path, in_memory: bool) -> Result<GgufFile> {
         path: PathBuf::from(path),
         error,
     })
+}
+
+/// Repack `model`'s I2_S projections for the panel GEMM when the selected kernel tier has one
+/// (`bitnet_kernels::has_panel_kernel`), releasing the mapped pages of the file's copies as
+/// each matrix is done: the tiers that use panels never read them again, so the weights stay
+/// resident once, not twice. (A file read into memory keeps its copy: +1× the projections.)
+/// Returns the bytes of the repacked copies (0 when the tier has no panel kernel).
+pub fn repack_weights(
+    model: &mut Model<'_>,
+    file: &GgufFile,
+    pool: &Pool,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<usize> {
+    if !bitnet_kernels::has_panel_kernel(bitnet_kernels::isa()) {
+        return Ok(0);
+    }
+    let t = Instant::now();
+    let (mut matrices, mut bytes) = (0usize, 0usize);
+    let mut released = true;
+    let mut release_error = None;
+    for layer in &mut model.layers {
+        for m in layer.projections_mut() {
+            let n = m.repack(pool)?;
+            if n == 0 {
+                continue;
+            }
+            matrices += 1;
+            bytes += n;
+            match file.release(m.packed_data()) {
+                Ok(r) => released &= r,
+                Err(e) => {
+                    released = false;
+                    release_error.get_or_insert(e.to_string());
+                }
+            }
+        }
+    }
+    if let Some(e) = release_error {
+        progress(LoadEvent::Note(format!(
+            "the file's copy of the weights stays resident ({e})"
+        )));
+    }
+    if matrices > 0 {
+        progress(LoadEvent::Repacked {
+            matrices,
+            bytes,
+            elapsed: t.elapsed(),
+            released,
+        });
+    }
+    Ok(bytes)
 }
 
 /// Replace `model`'s LM head with a `format` copy of it (no-op for [`LmHeadFormat::File`]).

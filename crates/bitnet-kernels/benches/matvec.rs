@@ -367,6 +367,16 @@ fn main() {
             })
             .collect();
         let total: usize = mats.iter().map(|m| m.nbytes()).sum();
+        // The same matrices repacked into panels (what the loader does on tiers with a panel
+        // kernel), timed as pool "panels".
+        let panel_mats: Vec<TernaryMatrix<'_>> = mats
+            .iter()
+            .map(|m| {
+                let mut m = m.clone();
+                m.repack_always(&runners.ours[1]).unwrap();
+                m
+            })
+            .collect();
         let xq: Vec<Vec<i8>> = [2560usize, 6912]
             .iter()
             .map(|&k| {
@@ -398,9 +408,19 @@ fn main() {
                 prefetched: run(true),
             };
             for &isa in isas.iter().filter(|&&i| i != Isa::Scalar) {
-                for kind in [PoolKind::Ours, PoolKind::Rayon] {
+                let kinds: &[(PoolKind, bool)] = if bitnet_kernels::has_panel_kernel(isa) {
+                    &[
+                        (PoolKind::Ours, false),
+                        (PoolKind::Rayon, false),
+                        (PoolKind::Ours, true),
+                    ]
+                } else {
+                    &[(PoolKind::Ours, false), (PoolKind::Rayon, false)]
+                };
+                for &(kind, panels) in kinds {
+                    let set = if panels { &panel_mats } else { &mats };
                     let t = time_per_call(|_| {
-                        for m in &mats {
+                        for m in set {
                             let x = if m.n_in() == 2560 { &xq[0] } else { &xq[1] };
                             m.matmul_with_runner(
                                 isa,
@@ -418,10 +438,10 @@ fn main() {
                         name: name.clone(),
                         tier: isa,
                         threads,
-                        pool: if kind == PoolKind::Ours {
-                            "ours"
-                        } else {
-                            "rayon"
+                        pool: match (kind, panels) {
+                            (_, true) => "panels",
+                            (PoolKind::Ours, _) => "ours",
+                            _ => "rayon",
                         },
                         us: t * 1e6,
                         gbs: total as f64 / t / 1e9,

@@ -8,7 +8,7 @@
 //! A ternary projection then computes `T = Σ_k w_k · q_k` in i32 and
 //! `y = ((T as f32) / s) · β` (see [`crate::TernaryMatrix::matmul`]).
 //!
-//! [`quantize_i8_scalar`] is the reference; on the AVX2 and AVX-512 tiers [`quantize_i8`]
+//! [`quantize_i8_scalar`] is the reference; on every x86 SIMD tier [`quantize_i8`]
 //! runs an AVX2 kernel that returns bit-identical scales and codes for every input (NaN,
 //! ±inf, −0.0, exact .5 ties, any length).
 
@@ -132,10 +132,13 @@ mod avx2 {
     use super::ABSMAX_FLOOR;
     use crate::dispatch::{Isa, Kernels};
 
-    /// Run the AVX2 kernel when `k` is the table of a tier that includes AVX2 (AVX2 or
-    /// AVX-512); `None` otherwise.
+    /// Run the AVX2 kernel when `k` is the table of a tier that includes AVX2 (every x86 tier
+    /// but scalar); `None` otherwise.
     pub(super) fn quantize_i8(k: &Kernels, x: &[f32], q: &mut [i8]) -> Option<f32> {
-        if !matches!(k.isa, Isa::Avx2 | Isa::Avx512) {
+        if !matches!(
+            k.isa,
+            Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 | Isa::Avx512Vnni
+        ) {
             return None;
         }
         debug_assert_eq!(x.len(), q.len());

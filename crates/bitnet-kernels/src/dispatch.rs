@@ -2,7 +2,8 @@
 //!
 //! Model code never sees `cfg(target_feature)`: it calls [`crate::TernaryMatrix::matmul`] and
 //! [`crate::RowMatrix::matmul_f32`], which take their kernels from [`kernels`]. The env var
-//! `BITNET_ISA=scalar|avx2|avx512|neon` may only lower the detected tier.
+//! `BITNET_ISA=scalar|neon|avx2|avxvnni|avx512|avx512vnni` may only lower the detected tier
+//! (to one the CPU has), so every tier can be forced and measured on a CPU above it.
 
 use std::sync::OnceLock;
 
@@ -18,8 +19,12 @@ pub enum Isa {
     Neon,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86-64 AVX-512 F + BW (on top of the AVX2 tier).
+    /// AVX2 plus 256-bit VNNI (`vpdpbusd` on ymm): the panel GEMM for I2_S.
+    AvxVnni,
+    /// x86-64 AVX-512 F + BW (on top of the AVX2 tier), `maddubs` products.
     Avx512,
+    /// AVX-512 F + BW + VNNI: `vpdpbusd` products and the panel GEMM for I2_S.
+    Avx512Vnni,
 }
 
 impl Isa {
@@ -29,7 +34,9 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Neon => "neon",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
+            Isa::Avx512Vnni => "avx512vnni",
         }
     }
 
@@ -39,7 +46,9 @@ impl Isa {
             "scalar" => Some(Isa::Scalar),
             "neon" => Some(Isa::Neon),
             "avx2" => Some(Isa::Avx2),
+            "avxvnni" => Some(Isa::AvxVnni),
             "avx512" => Some(Isa::Avx512),
+            "avx512vnni" => Some(Isa::Avx512Vnni),
             _ => None,
         }
     }
@@ -49,7 +58,9 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => has_avx2(),
+            Isa::AvxVnni => has_avx2() && has_feature_avxvnni(),
             Isa::Avx512 => has_avx512(),
+            Isa::Avx512Vnni => has_avx512() && has_feature_avx512vnni(),
             Isa::Neon => has_neon(),
         }
     }
@@ -74,6 +85,23 @@ fn has_avx512() -> bool {
 }
 #[cfg(not(target_arch = "x86_64"))]
 fn has_avx512() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_feature_avxvnni() -> bool {
+    std::arch::is_x86_feature_detected!("avxvnni")
+}
+#[cfg(target_arch = "x86_64")]
+fn has_feature_avx512vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512vnni")
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn has_feature_avxvnni() -> bool {
+    false
+}
+#[cfg(not(target_arch = "x86_64"))]
+fn has_feature_avx512vnni() -> bool {
     false
 }
 
@@ -107,6 +135,18 @@ pub(crate) type RowDotMulti = fn(row: &[u8], xs: &[&[f32]], out: &mut [f32]);
 pub(crate) type RowDotQ8Multi = fn(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]);
 /// An f32 · f32 dot in the 8-lane order.
 pub(crate) type F32Dot = fn(w: &[f32], x: &[f32]) -> f32;
+/// The I2_S panel GEMM (`crate::panel`): `Σ u·q` of the rows of the one or two consecutive
+/// panels in `w` (`gpp` groups each) for tokens `t0 .. t0 + nt` (`nt ≤ panel_tokens`) of `x`
+/// (`k = 16·gpp` bytes per token), into `out[ti·16P + 16pi + j]`.
+pub(crate) type PanelKernel = fn(
+    w: &[crate::panel::PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    nt: usize,
+    out: &mut [i32],
+);
 
 /// The function table of one tier.
 #[derive(Debug)]
@@ -140,6 +180,10 @@ pub(crate) struct Kernels {
     pub q8_0_q8_multi: RowDotQ8Multi,
     /// `q4_0_q8` for several tokens.
     pub q4_0_q8_multi: RowDotQ8Multi,
+    /// The I2_S panel GEMM; a tier with one gets its I2_S matrices repacked at load.
+    pub i2s_panel: Option<PanelKernel>,
+    /// Tokens per call of `i2s_panel`.
+    pub panel_tokens: usize,
 }
 
 static SCALAR: Kernels = Kernels {
@@ -163,6 +207,8 @@ static SCALAR: Kernels = Kernels {
     f16_dot_ggml_multi: scalar::f16_dot_ggml_multi,
     q8_0_q8_multi: scalar::q8_0_q8_multi,
     q4_0_q8_multi: scalar::q4_0_q8_multi,
+    i2s_panel: None,
+    panel_tokens: 0,
 };
 
 /// The table of a tier, if this CPU supports it.
@@ -175,7 +221,11 @@ pub(crate) fn kernels_for(isa: Isa) -> Option<&'static Kernels> {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => Some(&crate::simd::avx2::TABLE),
         #[cfg(target_arch = "x86_64")]
+        Isa::AvxVnni => Some(&crate::simd::vnni256::TABLE),
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => Some(&crate::simd::avx512::TABLE),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => Some(&crate::simd::avx512::TABLE_VNNI),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => Some(&crate::simd::neon::TABLE),
         #[allow(unreachable_patterns)]
@@ -190,10 +240,16 @@ struct Selection {
 }
 
 fn detect_best() -> Isa {
-    [Isa::Avx512, Isa::Avx2, Isa::Neon]
-        .into_iter()
-        .find(|i| i.is_supported() && kernels_for(*i).is_some())
-        .unwrap_or(Isa::Scalar)
+    [
+        Isa::Avx512Vnni,
+        Isa::Avx512,
+        Isa::AvxVnni,
+        Isa::Avx2,
+        Isa::Neon,
+    ]
+    .into_iter()
+    .find(|i| i.is_supported() && kernels_for(*i).is_some())
+    .unwrap_or(Isa::Scalar)
 }
 
 /// Apply a `BITNET_ISA` value to the detected tier: it may only lower it, to a tier that
@@ -217,7 +273,8 @@ fn choose(detected: Isa, env: Option<&str>, available: &[Isa]) -> (Isa, Option<S
         None => (
             detected,
             Some(format!(
-                "BITNET_ISA={v} ignored: expected scalar, avx2, avx512 or neon"
+                "BITNET_ISA={v} ignored: expected scalar, neon, avx2, avxvnni, avx512 or \
+                 avx512vnni"
             )),
         ),
     }
@@ -244,10 +301,22 @@ pub fn isa() -> Isa {
 
 /// Every tier this CPU can run (for tests and benchmarks).
 pub fn supported_isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512]
-        .into_iter()
-        .filter(|i| kernels_for(*i).is_some())
-        .collect()
+    [
+        Isa::Scalar,
+        Isa::Neon,
+        Isa::Avx2,
+        Isa::AvxVnni,
+        Isa::Avx512,
+        Isa::Avx512Vnni,
+    ]
+    .into_iter()
+    .filter(|i| kernels_for(*i).is_some())
+    .collect()
+}
+
+/// Whether tier `isa` runs I2_S through the repacked panels (false when the CPU lacks it).
+pub fn has_panel_kernel(isa: Isa) -> bool {
+    kernels_for(isa).is_some_and(|k| k.i2s_panel.is_some())
 }
 
 /// The table of the selected tier.
@@ -339,6 +408,29 @@ mod tests {
             choose(Isa::Neon, Some("scalar"), &[Isa::Scalar, Isa::Neon]).0,
             Isa::Scalar
         );
+    }
+
+    #[test]
+    fn every_tier_has_a_name_that_parses_back() {
+        for i in [
+            Isa::Scalar,
+            Isa::Neon,
+            Isa::Avx2,
+            Isa::AvxVnni,
+            Isa::Avx512,
+            Isa::Avx512Vnni,
+        ] {
+            assert_eq!(Isa::from_name(i.name()), Some(i));
+        }
+        // The VNNI tiers sit above their base tiers, so BITNET_ISA can lower to the base.
+        assert!(Isa::Avx2 < Isa::AvxVnni && Isa::AvxVnni < Isa::Avx512);
+        assert!(Isa::Avx512 < Isa::Avx512Vnni);
+        let all = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni];
+        assert_eq!(choose(Isa::Avx512Vnni, Some("avx512"), &all).0, Isa::Avx512);
+        // Only the tiers with a panel kernel repack.
+        assert!(!has_panel_kernel(Isa::Scalar));
+        assert!(!has_panel_kernel(Isa::Avx2));
+        assert_eq!(has_panel_kernel(Isa::Avx512Vnni), Isa::Avx512Vnni.is_supported());
     }
 
     #[test]

@@ -18,12 +18,13 @@ pub mod attn;
 mod dispatch;
 mod error;
 pub mod layout;
+pub mod panel;
 mod pool;
 pub mod rows;
 mod simd;
 mod ternary;
 
-pub use dispatch::{isa, isa_report, supported_isas, Isa};
+pub use dispatch::{has_panel_kernel, isa, isa_report, supported_isas, Isa};
 pub use error::KernelError;
 pub use layout::{ExternalScales, TernaryLayout};
 pub use pool::{part_range, Pool};

@@ -12,9 +12,11 @@
 //! across tiers.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::dispatch::{kernels, kernels_for, Isa, Kernels};
 use crate::layout::{i2s, qk256, seq32, tq1_0, tq2_0, ExternalScales, TernaryLayout};
+use crate::panel::{Panels, PANEL_ROWS};
 use crate::pool::{Pool, SharedMut};
 use crate::KernelError;
 
@@ -91,8 +93,9 @@ enum Scales<'a> {
 }
 
 /// A borrowed ternary weight matrix: `n_out` rows (output features) × `n_in` (K) columns,
-/// bytes borrowed from the mmap.
-#[derive(Debug, Clone, Copy)]
+/// bytes borrowed from the mmap; I2_S matrices may also hold a repacked copy for the panel
+/// GEMM ([`Self::repack`]), shared between clones.
+#[derive(Debug, Clone)]
 pub struct TernaryMatrix<'a> {
     layout: TernaryLayout,
     n_out: usize,
@@ -106,6 +109,9 @@ pub struct TernaryMatrix<'a> {
     nb: usize,
     /// I2_S only: the packed codes were checked to hold no code 11 (see [`Self::check_codes`]).
     codes_clean: bool,
+    /// I2_S only: the codes repacked into panels (`crate::panel`), used by the tiers that
+    /// have a panel kernel.
+    panels: Option<Arc<Panels>>,
 }
 
 impl<'a> TernaryMatrix<'a> {
@@ -188,6 +194,7 @@ impl<'a> TernaryMatrix<'a> {
             row_bytes,
             nb,
             codes_clean: false,
+            panels: None,
         })
     }
 
@@ -326,6 +333,42 @@ impl<'a> TernaryMatrix<'a> {
         self.codes_clean
     }
 
+    /// The packed weight bytes the kernels read (for I2_S without β and its tail): what a
+    /// loader may release once the matrix is [repacked](Self::repack).
+    pub fn packed_data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// Repack an I2_S matrix into panels when the selected tier has a panel kernel
+    /// ([`crate::isa`]); returns the bytes of the new copy (0 when nothing was done: other
+    /// layouts, or a tier without the kernel). Results are bit-identical either way; once
+    /// repacked, the tiers with a panel kernel no longer read [`Self::packed_data`].
+    pub fn repack(&mut self, pool: &Pool) -> Result<usize, KernelError> {
+        if kernels().i2s_panel.is_none() {
+            return Ok(0);
+        }
+        self.repack_always(pool)
+    }
+
+    /// [`Self::repack`] whatever the selected tier (tests, benchmarks); 0 for non-I2_S.
+    pub fn repack_always(&mut self, pool: &Pool) -> Result<usize, KernelError> {
+        if self.layout != TernaryLayout::I2S {
+            return Ok(0);
+        }
+        if let Some(p) = &self.panels {
+            return Ok(p.nbytes());
+        }
+        let p = Panels::from_i2s(self.data, self.n_out, self.n_in, pool)?;
+        let n = p.nbytes();
+        self.panels = Some(Arc::new(p));
+        Ok(n)
+    }
+
+    /// Bytes of the repacked copy, if any.
+    pub fn repacked_bytes(&self) -> usize {
+        self.panels.as_ref().map_or(0, |p| p.nbytes())
+    }
+
     /// Reference dequantization of row `r` into `out` (length K). Not for the hot path.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), KernelError> {
         if r >= self.n_out {
@@ -447,8 +490,19 @@ impl<'a> TernaryMatrix<'a> {
         if n_tok == 0 || self.n_out == 0 {
             return Ok(());
         }
-        let p = Prepared::new(self.layout, xq, self.n_in, n_tok);
         let bsum = self.block_sums(xq, n_tok);
+        if let (Some(pk), Some(panels), Scales::Tensor(beta)) =
+            (kern.i2s_panel, self.panels.as_deref(), self.scales)
+        {
+            let outp = SharedMut::new(out);
+            let tile = kern.panel_tokens.max(1);
+            let f = |ps: Range<usize>| {
+                self.panel_rows(pk, tile, panels, beta, xq, &bsum, s, ps, &outp);
+            };
+            runner(panels.n_panels(), 2, &f);
+            return Ok(());
+        }
+        let p = Prepared::new(self.layout, xq, self.n_in, n_tok);
         let kernel = match self.layout {
             TernaryLayout::I2S if self.codes_clean => kern.i2s_clean,
             TernaryLayout::I2S => kern.i2s,
@@ -537,6 +591,65 @@ impl<'a> TernaryMatrix<'a> {
         }
     }
 
+    /// Panels `ps` for every token: blocks of `PANEL_BLOCK` panels (L2-resident) × tiles of
+    /// `tile` tokens, two panels per kernel call; `y = ((T − Σq) / s) · β` as in `tile_out`.
+    #[allow(clippy::too_many_arguments)]
+    fn panel_rows(
+        &self,
+        kernel: crate::dispatch::PanelKernel,
+        tile: usize,
+        panels: &Panels,
+        beta: f32,
+        xq: &[i8],
+        bsum: &[i32],
+        s: &[f32],
+        ps: Range<usize>,
+        out: &SharedMut<f32>,
+    ) {
+        let n_tok = s.len();
+        let k = self.n_in;
+        let gpp = panels.groups_per_panel();
+        let mut raw = vec![0i32; tile * 2 * PANEL_ROWS];
+        let mut pb = ps.start;
+        while pb < ps.end {
+            let pb_end = (pb + PANEL_BLOCK).min(ps.end);
+            let mut t0 = 0;
+            while t0 < n_tok {
+                let nt = (n_tok - t0).min(tile);
+                let mut p = pb;
+                while p < pb_end {
+                    let np = (pb_end - p).min(2);
+                    let rows = PANEL_ROWS * np;
+                    kernel(
+                        panels.panels(p..p + np),
+                        gpp,
+                        xq,
+                        k,
+                        t0,
+                        nt,
+                        &mut raw[..nt * rows],
+                    );
+                    let r0 = PANEL_ROWS * p;
+                    let r_end = (r0 + rows).min(self.n_out);
+                    for ti in 0..nt {
+                        let t = t0 + ti;
+                        for r in r0..r_end {
+                            // y = ((T as f32) / s) · β, T = Σ u·q − Σ q
+                            let tt = raw[ti * rows + (r - r0)] - bsum[t];
+                            let y = (tt as f32 / s[t]) * beta;
+                            // SAFETY: t < n_tok and r < n_out; panel ranges are disjoint
+                            // between chunks, so each (t, r) is written once.
+                            unsafe { out.write(t * self.n_out + r, y) };
+                        }
+                    }
+                    p += np;
+                }
+                t0 += nt;
+            }
+            pb = pb_end;
+        }
+    }
+
     /// One row × one token tile: raw sums by `kernel`, then scaled into `out`.
     #[allow(clippy::too_many_arguments)]
     #[inline]
@@ -584,6 +697,9 @@ impl<'a> TernaryMatrix<'a> {
 /// Rows per block of the multi-token loop in `rows_kernel` (64 rows of K = 6912 are 110 KB of
 /// I2_S, well inside L2).
 const ROW_BLOCK: usize = 64;
+
+/// Panels per block of the panel GEMM's loop (4 × 16 rows of K = 6912 are 110 KB).
+const PANEL_BLOCK: usize = 4;
 
 /// Rows per work unit handed to the pool (a multiple of every SIMD row tile).
 pub const ROW_GRAIN: usize = 8;

@@ -62,7 +62,14 @@ fn tiers_reported() {
     eprintln!("tiers tested: {isas:?}");
     assert!(isas.contains(&Isa::Scalar));
     // A tier this CPU lacks is refused, not emulated.
-    for isa in [Isa::Scalar, Isa::Neon, Isa::Avx2, Isa::Avx512] {
+    for isa in [
+        Isa::Scalar,
+        Isa::Neon,
+        Isa::Avx2,
+        Isa::AvxVnni,
+        Isa::Avx512,
+        Isa::Avx512Vnni,
+    ] {
         let mut q = [0i8; 3];
         assert_eq!(
             act::quantize_i8_on(isa, &[1.0, 2.0, 3.0], &mut q).is_some(),

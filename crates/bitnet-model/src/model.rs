@@ -52,7 +52,7 @@ pub struct Model<'a> {
     pub layers: Vec<Layer<'a>>,
 }
 
-impl Layer<'_> {
+impl<'a> Layer<'a> {
     /// The seven ternary projections.
     pub fn projections(&self) -> [&TernaryMatrix<'_>; 7] {
         [
@@ -63,6 +63,19 @@ impl Layer<'_> {
             &self.w_gate,
             &self.w_up,
             &self.w_down,
+        ]
+    }
+
+    /// The seven ternary projections, mutable (to repack them at load).
+    pub fn projections_mut(&mut self) -> [&mut TernaryMatrix<'a>; 7] {
+        [
+            &mut self.wq,
+            &mut self.wk,
+            &mut self.wv,
+            &mut self.wo,
+            &mut self.w_gate,
+            &mut self.w_up,
+            &mut self.w_down,
         ]
     }
 }

@@ -123,11 +123,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     .validate()?;
     let mut progress = super::common::LoadProgress::new();
+    let load_pool = Pool::new(a.model.threads());
     let released = bitnet_engine::build_lm_head(
         &mut model,
         &file,
         a.model.lm_head.format(),
-        &Pool::new(a.model.threads()),
+        &load_pool,
         &mut |e| progress.event(e),
     )?;
     let listed = a
@@ -166,7 +167,30 @@ pub fn run(a: Args) -> Result<()> {
             "test", "threads", "tok/s", "(min .. max)", "GB/s", "read GB/s", "ratio"
         );
     }
-    for &t in &threads {
+    // The read baseline covers the mapped file, except the source of a quantized head
+    // (released after conversion, and no longer read by decode): the larger side of it. It is
+    // measured per thread count before the weights are repacked: repacking releases the
+    // file's pages, and reading them afterwards would bring them back beside the new copy.
+    let all = file.as_bytes();
+    let base = match &released {
+        Some(r) => {
+            let (head, tail) = (&all[..r.start], &all[r.end..]);
+            if head.len() >= tail.len() {
+                head
+            } else {
+                tail
+            }
+        }
+        _ => all,
+    };
+    let bws: Vec<f64> = threads
+        .iter()
+        .map(|&t| read_bandwidth(&Pool::new(t.max(1)), base))
+        .collect();
+    if !a.model.no_repack {
+        bitnet_engine::repack_weights(&mut model, &file, &load_pool, &mut |e| progress.event(e))?;
+    }
+    for (ti, &t) in threads.iter().enumerate() {
         let pool = Pool::new(t.max(1));
         let mut scratch = bitnet_model::Scratch::default();
         let mut exec = Exec {
@@ -267,21 +291,7 @@ pub fn run(a: Args) -> Result<()> {
             }
             tests.push((format!("tg{}x{b}", a.n_gen), b, rates));
         }
-        // The read baseline covers the mapped file, except the source of a quantized head
-        // (released after conversion, and no longer read by decode): the larger side of it.
-        let all = file.as_bytes();
-        let base = match &released {
-            Some(r) => {
-                let (head, tail) = (&all[..r.start], &all[r.end..]);
-                if head.len() >= tail.len() {
-                    head
-                } else {
-                    tail
-                }
-            }
-            _ => all,
-        };
-        let bw = read_bandwidth(&pool, base);
+        let bw = bws[ti];
         for (name, batch, rates) in tests {
             let s = stat(rates);
             // Batched decode reads the weights once per step for several tokens: no

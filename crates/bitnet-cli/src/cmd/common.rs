@@ -89,6 +89,11 @@ pub struct ModelArgs {
     /// built from it at load and kept in memory (less to read per token, small logit error).
     #[arg(long, default_value = "f16")]
     pub lm_head: LmHead,
+    /// Keep the file's weight layout: no repacked copy of the I2_S weights for the integer
+    /// GEMM (slower prefill; the repacked copy replaces the file's pages, so it costs no
+    /// memory on a mapped file).
+    #[arg(long)]
+    pub no_repack: bool,
 }
 
 /// The LM head's storage.
@@ -151,6 +156,22 @@ impl LoadProgress {
                     elapsed.as_secs_f64()
                 );
             }
+            LoadEvent::Repacked {
+                matrices,
+                bytes,
+                elapsed,
+                released,
+            } => eprintln!(
+                "weights: {matrices} I2_S matrices repacked for the integer GEMM, {} in memory{}, \
+                 in {:.1} s",
+                human_bytes(bytes as u64),
+                if released {
+                    " (the file's pages released)"
+                } else {
+                    ""
+                },
+                elapsed.as_secs_f64()
+            ),
             LoadEvent::Note(n) => eprintln!("note: {n}"),
         }
     }
@@ -203,6 +224,7 @@ impl ModelArgs {
             lm_head: self.lm_head.format(),
             in_memory: self.in_memory,
             pre_tokenizer: self.pre_tokenizer()?,
+            repack: !self.no_repack,
             ..Default::default()
         })
     }

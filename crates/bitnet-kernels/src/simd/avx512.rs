@@ -1,5 +1,6 @@
-//! AVX-512 F + BW kernels for I2_S and TQ2_0 (VNNI `vpdpbusd` when the CPU has it); every
-//! other entry comes from the AVX2 tier (an AVX-512 CPU has AVX2).
+//! AVX-512 F + BW kernels for I2_S and TQ2_0, in two tables: `TABLE` (`maddubs`) and
+//! `TABLE_VNNI` (`vpdpbusd`, plus the panel GEMM of `super::panel_x86`); every other entry
+//! comes from the AVX2 tier (an AVX-512 CPU has AVX2).
 //!
 //! ```text
 //! I2_S:  one 64-byte load = blocks b, b+1; plane l (bits 7−2l..6−2l) of the low 32 bytes
@@ -9,8 +10,8 @@
 //! ```
 //! Without VNNI: `maddubs` (u8 code × i8 → i16 pairs, |·| ≤ 2·3·128) summed over ≤ 4 planes
 //! (≤ 3072) then `madd(·, 1)` into i32; with VNNI: `dpbusd` straight into i32.
-//! This tier cannot run on the development machine: it is compiled everywhere, selected only
-//! by runtime detection, and its tests run wherever the CPU has AVX-512 BW.
+//! Both tables are compiled everywhere, selected only by runtime detection (or lowered to by
+//! `BITNET_ISA`), and tested wherever the CPU has them.
 
 use std::arch::x86_64::*;
 
@@ -28,9 +29,16 @@ pub(crate) static TABLE: Kernels = Kernels {
     ..avx2::TABLE_BASE
 };
 
-fn has_vnni() -> bool {
-    std::arch::is_x86_feature_detected!("avx512vnni")
-}
+/// The AVX-512 VNNI tier: `vpdpbusd` in the per-row kernels and the panel GEMM.
+pub(crate) static TABLE_VNNI: Kernels = Kernels {
+    isa: Isa::Avx512Vnni,
+    i2s: i2s_vnni,
+    i2s_clean: i2s_vnni,
+    tq2: tq2_vnni,
+    i2s_panel: Some(super::panel_x86::panel_512),
+    panel_tokens: super::panel_x86::TOKENS_512,
+    ..TABLE
+};
 
 macro_rules! tile {
     ($f:ident, $nt:expr, $($arg:expr),*) => {
@@ -123,14 +131,19 @@ fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
         return scalar::i2s(w_row, p, t0, nt, out);
     }
     // SAFETY: this table is handed out only after runtime detection of AVX-512 F+BW (and
-    // AVX2); the VNNI variant only when avx512vnni is detected; lengths checked above.
-    unsafe {
-        if has_vnni() {
-            tile!(i2s_tile_vnni, nt, w_row, p, t0, out)
-        } else {
-            tile!(i2s_tile, nt, w_row, p, t0, out)
-        }
+    // AVX2); lengths checked above.
+    unsafe { tile!(i2s_tile, nt, w_row, p, t0, out) }
+}
+
+fn i2s_vnni(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    let k = p.k;
+    if !k.is_multiple_of(128) || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt
+    {
+        return scalar::i2s(w_row, p, t0, nt, out);
     }
+    // SAFETY: the VNNI table is handed out only after runtime detection of AVX-512
+    // F+BW+VNNI (and AVX2); lengths checked above.
+    unsafe { tile!(i2s_tile_vnni, nt, w_row, p, t0, out) }
 }
 
 macro_rules! i2s_body {
@@ -212,13 +225,21 @@ fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
         return scalar::tq2(w_row, p, t0, nt, out);
     }
     // SAFETY: as in `i2s`.
-    unsafe {
-        if has_vnni() {
-            tile!(tq2_tile_vnni, nt, w_row, p, t0, out)
-        } else {
-            tile!(tq2_tile, nt, w_row, p, t0, out)
-        }
+    unsafe { tile!(tq2_tile, nt, w_row, p, t0, out) }
+}
+
+fn tq2_vnni(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    let k = p.k;
+    let nb = k / 256;
+    if !k.is_multiple_of(256)
+        || w_row.len() < nb * tq2_0::BLOCK_BYTES
+        || p.x.len() < (t0 + nt) * k
+        || out.len() < nt * nb
+    {
+        return scalar::tq2(w_row, p, t0, nt, out);
     }
+    // SAFETY: as in `i2s_vnni`.
+    unsafe { tile!(tq2_tile_vnni, nt, w_row, p, t0, out) }
 }
 
 macro_rules! tq2_body {

@@ -9,3 +9,7 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod panel_x86;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod vnni256;

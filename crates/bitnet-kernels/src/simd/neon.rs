@@ -39,6 +39,8 @@ pub(crate) static TABLE: Kernels = Kernels {
     f16_dot_ggml_multi: scalar::f16_dot_ggml_multi,
     q8_0_q8_multi: scalar::q8_0_q8_multi,
     q4_0_q8_multi: scalar::q4_0_q8_multi,
+    i2s_panel: None,
+    panel_tokens: 0,
 };
 
 /// Hint the cache line 3 KiB past `p[off]` (the weight stream's read-ahead distance, as in

@@ -1,0 +1,156 @@
+//! The I2_S matmul at 1, 4, 16 and 128 tokens on every tier this CPU has, on the file's
+//! layout and on the repacked panels: `cargo bench -p bitnet-kernels --bench gemm`.
+//!
+//! Variants run interleaved, round by round, and each reports the median of its rounds, so a
+//! change in the machine's speed during the run hits them alike. Ratios are against the
+//! selected tier on the file's layout (the path before panels existed). The last column is the
+//! multiply-add rate in int8 MACs per ns (2.1 G per token for the 2B model's projections).
+//!
+//! Env: `BENCH_QUICK=1` fewer rounds; `BENCH_FILTER=substring` only matching shapes;
+//! `BENCH_THREADS=1,2` thread counts.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation,
+    clippy::cast_precision_loss
+)]
+
+use std::time::Instant;
+
+use bitnet_kernels::{isa, supported_isas, Isa, Pool, TernaryLayout, TernaryMatrix};
+
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect()
+}
+
+/// A random I2_S tensor with valid codes and β = 0.5.
+fn i2s_tensor(n_out: usize, k: usize) -> Vec<u8> {
+    let mut w = bytes(TernaryLayout::I2S.tensor_bytes(n_out, k).unwrap(), 7);
+    let o = n_out * k / 4;
+    w[o..o + 4].copy_from_slice(&0.5f32.to_le_bytes());
+    for b in &mut w[..o] {
+        *b = bitnet_kernels::layout::i2s::sanitize_byte(*b);
+    }
+    w
+}
+
+struct Variant<'a> {
+    name: String,
+    isa: Isa,
+    m: &'a TernaryMatrix<'a>,
+    times: Vec<f64>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let quick = std::env::var("BENCH_QUICK").is_ok();
+    let filter = std::env::var("BENCH_FILTER").ok();
+    let threads: Vec<usize> = std::env::var("BENCH_THREADS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2]);
+    let rounds = if quick { 5 } else { 11 };
+    println!(
+        "selected tier: {}; tiers: {:?}",
+        isa().name(),
+        supported_isas()
+    );
+    println!(
+        "{:<22} {:>4} {:>3} {:<22} {:>10} {:>7} {:>8}",
+        "shape", "tok", "thr", "variant", "µs/call", "ratio", "MAC/ns"
+    );
+    for (n_out, k) in [(2560usize, 2560usize), (6912, 2560), (2560, 6912)] {
+        let shape = format!("I2_S {n_out}x{k}");
+        if filter.as_ref().is_some_and(|f| !shape.contains(f.as_str())) {
+            continue;
+        }
+        let w = i2s_tensor(n_out, k);
+        let plain = TernaryMatrix::new(TernaryLayout::I2S, n_out, k, &w, None).unwrap();
+        let mut panels = plain.clone();
+        panels.repack_always(&Pool::new(2)).unwrap();
+        for &thr in &threads {
+            let pool = Pool::new(thr);
+            for n_tok in [1usize, 4, 16, 128] {
+                let x: Vec<i8> = bytes(n_tok * k, 11)
+                    .into_iter()
+                    .map(|b| i8::from_le_bytes([b]))
+                    .collect();
+                let s = vec![3.0f32; n_tok];
+                let mut out = vec![0f32; n_tok * n_out];
+                let mut vars: Vec<Variant<'_>> = Vec::new();
+                for t in supported_isas() {
+                    vars.push(Variant {
+                        name: format!("{} file layout", t.name()),
+                        isa: t,
+                        m: &plain,
+                        times: Vec::new(),
+                    });
+                }
+                for t in supported_isas() {
+                    if bitnet_kernels::has_panel_kernel(t) {
+                        vars.push(Variant {
+                            name: format!("{} panels", t.name()),
+                            isa: t,
+                            m: &panels,
+                            times: Vec::new(),
+                        });
+                    }
+                }
+                // The scalar tier takes seconds at 128 tokens; keep it to the small counts.
+                vars.retain(|v| v.isa != Isa::Scalar || n_tok <= 4);
+                // Calls per sample: about 20 ms of work for the selected tier.
+                let t = Instant::now();
+                plain.matmul(&x, &s, &mut out, &pool).unwrap();
+                let one = t.elapsed().as_secs_f64().max(1e-6);
+                let reps = ((0.02 / one) as usize).clamp(1, 2000);
+                for _ in 0..rounds {
+                    for v in &mut vars {
+                        let reps = if v.isa == Isa::Scalar { 1 } else { reps };
+                        v.m.matmul_on(v.isa, &x, &s, &mut out, &pool)
+                            .unwrap()
+                            .unwrap();
+                        let t = Instant::now();
+                        for _ in 0..reps {
+                            v.m.matmul_on(v.isa, &x, &s, &mut out, &pool)
+                                .unwrap()
+                                .unwrap();
+                        }
+                        v.times.push(t.elapsed().as_secs_f64() / reps as f64);
+                    }
+                }
+                let base = vars
+                    .iter_mut()
+                    .find(|v| v.isa == isa() && std::ptr::eq(v.m, &plain))
+                    .map(|v| median(&mut v.times.clone()))
+                    .unwrap_or(f64::NAN);
+                let macs = (n_out * k * n_tok) as f64;
+                for v in &mut vars {
+                    let m = median(&mut v.times);
+                    println!(
+                        "{:<22} {:>4} {:>3} {:<22} {:>10.1} {:>6.2}x {:>8.1}",
+                        shape,
+                        n_tok,
+                        thr,
+                        v.name,
+                        m * 1e6,
+                        base / m,
+                        macs / (m * 1e9)
+                    );
+                }
+            }
+        }
+    }
+}

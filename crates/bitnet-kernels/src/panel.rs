@@ -1,0 +1,356 @@
+//! I2_S weights repacked at load for the integer GEMM (prefill, batched decode) and the
+//! matvec alike: panels of 16 rows whose codes sit where `vpdpbusd` wants them.
+//!
+//! ```text
+//! panel p = rows 16p .. 16p+15 (rows past n_out are padding: code 01, value 0)
+//! group g of a panel = columns 16g .. 16g+15, 64 bytes, one `PanelGroup`
+//! byte 4j + b of group g (row 16p + j, b = 0..3):
+//!   bits 1 0  | 3 2    | 5 4    | 7 6
+//!   col  16g+b| 16g+4+b| 16g+8+b| 16g+12+b        (plane s = bits 2s+1..2s ↔ column 16g+4s+b)
+//! code u = value + 1 (0, 1, 2); the never-written I2_S code 11 is stored as 01 (value 0)
+//! ```
+//! Plane s of a group (`(v >> 2s) & 3` on every byte) holds, in 32-bit lane j, row j's codes
+//! for the four consecutive columns `16g+4s .. 16g+4s+3`: one `vpdpbusd` against those four
+//! activation bytes broadcast to every lane adds `Σ u·q` of the four columns to all 16 rows.
+//! The integer sums are the same as the I2_S kernels' (`Σ u·q`), so every output is
+//! bit-identical whichever path computes it.
+
+use std::ops::Range;
+
+use crate::layout::i2s;
+use crate::pool::{Pool, SharedMut};
+use crate::KernelError;
+
+/// Rows per panel.
+pub const PANEL_ROWS: usize = 16;
+/// Columns per group.
+pub const GROUP_COLS: usize = 16;
+
+/// 16 rows × 16 columns of 2-bit codes (see the module doc), 64-byte aligned.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PanelGroup(pub [u8; 64]);
+
+/// A whole matrix in panels: `n_panels × groups_per_panel` groups, panel-major.
+#[derive(Debug)]
+pub struct Panels {
+    groups: Vec<PanelGroup>,
+    n_out: usize,
+    n_in: usize,
+}
+
+impl Panels {
+    /// Repack the packed codes of an I2_S matrix (`n_out · n_in / 4` bytes, `n_in` a multiple
+    /// of 128), splitting the work over `pool`.
+    pub fn from_i2s(
+        codes: &[u8],
+        n_out: usize,
+        n_in: usize,
+        pool: &Pool,
+    ) -> Result<Self, KernelError> {
+        if !n_in.is_multiple_of(i2s::BLOCK_ELEMS) {
+            return Err(KernelError::BadRowLength {
+                layout: crate::TernaryLayout::I2S,
+                cols: n_in,
+                multiple: i2s::BLOCK_ELEMS,
+            });
+        }
+        let row_bytes = n_in / 4;
+        let need = n_out.checked_mul(row_bytes).ok_or(KernelError::Overflow {
+            what: "panel bytes",
+        })?;
+        if codes.len() != need {
+            return Err(KernelError::ShapeMismatch {
+                what: "I2_S codes",
+                expected: need,
+                got: codes.len(),
+            });
+        }
+        let n_panels = n_out.div_ceil(PANEL_ROWS);
+        let gpp = n_in / GROUP_COLS;
+        let total = n_panels.checked_mul(gpp).ok_or(KernelError::Overflow {
+            what: "panel groups",
+        })?;
+        let mut groups = vec![PanelGroup([0; 64]); total];
+        {
+            let dst = SharedMut::new(&mut groups);
+            let f = |ps: Range<usize>| {
+                for p in ps {
+                    // SAFETY: panels are disjoint between chunks; p < n_panels so the range
+                    // p·gpp .. (p+1)·gpp lies inside `groups`.
+                    let out = unsafe { dst.slice_mut(p * gpp..(p + 1) * gpp) };
+                    pack_panel(codes, n_out, n_in, p, out);
+                }
+            };
+            pool.for_rows(n_panels, 1, &f);
+        }
+        Ok(Panels {
+            groups,
+            n_out,
+            n_in,
+        })
+    }
+
+    /// Rows of the matrix (without padding).
+    pub fn n_out(&self) -> usize {
+        self.n_out
+    }
+    /// Columns.
+    pub fn n_in(&self) -> usize {
+        self.n_in
+    }
+    /// Panels (the last one may be part padding).
+    pub fn n_panels(&self) -> usize {
+        self.n_out.div_ceil(PANEL_ROWS)
+    }
+    /// Groups per panel (`n_in / 16`).
+    pub fn groups_per_panel(&self) -> usize {
+        self.n_in / GROUP_COLS
+    }
+    /// Bytes held.
+    pub fn nbytes(&self) -> usize {
+        self.groups.len() * std::mem::size_of::<PanelGroup>()
+    }
+    /// Panels `ps` as one slice of groups.
+    pub(crate) fn panels(&self, ps: Range<usize>) -> &[PanelGroup] {
+        let gpp = self.groups_per_panel();
+        &self.groups[ps.start * gpp..ps.end * gpp]
+    }
+
+    /// The code (0..=2) of row `r`, column `c` (tests and reference use).
+    pub fn code(&self, r: usize, c: usize) -> u8 {
+        let gpp = self.groups_per_panel();
+        let g = &self.groups[(r / PANEL_ROWS) * gpp + c / GROUP_COLS];
+        let o = c % GROUP_COLS;
+        (g.0[4 * (r % PANEL_ROWS) + o % 4] >> (2 * (o / 4))) & 3
+    }
+}
+
+/// Fill panel `p`'s groups from the I2_S codes.
+fn pack_panel(codes: &[u8], n_out: usize, n_in: usize, p: usize, out: &mut [PanelGroup]) {
+    let row_bytes = n_in / 4;
+    for j in 0..PANEL_ROWS {
+        let r = PANEL_ROWS * p + j;
+        if r >= n_out {
+            // Padding rows: code 01 (value 0) in every plane.
+            for g in out.iter_mut() {
+                g.0[4 * j..4 * j + 4].fill(0x55);
+            }
+            continue;
+        }
+        let row = &codes[r * row_bytes..(r + 1) * row_bytes];
+        // I2_S block bb, byte pb holds columns 128bb + 32l + pb (l = 0..3, bits 7−2l..6−2l).
+        for (bb, blk) in row.chunks_exact(i2s::BLOCK_BYTES).enumerate() {
+            for (pb, &raw) in blk.iter().enumerate() {
+                let v = i2s::sanitize_byte(raw);
+                let byte = 4 * j + pb % 4;
+                let shift = 2 * ((pb % 16) / 4);
+                for l in 0..4 {
+                    let c = (v >> (6 - 2 * l)) & 3;
+                    out[8 * bb + 2 * l + pb / 16].0[byte] |= c << shift;
+                }
+            }
+        }
+    }
+}
+
+/// The scalar twin of the panel kernels: `Σ u·q` of every row of the `w.len() / gpp`
+/// consecutive panels in `w` (`gpp` groups each) for tokens `t0 .. t0 + nt` of `x` (`k` = 16·gpp
+/// activations per token), into `out[ti · 16P + 16pi + j]`.
+pub(crate) fn scalar_kernel(
+    w: &[PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    nt: usize,
+    out: &mut [i32],
+) {
+    let np = w.len() / gpp.max(1);
+    for pi in 0..np {
+        let pw = &w[pi * gpp..(pi + 1) * gpp];
+        for ti in 0..nt {
+            let xt = &x[(t0 + ti) * k..(t0 + ti + 1) * k];
+            for j in 0..PANEL_ROWS {
+                let mut acc = 0i32;
+                for (g, grp) in pw.iter().enumerate() {
+                    for b in 0..4 {
+                        let byte = grp.0[4 * j + b];
+                        for s in 0..4 {
+                            let u = i32::from((byte >> (2 * s)) & 3);
+                            acc += u * i32::from(xt[GROUP_COLS * g + 4 * s + b]);
+                        }
+                    }
+                }
+                out[ti * PANEL_ROWS * np + PANEL_ROWS * pi + j] = acc;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::{kernels_for, supported_isas};
+    use crate::{TernaryLayout, TernaryMatrix};
+
+    fn next(st: &mut u64) -> u64 {
+        *st ^= *st << 13;
+        *st ^= *st >> 7;
+        *st ^= *st << 17;
+        *st
+    }
+
+    fn random_i2s(st: &mut u64, n_out: usize, k: usize, with_11: bool) -> Vec<u8> {
+        let codes: Vec<u8> = (0..n_out * k)
+            .map(|_| u8::try_from(next(st) % if with_11 { 4 } else { 3 }).unwrap_or(0))
+            .collect();
+        i2s::pack_codes(&codes, 0.75).unwrap()
+    }
+
+    fn random_acts(st: &mut u64, n: usize, mode: u64) -> Vec<i8> {
+        (0..n)
+            .map(|j| match mode {
+                0 => 127,
+                1 => {
+                    if j % 3 == 0 {
+                        -128
+                    } else {
+                        -127
+                    }
+                }
+                _ => i8::from_le_bytes([next(st).to_le_bytes()[0]]),
+            })
+            .collect()
+    }
+
+    /// Every tier's panel kernel against the scalar twin, call by call: one and two panels,
+    /// every token count up to the tier's tile, token offsets, K from one I2_S block up.
+    #[test]
+    fn panel_kernels_match_scalar_twin() {
+        let mut st = 0xDEAD_BEEF_0BAD_F00Du64;
+        let pool = Pool::new(1);
+        let mut tested = 0;
+        for isa in supported_isas() {
+            let Some(t) = kernels_for(isa) else { continue };
+            let Some(kern) = t.i2s_panel else { continue };
+            for k in [128usize, 256, 640, 2560] {
+                for np in [1usize, 2] {
+                    let n_out = 16 * np;
+                    let with_11 = next(&mut st).is_multiple_of(2);
+                    let w = random_i2s(&mut st, n_out, k, with_11);
+                    let p = Panels::from_i2s(&w[..n_out * k / 4], n_out, k, &pool).unwrap();
+                    let gpp = p.groups_per_panel();
+                    for mode in 0..3 {
+                        let n_tok = t.panel_tokens + 3;
+                        let x = random_acts(&mut st, n_tok * k, mode);
+                        for t0 in [0usize, 3] {
+                            for nt in 1..=t.panel_tokens {
+                                let mut want = vec![0i32; nt * n_out];
+                                scalar_kernel(p.panels(0..np), gpp, &x, k, t0, nt, &mut want);
+                                let mut got = vec![i32::MIN; nt * n_out];
+                                kern(p.panels(0..np), gpp, &x, k, t0, nt, &mut got);
+                                assert_eq!(got, want, "{isa:?} K {k} panels {np} t0 {t0} nt {nt}");
+                                tested += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!("panel kernel calls checked: {tested}");
+    }
+
+    /// The whole matmul on a repacked matrix, on every tier, equals the scalar tier on the
+    /// original layout bit for bit: ragged row counts (padding panels), odd panel counts,
+    /// token counts around the tiles, one and two threads.
+    #[test]
+    fn repacked_matmul_is_bit_identical_on_every_tier() {
+        let mut st = 0x0123_4567_89AB_CDEFu64;
+        for (n_out, k) in [
+            (1usize, 128usize),
+            (15, 256),
+            (17, 128),
+            (40, 384),
+            (70, 640),
+        ] {
+            let w = random_i2s(&mut st, n_out, k, n_out % 2 == 1);
+            let plain = TernaryMatrix::new(TernaryLayout::I2S, n_out, k, &w, None).unwrap();
+            let mut packed = plain.clone();
+            let pool1 = Pool::new(1);
+            assert_eq!(
+                packed.repack_always(&pool1).unwrap(),
+                n_out.div_ceil(16) * k * 4
+            );
+            for n_tok in [1usize, 2, 5, 8, 9, 13, 20] {
+                let x = random_acts(&mut st, n_tok * k, 2);
+                let s: Vec<f32> = (0..n_tok).map(|i| 1.5 + i as f32 * 0.25).collect();
+                let mut want = vec![0f32; n_tok * n_out];
+                plain
+                    .matmul_on(crate::Isa::Scalar, &x, &s, &mut want, &pool1)
+                    .unwrap()
+                    .unwrap();
+                for threads in [1usize, 2] {
+                    let pool = Pool::new(threads);
+                    for isa in supported_isas() {
+                        let mut got = vec![f32::NAN; n_tok * n_out];
+                        packed
+                            .matmul_on(isa, &x, &s, &mut got, &pool)
+                            .unwrap()
+                            .unwrap();
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(same, "{isa:?} {n_out}x{k} tokens {n_tok} threads {threads}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn panel_codes_match_i2s_codes() {
+        let mut st = 0x1234_5678_9abc_def1u64;
+        for (n_out, k) in [
+            (1usize, 128usize),
+            (16, 128),
+            (17, 256),
+            (40, 640),
+            (33, 384),
+        ] {
+            let codes: Vec<u8> = (0..n_out * k)
+                .map(|_| {
+                    st ^= st << 13;
+                    st ^= st >> 7;
+                    st ^= st << 17;
+                    u8::try_from(st % 4).unwrap_or(0)
+                })
+                .collect();
+            let packed = i2s::pack_codes(&codes, 1.0).unwrap();
+            let pool = Pool::new(2);
+            let p = Panels::from_i2s(&packed[..n_out * k / 4], n_out, k, &pool).unwrap();
+            assert_eq!(p.n_panels(), n_out.div_ceil(16));
+            for r in 0..p.n_panels() * 16 {
+                for c in 0..k {
+                    let want = if r < n_out {
+                        match codes[r * k + c] {
+                            3 => 1,
+                            c => c,
+                        }
+                    } else {
+                        1
+                    };
+                    assert_eq!(p.code(r, c), want, "row {r} col {c} of {n_out}x{k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let pool = Pool::new(1);
+        assert!(Panels::from_i2s(&[0u8; 32], 1, 100, &pool).is_err());
+        assert!(Panels::from_i2s(&[0u8; 31], 1, 128, &pool).is_err());
+    }
+}

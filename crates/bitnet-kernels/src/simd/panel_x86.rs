@@ -1,0 +1,361 @@
+//! The panel GEMM (`crate::panel`) on `vpdpbusd`: AVX-512 VNNI (16 rows per register) and
+//! AVX-VNNI (8 rows per register, for 256-bit hosts).
+//!
+//! Register blocking: P panels (16·P rows) × NT tokens of i32 accumulators. Per group of 16
+//! columns, each panel's 64 bytes are loaded once and split into four planes (shift, and);
+//! each plane meets each token's four activation bytes, broadcast to every lane, in one
+//! `vpdpbusd` per accumulator register. The weights are prefetched `PF_GROUPS` groups ahead
+//! in each panel (the matvec streams them from memory).
+
+use std::arch::x86_64::*;
+
+use crate::panel::{PanelGroup, PANEL_ROWS};
+
+/// Prefetch distance in groups (64 bytes each): 4 KiB ahead.
+const PF_GROUPS: usize = 64;
+
+/// Largest token tile of the AVX-512 kernel (2 panels × 8 tokens = 16 accumulators).
+pub(crate) const TOKENS_512: usize = 8;
+/// Largest token tile of the AVX-VNNI kernel (2 halves × 4 tokens = 8 accumulators).
+pub(crate) const TOKENS_256: usize = 4;
+
+/// Token `t`'s four activation bytes at column `c`, as one i32 for a broadcast.
+///
+/// # Safety
+/// `x + t·k + c + 4` is within the caller's activation slice.
+#[inline(always)]
+unsafe fn x4(x: *const i8, k: usize, t: usize, c: usize) -> i32 {
+    // SAFETY: in bounds by the caller's contract; unaligned reads are allowed.
+    unsafe { std::ptr::read_unaligned(x.add(t * k + c).cast::<i32>()) }
+}
+
+#[inline(always)]
+fn prefetch(p: *const PanelGroup) {
+    // SAFETY: SSE is part of the x86_64 baseline; PREFETCHT0 never faults, and the address
+    // is formed with `wrapping_add` and never dereferenced.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_GROUPS).cast()) }
+}
+
+/// Checks shared by both kernels; true when the SIMD kernel may run.
+fn shape_ok(
+    w: &[PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    nt: usize,
+    out: &[i32],
+) -> bool {
+    let np = w.len().checked_div(gpp).unwrap_or(0);
+    gpp > 0
+        && k == 16 * gpp
+        && (np == 1 || np == 2)
+        && w.len() == np * gpp
+        && x.len() >= (t0 + nt) * k
+        && out.len() >= nt * PANEL_ROWS * np
+}
+
+// ---------------------------------------------------------------------------------------
+// AVX-512 VNNI
+
+/// AVX-512 VNNI panel kernel (see `crate::dispatch::PanelKernel`).
+pub(crate) fn panel_512(
+    w: &[PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    nt: usize,
+    out: &mut [i32],
+) {
+    if nt == 0 {
+        return;
+    }
+    if !shape_ok(w, gpp, x, k, t0, nt, out) || nt > TOKENS_512 {
+        return crate::panel::scalar_kernel(w, gpp, x, k, t0, nt, out);
+    }
+    let np = w.len() / gpp;
+    // SAFETY: this kernel is only in the AVX-512 VNNI table, handed out after runtime
+    // detection of avx512f, avx512bw and avx512vnni; shapes checked above.
+    unsafe {
+        macro_rules! go {
+            ($p:literal) => {
+                match nt {
+                    1 => matvec512::<$p>(w, gpp, x, k, t0, out),
+                    2 => tile512::<$p, 2>(w, gpp, x, k, t0, out),
+                    3 => tile512::<$p, 3>(w, gpp, x, k, t0, out),
+                    4 => tile512::<$p, 4>(w, gpp, x, k, t0, out),
+                    5 => tile512::<$p, 5>(w, gpp, x, k, t0, out),
+                    6 => tile512::<$p, 6>(w, gpp, x, k, t0, out),
+                    7 => tile512::<$p, 7>(w, gpp, x, k, t0, out),
+                    _ => tile512::<$p, 8>(w, gpp, x, k, t0, out),
+                }
+            };
+        }
+        if nt == 1 {
+            // One stream in address order: panel after panel.
+            for pi in 0..np {
+                matvec512::<1>(
+                    &w[pi * gpp..(pi + 1) * gpp],
+                    gpp,
+                    x,
+                    k,
+                    t0,
+                    &mut out[16 * pi..],
+                );
+            }
+        } else if np == 2 {
+            go!(2)
+        } else {
+            go!(1)
+        }
+    }
+}
+
+/// # Safety
+/// AVX-512 F, BW and VNNI available; `w` holds `P·gpp` groups; `x` holds tokens
+/// `t0 .. t0+NT` of `k = 16·gpp` bytes; `out.len() ≥ NT·16·P`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile512<const P: usize, const NT: usize>(
+    w: &[PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    out: &mut [i32],
+) {
+    debug_assert!(w.len() == P * gpp && x.len() >= (t0 + NT) * k && out.len() >= NT * 16 * P);
+    let m3 = _mm512_set1_epi8(3);
+    let mut acc = [[_mm512_setzero_si512(); NT]; P];
+    let wp = w.as_ptr();
+    // Pointer arithmetic below: group `pi·gpp + g` is within `w` for g < gpp; columns
+    // 16g + 4s + 4 ≤ k.
+    // SAFETY: `t0·k ≤ x.len()` by the contract.
+    let xp = unsafe { x.as_ptr().add(t0 * k) };
+    for g in 0..gpp {
+        let mut v = [_mm512_setzero_si512(); P];
+        for (pi, vp) in v.iter_mut().enumerate() {
+            // SAFETY: pi·gpp + g < P·gpp = w.len().
+            let gp = unsafe { wp.add(pi * gpp + g) };
+            prefetch(gp);
+            // SAFETY: a whole group, 64-byte aligned (`PanelGroup`'s alignment).
+            *vp = unsafe { _mm512_load_si512(gp.cast()) };
+        }
+        macro_rules! plane {
+            ($s:literal) => {{
+                let d: [__m512i; P] = std::array::from_fn(|pi| {
+                    _mm512_and_si512(_mm512_srli_epi16::<{ 2 * $s }>(v[pi]), m3)
+                });
+                for t in 0..NT {
+                    // SAFETY: see above.
+                    let xb = _mm512_set1_epi32(unsafe { x4(xp, k, t, 16 * g + 4 * $s) });
+                    for pi in 0..P {
+                        acc[pi][t] = _mm512_dpbusd_epi32(acc[pi][t], d[pi], xb);
+                    }
+                }
+            }};
+        }
+        plane!(0);
+        plane!(1);
+        plane!(2);
+        plane!(3);
+    }
+    let op = out.as_mut_ptr();
+    for (pi, row) in acc.iter().enumerate() {
+        for (t, a) in row.iter().enumerate() {
+            // SAFETY: t·16P + 16pi + 16 ≤ NT·16P ≤ out.len().
+            unsafe { _mm512_storeu_si512(op.add(t * 16 * P + 16 * pi).cast(), *a) };
+        }
+    }
+}
+
+/// One token (the decode matvec): each plane gets its own accumulator, so the `vpdpbusd`
+/// chains are independent (one accumulator per panel would serialize four per group on the
+/// instruction's latency); they are summed at the end.
+///
+/// # Safety
+/// As [`tile512`] with `NT = 1`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn matvec512<const P: usize>(
+    w: &[PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    out: &mut [i32],
+) {
+    debug_assert!(w.len() == P * gpp && x.len() >= (t0 + 1) * k && out.len() >= 16 * P);
+    let m3 = _mm512_set1_epi8(3);
+    let mut acc = [[_mm512_setzero_si512(); 4]; P];
+    let wp = w.as_ptr();
+    // SAFETY: `t0·k ≤ x.len()` by the contract.
+    let xp = unsafe { x.as_ptr().add(t0 * k) };
+    for g in 0..gpp {
+        let xb: [__m512i; 4] =
+            // SAFETY: columns 16g + 4s + 4 ≤ k.
+            std::array::from_fn(|s| _mm512_set1_epi32(unsafe { x4(xp, k, 0, 16 * g + 4 * s) }));
+        for (pi, a) in acc.iter_mut().enumerate() {
+            // SAFETY: pi·gpp + g < P·gpp = w.len().
+            let gp = unsafe { wp.add(pi * gpp + g) };
+            prefetch(gp);
+            // SAFETY: a whole group, 64-byte aligned.
+            let v = unsafe { _mm512_load_si512(gp.cast()) };
+            a[0] = _mm512_dpbusd_epi32(a[0], _mm512_and_si512(v, m3), xb[0]);
+            a[1] =
+                _mm512_dpbusd_epi32(a[1], _mm512_and_si512(_mm512_srli_epi16::<2>(v), m3), xb[1]);
+            a[2] =
+                _mm512_dpbusd_epi32(a[2], _mm512_and_si512(_mm512_srli_epi16::<4>(v), m3), xb[2]);
+            a[3] =
+                _mm512_dpbusd_epi32(a[3], _mm512_and_si512(_mm512_srli_epi16::<6>(v), m3), xb[3]);
+        }
+    }
+    let op = out.as_mut_ptr();
+    for (pi, a) in acc.iter().enumerate() {
+        let sum = _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3]));
+        // SAFETY: 16pi + 16 ≤ 16P ≤ out.len().
+        unsafe { _mm512_storeu_si512(op.add(16 * pi).cast(), sum) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// AVX-VNNI (256-bit)
+
+/// AVX-VNNI panel kernel (see `crate::dispatch::PanelKernel`).
+pub(crate) fn panel_256(
+    w: &[PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    nt: usize,
+    out: &mut [i32],
+) {
+    if nt == 0 {
+        return;
+    }
+    if !shape_ok(w, gpp, x, k, t0, nt, out) || nt > TOKENS_256 {
+        return crate::panel::scalar_kernel(w, gpp, x, k, t0, nt, out);
+    }
+    let np = w.len() / gpp;
+    let stride = PANEL_ROWS * np;
+    for pi in 0..np {
+        let pw = &w[pi * gpp..(pi + 1) * gpp];
+        let o = &mut out[PANEL_ROWS * pi..];
+        // SAFETY: this kernel is only in the AVX-VNNI table, handed out after runtime
+        // detection of avx2 and avxvnni; shapes checked above.
+        unsafe {
+            match nt {
+                1 => matvec256(pw, gpp, x, k, t0, o),
+                2 => tile256::<2>(pw, gpp, x, k, t0, o, stride),
+                3 => tile256::<3>(pw, gpp, x, k, t0, o, stride),
+                _ => tile256::<4>(pw, gpp, x, k, t0, o, stride),
+            }
+        }
+    }
+}
+
+/// One token: an accumulator per plane and half (independent `vpdpbusd` chains), summed at
+/// the end, as in [`matvec512`].
+///
+/// # Safety
+/// As [`tile256`] with `NT = 1`.
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn matvec256(w: &[PanelGroup], gpp: usize, x: &[i8], k: usize, t0: usize, out: &mut [i32]) {
+    debug_assert!(w.len() == gpp && x.len() >= (t0 + 1) * k && out.len() >= 16);
+    let m3 = _mm256_set1_epi8(3);
+    let mut lo = [_mm256_setzero_si256(); 4];
+    let mut hi = [_mm256_setzero_si256(); 4];
+    let wp = w.as_ptr();
+    // SAFETY: `t0·k ≤ x.len()` by the contract.
+    let xp = unsafe { x.as_ptr().add(t0 * k) };
+    for g in 0..gpp {
+        // SAFETY: g < gpp = w.len().
+        let gp = unsafe { wp.add(g) };
+        prefetch(gp);
+        // SAFETY: a whole group, 64-byte aligned, so both 32-byte halves are aligned.
+        let (vl, vh) = unsafe {
+            let b = gp.cast::<__m256i>();
+            (_mm256_load_si256(b), _mm256_load_si256(b.add(1)))
+        };
+        macro_rules! plane {
+            ($s:literal) => {{
+                // SAFETY: columns 16g + 4s + 4 ≤ k.
+                let xb = _mm256_set1_epi32(unsafe { x4(xp, k, 0, 16 * g + 4 * $s) });
+                let dl = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vl), m3);
+                let dh = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vh), m3);
+                lo[$s] = _mm256_dpbusd_avx_epi32(lo[$s], dl, xb);
+                hi[$s] = _mm256_dpbusd_avx_epi32(hi[$s], dh, xb);
+            }};
+        }
+        plane!(0);
+        plane!(1);
+        plane!(2);
+        plane!(3);
+    }
+    let sum = |a: [__m256i; 4]| {
+        _mm256_add_epi32(_mm256_add_epi32(a[0], a[1]), _mm256_add_epi32(a[2], a[3]))
+    };
+    let op = out.as_mut_ptr();
+    // SAFETY: out.len() ≥ 16.
+    unsafe {
+        _mm256_storeu_si256(op.cast(), sum(lo));
+        _mm256_storeu_si256(op.add(8).cast(), sum(hi));
+    }
+}
+
+/// # Safety
+/// AVX2 and AVX-VNNI available; `w` holds one panel (`gpp` groups); `x` holds tokens
+/// `t0 .. t0+NT` of `k = 16·gpp` bytes; `out[t·stride .. t·stride + 16]` exists for t < NT.
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn tile256<const NT: usize>(
+    w: &[PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    out: &mut [i32],
+    stride: usize,
+) {
+    debug_assert!(w.len() == gpp && x.len() >= (t0 + NT) * k);
+    debug_assert!(out.len() >= (NT - 1) * stride + 16);
+    let m3 = _mm256_set1_epi8(3);
+    let mut lo = [_mm256_setzero_si256(); NT];
+    let mut hi = [_mm256_setzero_si256(); NT];
+    let wp = w.as_ptr();
+    // SAFETY: `t0·k ≤ x.len()` by the contract.
+    let xp = unsafe { x.as_ptr().add(t0 * k) };
+    for g in 0..gpp {
+        // SAFETY: g < gpp = w.len().
+        let gp = unsafe { wp.add(g) };
+        prefetch(gp);
+        // SAFETY: a whole group, 64-byte aligned, so both 32-byte halves are aligned.
+        let (vl, vh) = unsafe {
+            let b = gp.cast::<__m256i>();
+            (_mm256_load_si256(b), _mm256_load_si256(b.add(1)))
+        };
+        macro_rules! plane {
+            ($s:literal) => {{
+                let dl = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vl), m3);
+                let dh = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vh), m3);
+                for t in 0..NT {
+                    // SAFETY: see above.
+                    let xb = _mm256_set1_epi32(unsafe { x4(xp, k, t, 16 * g + 4 * $s) });
+                    lo[t] = _mm256_dpbusd_avx_epi32(lo[t], dl, xb);
+                    hi[t] = _mm256_dpbusd_avx_epi32(hi[t], dh, xb);
+                }
+            }};
+        }
+        plane!(0);
+        plane!(1);
+        plane!(2);
+        plane!(3);
+    }
+    let op = out.as_mut_ptr();
+    for t in 0..NT {
+        // SAFETY: t·stride + 16 ≤ out.len() by the contract.
+        unsafe {
+            _mm256_storeu_si256(op.add(t * stride).cast(), lo[t]);
+            _mm256_storeu_si256(op.add(t * stride + 8).cast(), hi[t]);
+        }
+    }
+}
