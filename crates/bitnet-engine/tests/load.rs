@@ -102,6 +102,7 @@ fn a_quantized_head_is_built_and_reported() {
     let opts = LoadOptions {
         lm_head: LmHeadFormat::Q8_0,
         threads: 2,
+        repack: false,
         ..Default::default()
     };
     let q8 = load(&tiny(), &opts, &mut |e| {
@@ -135,4 +136,51 @@ fn a_quantized_head_is_built_and_reported() {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0f32, f32::max);
     assert!(max > 0.0 && max < 0.05, "Q8_0 head moved logits by {max}");
+}
+
+/// Repacking the I2_S weights for the panel GEMM (on a CPU whose tier has one) changes no
+/// logit bit in either numerics, over a whole prompt (the GEMM) and single steps (the
+/// matvec); it is reported, and skipped where the tier has no panel kernel.
+#[test]
+fn repacked_weights_give_the_same_logits_bit_for_bit() {
+    let panels = bitnet_kernels::has_panel_kernel(bitnet_kernels::isa());
+    eprintln!("tier {} repacks: {panels}", bitnet_kernels::isa().name());
+    let ids: Vec<u32> = (0..21u32).map(|i| (i * 733 + 17) % 4256).collect();
+    for numerics in [Numerics::Fast, Numerics::Exact] {
+        let mut logits = Vec::new();
+        for repack in [false, true] {
+            let opts = LoadOptions {
+                numerics,
+                repack,
+                threads: 2,
+                ..Default::default()
+            };
+            let mut reported = 0;
+            let e = load(&tiny(), &opts, &mut |ev| {
+                if let LoadEvent::Repacked { matrices, .. } = ev {
+                    reported = matrices;
+                }
+            })
+            .unwrap();
+            let layers = e.model().config.n_layer;
+            let bytes = e.model().layers[0].wq.repacked_bytes();
+            if repack && panels {
+                assert_eq!(reported, 7 * layers);
+                assert!(bytes > 0);
+            } else {
+                assert_eq!((reported, bytes), (0, 0));
+            }
+            let mut s = e.new_session(64).unwrap();
+            let mut all = e.eval(&mut s, &ids[..17], Outputs::All).unwrap();
+            for &t in &ids[17..] {
+                all.extend(e.eval(&mut s, &[t], Outputs::Last).unwrap());
+            }
+            logits.push(all);
+        }
+        let same = logits[0]
+            .iter()
+            .zip(&logits[1])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same && logits[0].len() == logits[1].len(), "{numerics:?}");
+    }
 }
