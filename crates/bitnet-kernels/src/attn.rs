@@ -527,6 +527,7 @@ impl Row<'_> {
         out
     }
 
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn len(&self) -> usize {
         match self {
             Row::F16(r) => r.len(),
@@ -706,7 +707,9 @@ fn item_impl<const TIER: u8>(job: &Job<'_>, it: usize, sc: &mut Scratch, part: &
 
 /// Tiers of the hot loops (a const parameter, so each compiled item gets its own).
 const PLAIN: u8 = 0;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVX2: u8 = 1;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVX512: u8 = 2;
 
 /// Fold 16 lane sums pairwise: lanes i + i+8, then i + i+4, i + i+2, i + i+1.

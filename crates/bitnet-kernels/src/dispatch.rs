@@ -430,7 +430,10 @@ mod tests {
         // Only the tiers with a panel kernel repack.
         assert!(!has_panel_kernel(Isa::Scalar));
         assert!(!has_panel_kernel(Isa::Avx2));
-        assert_eq!(has_panel_kernel(Isa::Avx512Vnni), Isa::Avx512Vnni.is_supported());
+        assert_eq!(
+            has_panel_kernel(Isa::Avx512Vnni),
+            Isa::Avx512Vnni.is_supported()
+        );
     }
 
     #[test]

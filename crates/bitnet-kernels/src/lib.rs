@@ -4,6 +4,7 @@
 //!   (bitnet.cpp I2_S, TQ2_0, TQ1_0, BitNet32F16, Split32WithSibling, QK256).
 //! - [`act`]: per-token int8 activation quantization (docs/FORMATS.md §1).
 //! - [`attn`]: causal GQA attention over an f16/f32 KV cache read in place, threaded.
+//! - [`exact`]: bitnet.cpp's float reductions bit for bit, and its attention, threaded.
 //! - [`TernaryMatrix`]: a borrowed ternary weight matrix; int8-activation matvec / matmul.
 //! - [`RowMatrix`]: embedding / LM-head row formats (F32, F16, BF16, Q8_0, Q6_K, Q4_0).
 //! - [`Pool`]: the row-partitioned thread pool; [`isa`] / [`isa_report`]: the kernel tier
@@ -17,6 +18,7 @@ pub mod act;
 pub mod attn;
 mod dispatch;
 mod error;
+pub mod exact;
 pub mod layout;
 pub mod panel;
 mod pool;

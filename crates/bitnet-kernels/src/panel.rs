@@ -157,6 +157,7 @@ fn pack_panel(codes: &[u8], n_out: usize, n_in: usize, p: usize, out: &mut [Pane
 /// The scalar twin of the panel kernels: `Σ u·q` of every row of the `w.len() / gpp`
 /// consecutive panels in `w` (`gpp` groups each) for tokens `t0 .. t0 + nt` of `x` (`k` = 16·gpp
 /// activations per token), into `out[ti · 16P + 16pi + j]`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // called by the x86 tiers and tests
 pub(crate) fn scalar_kernel(
     w: &[PanelGroup],
     gpp: usize,
