@@ -467,12 +467,26 @@ fn main() {
         .collect();
     let mut logits = vec![0f32; v];
     // (row type, activations quantized to Q8_0 → integer block dots)
-    for (ty, q8) in [
-        (RowType::F16, false),
-        (RowType::Q8_0, false),
-        (RowType::Q8_0, true),
+    // (row type, activations quantized to Q8_0, tokens): 4 tokens is a batched decode step
+    // (the weights are read once for all of them).
+    let x4: Vec<f32> = x.iter().cycle().take(4 * d).copied().collect();
+    let mut logits4 = vec![0f32; 4 * v];
+    for (ty, q8, n_tok) in [
+        (RowType::F16, false, 1usize),
+        (RowType::F16, false, 4),
+        (RowType::Q8_0, false, 1),
+        (RowType::Q8_0, true, 1),
+        (RowType::Q8_0, true, 4),
     ] {
-        let name = format!("LM head {ty:?}{} {v}x{d}", if q8 { "·q8" } else { "" });
+        let name = format!(
+            "LM head {ty:?}{} {v}x{d}{}",
+            if q8 { "·q8" } else { "" },
+            if n_tok > 1 {
+                format!(" x{n_tok}")
+            } else {
+                String::new()
+            }
+        );
         if !filter_ok(&name) {
             continue;
         }
@@ -487,14 +501,19 @@ fn main() {
             for &isa in &isas {
                 let t = time_per_call(|_| {
                     let pool = &runners.ours[threads - 1];
-                    if q8 {
-                        m.matmul_q8_on(isa, &x, &mut logits, pool)
+                    let (xx, out) = if n_tok == 1 {
+                        (&x[..], &mut logits[..])
                     } else {
-                        m.matmul_f32_on(isa, &x, &mut logits, pool, F16DotOrder::Auto)
+                        (&x4[..], &mut logits4[..])
+                    };
+                    if q8 {
+                        m.matmul_q8_on(isa, xx, out, pool)
+                    } else {
+                        m.matmul_f32_on(isa, xx, out, pool, F16DotOrder::Ggml)
                     }
                     .unwrap()
                     .unwrap();
-                    black_box(&logits);
+                    black_box(&out);
                 });
                 let r = Row {
                     name: name.clone(),

@@ -127,9 +127,10 @@ pub(crate) type RowDot = fn(row: &[u8], x: &[f32]) -> f32;
 /// A quantized row · activations quantized per 32 (Q8_0's quantizer): codes `xq` (|q| ≤ 127)
 /// and one scale per 32 in `xd` (the f16 scale, widened).
 pub(crate) type RowDotQ8 = fn(row: &[u8], xq: &[i8], xd: &[f32]) -> f32;
-/// One row against several tokens' activations: `out[t] = dot(row, xs[t])`, each result
-/// exactly what the single-token dot of the same order gives.
-pub(crate) type RowDotMulti = fn(row: &[u8], xs: &[&[f32]], out: &mut [f32]);
+/// Consecutive rows (`rows.len() / row_bytes` of them, back to back) against several tokens'
+/// activations: `out[r·n_tok + t] = dot(row r, xs[t])`, each result exactly what the
+/// single-token dot of the same order gives.
+pub(crate) type RowsDotMulti = fn(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]);
 /// [`RowDotQ8`] for `out.len()` tokens: codes `xq` (`cols` per token), scales `xd` (`cols/32`
 /// per token); each result exactly the single-token dot's.
 pub(crate) type RowDotQ8Multi = fn(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]);
@@ -170,8 +171,8 @@ pub(crate) struct Kernels {
     pub q4_0_dot: RowDot,
     pub bf16_dot: RowDot,
     pub f32_dot: F32Dot,
-    /// `f16_dot_ggml` for several tokens at once (each F16 chunk converted once).
-    pub f16_dot_ggml_multi: RowDotMulti,
+    /// `f16_dot_ggml` for several rows and tokens at once (each F16 chunk converted once).
+    pub f16_dot_ggml_multi: RowsDotMulti,
     /// Q8_0 row · Q8_0 activations (integer block dots).
     pub q8_0_q8: RowDotQ8,
     /// Q4_0 row · Q8_0 activations (integer block dots).

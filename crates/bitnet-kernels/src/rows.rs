@@ -328,23 +328,29 @@ impl<'a> RowMatrix<'a> {
             _ => None,
         }
         .filter(|_| q8_act && cols.is_multiple_of(32));
-        // Row kernels that take every token at once: `g(row, y)` writes y[t] for all tokens.
-        type AllTokens<'g> = Box<dyn Fn(&[u8], &mut [f32]) + Sync + 'g>;
+        // Row kernels that take every token at once: `g(rows, y)` writes y[(r − start)·n_tok + t]
+        // for the rows of the range and all tokens.
+        type AllTokens<'g> = Box<dyn Fn(Range<usize>, &mut [f32]) + Sync + 'g>;
         let all_tokens: Option<AllTokens<'_>> = if let Some((dot, multi)) = int_dot {
             let (xq, xd) = quantize_q8_act(x, cols)?;
             let nb = cols / 32;
-            Some(Box::new(move |row: &[u8], y: &mut [f32]| {
-                if n_tok == 1 {
-                    y[0] = dot(row, &xq, &xd[..nb]);
-                } else {
-                    multi(row, &xq, &xd, cols, y);
+            Some(Box::new(move |rows: Range<usize>, y: &mut [f32]| {
+                for (r, yr) in rows.zip(y.chunks_exact_mut(n_tok)) {
+                    let row = self.row(r);
+                    if n_tok == 1 {
+                        yr[0] = dot(row, &xq, &xd[..nb]);
+                    } else {
+                        multi(row, &xq, &xd, cols, yr);
+                    }
                 }
             }))
         } else if self.ty == RowType::F16 && order == F16DotOrder::Ggml && n_tok > 1 {
             // Each row read once for all tokens, each F16 chunk converted once.
             let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
-            Some(Box::new(move |row: &[u8], y: &mut [f32]| {
-                (kern.f16_dot_ggml_multi)(row, &xs, y);
+            let rb = self.row_bytes;
+            Some(Box::new(move |rows: Range<usize>, y: &mut [f32]| {
+                let bytes = &self.data[rows.start * rb..rows.end * rb];
+                (kern.f16_dot_ggml_multi)(bytes, rb, &xs, y);
             }))
         } else {
             None
@@ -352,13 +358,19 @@ impl<'a> RowMatrix<'a> {
         if let Some(g) = all_tokens {
             let outp = crate::pool::SharedMut::new(out);
             let f = |rows: Range<usize>| {
-                let mut y = vec![0f32; n_tok];
-                for r in rows {
-                    g(self.row(r), &mut y);
-                    for (t, &v) in y.iter().enumerate() {
-                        // SAFETY: t < n_tok, r < rows; rows are disjoint between chunks.
-                        unsafe { outp.write(t * self.rows + r, v) };
+                let mut y = vec![0f32; ALL_TOKENS_ROWS * n_tok];
+                let mut r0 = rows.start;
+                while r0 < rows.end {
+                    let r1 = (r0 + ALL_TOKENS_ROWS).min(rows.end);
+                    let y = &mut y[..(r1 - r0) * n_tok];
+                    g(r0..r1, y);
+                    for (r, yr) in (r0..r1).zip(y.chunks_exact(n_tok)) {
+                        for (t, &v) in yr.iter().enumerate() {
+                            // SAFETY: t < n_tok, r < rows; rows are disjoint between chunks.
+                            unsafe { outp.write(t * self.rows + r, v) };
+                        }
                     }
+                    r0 = r1;
                 }
             };
             pool.for_rows(self.rows, 16, &f);
@@ -449,6 +461,10 @@ impl<'a> RowMatrix<'a> {
 /// Source rows per call of the `release` hook of [`RowMatrix::quantize_from_releasing`]
 /// (1.3 MB of a 2560-wide F16 matrix).
 pub const RELEASE_ROWS: usize = 256;
+
+/// Rows handed at once to a kernel that takes every token (the F16 multi-token kernels block
+/// them further).
+const ALL_TOKENS_ROWS: usize = 16;
 
 /// Dequantize one encoded row (`out.len()` elements; `row` must hold them).
 pub fn dequantize_row_bytes(ty: RowType, row: &[u8], out: &mut [f32]) {

@@ -165,7 +165,7 @@ fn row_dots_every_tier_matches_scalar_and_f64() {
             };
             let data = random_rows(&mut rng, ty, rows, cols);
             let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&data)).unwrap();
-            for n_tok in [1usize, 3] {
+            for n_tok in [1usize, 3, 4, 11] {
                 let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32()).collect();
                 for order in [F16DotOrder::Auto, F16DotOrder::Ggml, F16DotOrder::Lanes8] {
                     let mut want = vec![0f32; n_tok * rows];
@@ -455,5 +455,46 @@ fn q8_activation_dot_by_hand() {
         let mut out = [0f32; 1];
         m.matmul_q8_on(isa, &x, &mut out, &pool).unwrap().unwrap();
         assert_eq!(out[0], 8196.5, "{isa:?}");
+    }
+}
+
+/// F16 rows · several tokens in ggml's order, on rows long enough for the column-chunked
+/// multi-token kernels (chunks of 512, blocks of 8 rows, passes of 8 tokens, a leftover past
+/// the last 32): every tier bit-identical to the scalar single-token dot.
+#[test]
+fn f16_ggml_multi_token_blocks_every_tier() {
+    let mut rng = Rng::new(77);
+    let pool = Pool::new(2);
+    for (rows, cols) in [(19usize, 1100usize), (9, 2567), (17, 512)] {
+        let data = random_rows(&mut rng, RowType::F16, rows, cols);
+        let m = RowMatrix::new(RowType::F16, rows, cols, Cow::Borrowed(&data)).unwrap();
+        for n_tok in [2usize, 4, 9, 17] {
+            let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32()).collect();
+            let mut want = vec![0f32; n_tok * rows];
+            for t in 0..n_tok {
+                let mut one = vec![0f32; rows];
+                m.matmul_f32_on(
+                    bitnet_kernels::Isa::Scalar,
+                    &x[t * cols..(t + 1) * cols],
+                    &mut one,
+                    &pool,
+                    F16DotOrder::Ggml,
+                )
+                .unwrap()
+                .unwrap();
+                want[t * rows..(t + 1) * rows].copy_from_slice(&one);
+            }
+            for isa in supported_isas() {
+                let mut got = vec![f32::NAN; n_tok * rows];
+                m.matmul_f32_on(isa, &x, &mut got, &pool, F16DotOrder::Ggml)
+                    .unwrap()
+                    .unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{isa:?} {rows}x{cols} tokens {n_tok}");
+            }
+        }
     }
 }

@@ -799,7 +799,16 @@ unsafe fn f16_dot_ggml_impl(row: &[u8], x: &[f32]) -> f32 {
     r
 }
 
-fn f16_dot_ggml_multi(row: &[u8], xs: &[&[f32]], out: &mut [f32]) {
+fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
+    for (row, o) in rows
+        .chunks_exact(row_bytes.max(1))
+        .zip(out.chunks_mut(xs.len().max(1)))
+    {
+        f16_dot_ggml_tokens(row, xs, o);
+    }
+}
+
+fn f16_dot_ggml_tokens(row: &[u8], xs: &[&[f32]], out: &mut [f32]) {
     let n = xs.len().min(out.len());
     let mut t = 0;
     while t < n {

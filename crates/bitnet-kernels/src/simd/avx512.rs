@@ -26,6 +26,8 @@ pub(crate) static TABLE: Kernels = Kernels {
     i2s_clean: i2s,
     i2s_quad: avx2::TABLE_BASE.i2s_quad,
     tq2,
+    f16_dot_ggml,
+    f16_dot_ggml_multi,
     ..avx2::TABLE_BASE
 };
 
@@ -285,4 +287,131 @@ unsafe fn tq2_tile_vnni<const NT: usize>(
     out: &mut [i32],
 ) {
     tq2_body!(w_row, p, t0, out, NT, dot4_vnni)
+}
+
+// ---------------------------------------------------------------------------------------
+// F16 rows · f32 activations in ggml's order (`ggml_vec_dot_f16`), 16 lanes at a time
+//
+// ggml keeps four 8-lane accumulators over chunks of 32; here accumulators 0|1 share one
+// 512-bit register and 2|3 another, so each chunk takes two conversions and two FMAs instead
+// of four, with the same lane-wise operations; the reduction then splits the registers back
+// into the four 8-lane sums and adds them in ggml's order: identical bits to the AVX2 and
+// scalar forms.
+
+fn f16_dot_ggml(row: &[u8], x: &[f32]) -> f32 {
+    if row.len() < 2 * x.len() {
+        return scalar::f16_dot_ggml(row, x);
+    }
+    // SAFETY: this table is handed out only after runtime detection of AVX-512 F+BW and
+    // the AVX2 tier (FMA, F16C); length checked.
+    unsafe { f16_dot_ggml_nt::<1>(row, [x])[0] }
+}
+
+/// Tokens per pass of [`f16_dot_ggml_multi`] (sixteen accumulator registers).
+const MULTI_TOKENS: usize = 8;
+
+/// Every row, tokens in passes of up to eight sharing each converted chunk. (Two rows per
+/// pass sharing the activation loads, and walking the columns in L1-sized chunks across a
+/// block of rows, both measured slower here.)
+fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
+    let n_tok = xs.len();
+    if n_tok == 0 || row_bytes == 0 {
+        return;
+    }
+    let n_rows = rows.len() / row_bytes;
+    let k = xs[0].len();
+    let ok = xs.iter().all(|x| x.len() == k) && row_bytes >= 2 * k && out.len() >= n_rows * n_tok;
+    if !ok {
+        return scalar::f16_dot_ggml_multi(rows, row_bytes, xs, out);
+    }
+    for (row, o) in rows
+        .chunks_exact(row_bytes)
+        .zip(out.chunks_exact_mut(n_tok))
+    {
+        let mut t0 = 0;
+        while t0 < n_tok {
+            let g = (n_tok - t0).min(MULTI_TOKENS);
+            macro_rules! go {
+                ($nt:literal) => {{
+                    let a: [&[f32]; $nt] = std::array::from_fn(|i| xs[t0 + i]);
+                    // SAFETY: this table is handed out only after runtime detection of
+                    // AVX-512 F+BW and the AVX2 tier (FMA, F16C); every token has length
+                    // k ≤ row_bytes / 2.
+                    let r = unsafe { f16_dot_ggml_nt::<$nt>(row, a) };
+                    o[t0..t0 + $nt].copy_from_slice(&r);
+                }};
+            }
+            match g {
+                1 => go!(1),
+                2 => go!(2),
+                3 => go!(3),
+                4 => go!(4),
+                5 => go!(5),
+                6 => go!(6),
+                7 => go!(7),
+                _ => go!(8),
+            }
+            t0 += g;
+        }
+    }
+}
+
+/// ggml's reduction of accumulators 0|1 and 2|3, then the leftover columns past `main` in f64.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn finish_ggml(acc: [__m512; 2], row: &[u8], x: &[f32], main: usize) -> f32 {
+    let [a01, a23] = acc;
+    // (a0 + a2) + (a1 + a3), as 8-lane vectors.
+    let s02 = _mm256_add_ps(_mm512_castps512_ps256(a01), _mm512_castps512_ps256(a23));
+    let s13 = _mm256_add_ps(ext_hi(a01), ext_hi(a23));
+    let a = _mm256_add_ps(s02, s13);
+    let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let h = _mm_hadd_ps(v, v);
+    let h = _mm_hadd_ps(h, h);
+    let mut sum = f64::from(_mm_cvtss_f32(h));
+    for (i, &xi) in x.iter().enumerate().skip(main) {
+        let w = half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32();
+        sum += f64::from(w * xi);
+    }
+    #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the defined result
+    let r = sum as f32;
+    r
+}
+
+/// # Safety
+/// AVX-512 F, AVX2, FMA and F16C available; every `xs[t].len() == k` and `row.len() ≥ 2k`.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // lane-parallel indexing over tokens
+unsafe fn f16_dot_ggml_nt<const NT: usize>(row: &[u8], xs: [&[f32]; NT]) -> [f32; NT] {
+    let k = xs[0].len();
+    let main = k - k % 32;
+    // acc[t][0] = ggml accumulators 0|1, acc[t][1] = 2|3.
+    let mut acc = [[_mm512_setzero_ps(); 2]; NT];
+    let mut c = 0;
+    while c < main {
+        avx2::prefetch_ahead(row, 2 * c);
+        for h in 0..2 {
+            let i = c + 16 * h;
+            // SAFETY: i + 16 ≤ main ≤ k ≤ row.len() / 2.
+            let w = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(row.as_ptr().add(2 * i).cast())) };
+            for t in 0..NT {
+                // SAFETY: i + 16 ≤ k = xs[t].len().
+                let xv = unsafe { _mm512_loadu_ps(xs[t].as_ptr().add(i)) };
+                acc[t][h] = _mm512_fmadd_ps(w, xv, acc[t][h]);
+            }
+        }
+        c += 32;
+    }
+    let mut out = [0f32; NT];
+    for t in 0..NT {
+        out[t] = finish_ggml(acc[t], row, xs[t], main);
+    }
+    out
+}
+
+/// The upper eight lanes of a 512-bit float vector.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn ext_hi(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
 }

@@ -14,6 +14,9 @@ use crate::panel::{PanelGroup, PANEL_ROWS};
 /// Prefetch distance in groups (64 bytes each): 4 KiB ahead.
 const PF_GROUPS: usize = 64;
 
+/// Token counts up to this run one panel at a time (weights streamed from memory).
+const SMALL_BATCH: usize = 4;
+
 /// Largest token tile of the AVX-512 kernel (2 panels × 8 tokens = 16 accumulators).
 pub(crate) const TOKENS_512: usize = 8;
 /// Largest token tile of the AVX-VNNI kernel (2 halves × 4 tokens = 8 accumulators).
@@ -81,7 +84,7 @@ pub(crate) fn panel_512(
         macro_rules! go {
             ($p:literal) => {
                 match nt {
-                    1 => matvec512::<$p>(w, gpp, x, k, t0, out),
+                    1 => tile512::<$p, 1>(w, gpp, x, k, t0, out),
                     2 => tile512::<$p, 2>(w, gpp, x, k, t0, out),
                     3 => tile512::<$p, 3>(w, gpp, x, k, t0, out),
                     4 => tile512::<$p, 4>(w, gpp, x, k, t0, out),
@@ -92,17 +95,21 @@ pub(crate) fn panel_512(
                 }
             };
         }
-        if nt == 1 {
-            // One stream in address order: panel after panel.
+        if nt <= SMALL_BATCH {
+            // Decode and small batches stream the weights from memory: one panel at a time
+            // (one stream), into a buffer laid out for one panel, then into place.
+            let mut tmp = [0i32; 16 * SMALL_BATCH];
             for pi in 0..np {
-                matvec512::<1>(
-                    &w[pi * gpp..(pi + 1) * gpp],
-                    gpp,
-                    x,
-                    k,
-                    t0,
-                    &mut out[16 * pi..],
-                );
+                let pw = &w[pi * gpp..(pi + 1) * gpp];
+                match nt {
+                    1 => small512::<1>(pw, gpp, x, k, t0, &mut tmp),
+                    2 => small512::<2>(pw, gpp, x, k, t0, &mut tmp),
+                    3 => small512::<3>(pw, gpp, x, k, t0, &mut tmp),
+                    _ => small512::<4>(pw, gpp, x, k, t0, &mut tmp),
+                }
+                for ti in 0..nt {
+                    out[ti * 16 * np + 16 * pi..][..16].copy_from_slice(&tmp[ti * 16..][..16]);
+                }
             }
         } else if np == 2 {
             go!(2)
@@ -169,14 +176,15 @@ unsafe fn tile512<const P: usize, const NT: usize>(
     }
 }
 
-/// One token (the decode matvec): each plane gets its own accumulator, so the `vpdpbusd`
-/// chains are independent (one accumulator per panel would serialize four per group on the
-/// instruction's latency); they are summed at the end.
+/// A few tokens (decode, batched decode) on one panel: each (token, plane) gets its own
+/// accumulator, so the `vpdpbusd` chains are independent (one accumulator per token would
+/// serialize four per group on the instruction's latency); the planes are summed at the end.
+/// One panel at a time keeps the weights one stream in address order.
 ///
 /// # Safety
-/// As [`tile512`] with `NT = 1`.
+/// As [`tile512`] with `P = 1`, `NT ≤ SMALL_BATCH`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn matvec512<const P: usize>(
+unsafe fn small512<const NT: usize>(
     w: &[PanelGroup],
     gpp: usize,
     x: &[i8],
@@ -184,36 +192,37 @@ unsafe fn matvec512<const P: usize>(
     t0: usize,
     out: &mut [i32],
 ) {
-    debug_assert!(w.len() == P * gpp && x.len() >= (t0 + 1) * k && out.len() >= 16 * P);
+    debug_assert!(w.len() == gpp && x.len() >= (t0 + NT) * k && out.len() >= 16 * NT);
     let m3 = _mm512_set1_epi8(3);
-    let mut acc = [[_mm512_setzero_si512(); 4]; P];
+    let mut acc = [[_mm512_setzero_si512(); 4]; NT];
     let wp = w.as_ptr();
     // SAFETY: `t0·k ≤ x.len()` by the contract.
     let xp = unsafe { x.as_ptr().add(t0 * k) };
     for g in 0..gpp {
-        let xb: [__m512i; 4] =
-            // SAFETY: columns 16g + 4s + 4 ≤ k.
-            std::array::from_fn(|s| _mm512_set1_epi32(unsafe { x4(xp, k, 0, 16 * g + 4 * s) }));
-        for (pi, a) in acc.iter_mut().enumerate() {
-            // SAFETY: pi·gpp + g < P·gpp = w.len().
-            let gp = unsafe { wp.add(pi * gpp + g) };
-            prefetch(gp);
-            // SAFETY: a whole group, 64-byte aligned.
-            let v = unsafe { _mm512_load_si512(gp.cast()) };
-            a[0] = _mm512_dpbusd_epi32(a[0], _mm512_and_si512(v, m3), xb[0]);
-            a[1] =
-                _mm512_dpbusd_epi32(a[1], _mm512_and_si512(_mm512_srli_epi16::<2>(v), m3), xb[1]);
-            a[2] =
-                _mm512_dpbusd_epi32(a[2], _mm512_and_si512(_mm512_srli_epi16::<4>(v), m3), xb[2]);
-            a[3] =
-                _mm512_dpbusd_epi32(a[3], _mm512_and_si512(_mm512_srli_epi16::<6>(v), m3), xb[3]);
+        // SAFETY: g < gpp = w.len().
+        let gp = unsafe { wp.add(g) };
+        prefetch(gp);
+        // SAFETY: a whole group, 64-byte aligned.
+        let v = unsafe { _mm512_load_si512(gp.cast()) };
+        let d = [
+            _mm512_and_si512(v, m3),
+            _mm512_and_si512(_mm512_srli_epi16::<2>(v), m3),
+            _mm512_and_si512(_mm512_srli_epi16::<4>(v), m3),
+            _mm512_and_si512(_mm512_srli_epi16::<6>(v), m3),
+        ];
+        for (t, a) in acc.iter_mut().enumerate() {
+            for (s, (as_, ds)) in a.iter_mut().zip(&d).enumerate() {
+                // SAFETY: columns 16g + 4s + 4 ≤ k; token t < NT.
+                let xb = _mm512_set1_epi32(unsafe { x4(xp, k, t, 16 * g + 4 * s) });
+                *as_ = _mm512_dpbusd_epi32(*as_, *ds, xb);
+            }
         }
     }
     let op = out.as_mut_ptr();
-    for (pi, a) in acc.iter().enumerate() {
+    for (t, a) in acc.iter().enumerate() {
         let sum = _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3]));
-        // SAFETY: 16pi + 16 ≤ 16P ≤ out.len().
-        unsafe { _mm512_storeu_si512(op.add(16 * pi).cast(), sum) };
+        // SAFETY: 16t + 16 ≤ 16·NT ≤ out.len().
+        unsafe { _mm512_storeu_si512(op.add(16 * t).cast(), sum) };
     }
 }
 
@@ -255,7 +264,7 @@ pub(crate) fn panel_256(
 }
 
 /// One token: an accumulator per plane and half (independent `vpdpbusd` chains), summed at
-/// the end, as in [`matvec512`].
+/// the end, as in [`small512`].
 ///
 /// # Safety
 /// As [`tile256`] with `NT = 1`.

@@ -228,9 +228,14 @@ pub(crate) fn q4_0_dot(row: &[u8], x: &[f32]) -> f32 {
 
 /// [`f16_dot_ggml`] of one row with each of several tokens (the definition the SIMD tiers'
 /// multi-token kernels reproduce bit for bit).
-pub(crate) fn f16_dot_ggml_multi(row: &[u8], xs: &[&[f32]], out: &mut [f32]) {
-    for (o, x) in out.iter_mut().zip(xs) {
-        *o = f16_dot_ggml(row, x);
+pub(crate) fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
+    for (row, o) in rows
+        .chunks_exact(row_bytes.max(1))
+        .zip(out.chunks_mut(xs.len().max(1)))
+    {
+        for (o, x) in o.iter_mut().zip(xs) {
+            *o = f16_dot_ggml(row, x);
+        }
     }
 }
 
