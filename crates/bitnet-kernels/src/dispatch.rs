@@ -428,13 +428,12 @@ mod tests {
         assert!(Isa::Avx512 < Isa::Avx512Vnni);
         let all = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni];
         assert_eq!(choose(Isa::Avx512Vnni, Some("avx512"), &all).0, Isa::Avx512);
-        // Only the tiers with a panel kernel repack.
+        // The x86 SIMD tiers have a panel kernel (and repack); scalar and NEON do not.
         assert!(!has_panel_kernel(Isa::Scalar));
-        assert!(!has_panel_kernel(Isa::Avx2));
-        assert_eq!(
-            has_panel_kernel(Isa::Avx512Vnni),
-            Isa::Avx512Vnni.is_supported()
-        );
+        assert!(!has_panel_kernel(Isa::Neon));
+        for i in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Avx512Vnni] {
+            assert_eq!(has_panel_kernel(i), i.is_supported(), "{i:?}");
+        }
     }
 
     #[test]

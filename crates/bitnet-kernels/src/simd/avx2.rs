@@ -45,8 +45,8 @@ pub(crate) const TABLE_BASE: Kernels = Kernels {
     f16_dot_ggml_multi,
     q8_0_q8_multi,
     q4_0_q8_multi,
-    i2s_panel: None,
-    panel_tokens: 0,
+    i2s_panel: Some(super::panel_x86::panel_avx2),
+    panel_tokens: super::panel_x86::TOKENS_AVX2,
 };
 
 /// Dispatch a tile kernel over a const token count.

@@ -1,5 +1,7 @@
-//! The panel GEMM (`crate::panel`) on `vpdpbusd`: AVX-512 VNNI (16 rows per register) and
-//! AVX-VNNI (8 rows per register, for 256-bit hosts).
+//! The panel GEMM (`crate::panel`): on `vpdpbusd` with AVX-512 VNNI (16 rows per register)
+//! and AVX-VNNI (8 rows per register, for 256-bit hosts), and on `vpmaddubsw` + `vpmaddwd`
+//! with plain AVX2 (the tiers without VNNI: Zen 1–3, Haswell to Skylake, and AVX-512 CPUs
+//! without VNNI).
 //!
 //! Register blocking: P panels (16·P rows) × NT tokens of i32 accumulators. Per group of 16
 //! columns, each panel's 64 bytes are loaded once and split into four planes (shift, and);
@@ -21,6 +23,9 @@ const SMALL_BATCH: usize = 4;
 pub(crate) const TOKENS_512: usize = 8;
 /// Largest token tile of the AVX-VNNI kernel (2 halves × 4 tokens = 8 accumulators).
 pub(crate) const TOKENS_256: usize = 4;
+/// Token tile of the AVX2 kernel (run as passes of two tokens: 2 halves × 2 tokens of i32
+/// accumulators plus their i16 partial sums fill the sixteen registers).
+pub(crate) const TOKENS_AVX2: usize = 4;
 
 /// Token `t`'s four activation bytes at column `c`, as one i32 for a broadcast.
 ///
@@ -358,6 +363,113 @@ unsafe fn tile256<const NT: usize>(
         plane!(1);
         plane!(2);
         plane!(3);
+    }
+    let op = out.as_mut_ptr();
+    for t in 0..NT {
+        // SAFETY: t·stride + 16 ≤ out.len() by the contract.
+        unsafe {
+            _mm256_storeu_si256(op.add(t * stride).cast(), lo[t]);
+            _mm256_storeu_si256(op.add(t * stride + 8).cast(), hi[t]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// AVX2 (`maddubs`)
+
+/// AVX2 panel kernel (see `crate::dispatch::PanelKernel`): `vpmaddubsw` multiplies the codes
+/// (u8, ≤ 2) by the activations (i8) into i16 pairs (|·| ≤ 2·2·128, no saturation), the four
+/// planes of a group are added in i16 (|·| ≤ 2048), and `vpmaddwd` by 1 widens each lane's
+/// pair to the i32 sum of its four columns: the same integers as `vpdpbusd`.
+pub(crate) fn panel_avx2(
+    w: &[PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    nt: usize,
+    out: &mut [i32],
+) {
+    if nt == 0 {
+        return;
+    }
+    if !shape_ok(w, gpp, x, k, t0, nt, out) || nt > TOKENS_AVX2 {
+        return crate::panel::scalar_kernel(w, gpp, x, k, t0, nt, out);
+    }
+    let np = w.len() / gpp;
+    let stride = PANEL_ROWS * np;
+    for pi in 0..np {
+        let pw = &w[pi * gpp..(pi + 1) * gpp];
+        let mut t = 0;
+        while t < nt {
+            let o = &mut out[t * stride + PANEL_ROWS * pi..];
+            // SAFETY: this kernel is only in tables handed out after runtime detection of
+            // AVX2 (with FMA and F16C); shapes checked above.
+            unsafe {
+                if nt - t >= 2 {
+                    tile_avx2::<2>(pw, gpp, x, k, t0 + t, o, stride);
+                } else {
+                    tile_avx2::<1>(pw, gpp, x, k, t0 + t, o, stride);
+                }
+            }
+            t += 2;
+        }
+    }
+}
+
+/// # Safety
+/// AVX2 available; `w` holds one panel (`gpp` groups); `x` holds tokens `t0 .. t0+NT` of
+/// `k = 16·gpp` bytes; `out[t·stride .. t·stride + 16]` exists for t < NT.
+#[target_feature(enable = "avx2")]
+unsafe fn tile_avx2<const NT: usize>(
+    w: &[PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    out: &mut [i32],
+    stride: usize,
+) {
+    debug_assert!(w.len() == gpp && x.len() >= (t0 + NT) * k);
+    debug_assert!(out.len() >= (NT - 1) * stride + 16);
+    let m3 = _mm256_set1_epi8(3);
+    let ones = _mm256_set1_epi16(1);
+    let mut lo = [_mm256_setzero_si256(); NT];
+    let mut hi = [_mm256_setzero_si256(); NT];
+    let wp = w.as_ptr();
+    // SAFETY: `t0·k ≤ x.len()` by the contract.
+    let xp = unsafe { x.as_ptr().add(t0 * k) };
+    for g in 0..gpp {
+        // SAFETY: g < gpp = w.len().
+        let gp = unsafe { wp.add(g) };
+        prefetch(gp);
+        // SAFETY: a whole group, 64-byte aligned, so both 32-byte halves are aligned.
+        let (vl, vh) = unsafe {
+            let b = gp.cast::<__m256i>();
+            (_mm256_load_si256(b), _mm256_load_si256(b.add(1)))
+        };
+        let mut sl = [_mm256_setzero_si256(); NT];
+        let mut sh = [_mm256_setzero_si256(); NT];
+        macro_rules! plane {
+            ($s:literal) => {{
+                let dl = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vl), m3);
+                let dh = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vh), m3);
+                for t in 0..NT {
+                    // SAFETY: columns 16g + 4s + 4 ≤ k; token t < NT.
+                    let xb = _mm256_set1_epi32(unsafe { x4(xp, k, t, 16 * g + 4 * $s) });
+                    sl[t] = _mm256_add_epi16(sl[t], _mm256_maddubs_epi16(dl, xb));
+                    sh[t] = _mm256_add_epi16(sh[t], _mm256_maddubs_epi16(dh, xb));
+                }
+            }};
+        }
+        plane!(0);
+        plane!(1);
+        plane!(2);
+        plane!(3);
+        for t in 0..NT {
+            lo[t] = _mm256_add_epi32(lo[t], _mm256_madd_epi16(sl[t], ones));
+            hi[t] = _mm256_add_epi32(hi[t], _mm256_madd_epi16(sh[t], ones));
+        }
     }
     let op = out.as_mut_ptr();
     for t in 0..NT {
