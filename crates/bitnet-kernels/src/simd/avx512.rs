@@ -127,25 +127,36 @@ fn sanitize(w: __m512i) -> __m512i {
 // I2_S
 
 fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
-    let k = p.k;
-    if !k.is_multiple_of(128) || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt
-    {
-        return scalar::i2s(w_row, p, t0, nt, out);
-    }
-    // SAFETY: this table is handed out only after runtime detection of AVX-512 F+BW (and
-    // AVX2); lengths checked above.
-    unsafe { tile!(i2s_tile, nt, w_row, p, t0, out) }
+    i2s_any::<false>(w_row, p, t0, nt, out)
 }
 
 fn i2s_vnni(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    i2s_any::<true>(w_row, p, t0, nt, out)
+}
+
+/// The I2_S entry of `TABLE` (`VNNI = false`) and of `TABLE_VNNI` (`VNNI = true`).
+fn i2s_any<const VNNI: bool>(
+    w_row: &[u8],
+    p: &Prepared<'_>,
+    t0: usize,
+    nt: usize,
+    out: &mut [i32],
+) {
     let k = p.k;
     if !k.is_multiple_of(128) || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt
     {
         return scalar::i2s(w_row, p, t0, nt, out);
     }
-    // SAFETY: the VNNI table is handed out only after runtime detection of AVX-512
-    // F+BW+VNNI (and AVX2); lengths checked above.
-    unsafe { tile!(i2s_tile_vnni, nt, w_row, p, t0, out) }
+    // SAFETY: the tables are handed out only after runtime detection of AVX-512 F+BW (and
+    // AVX2), the VNNI one (the only caller with VNNI = true) also of AVX-512 VNNI; lengths
+    // checked above.
+    unsafe {
+        if VNNI {
+            tile!(i2s_tile_vnni, nt, w_row, p, t0, out)
+        } else {
+            tile!(i2s_tile, nt, w_row, p, t0, out)
+        }
+    }
 }
 
 macro_rules! i2s_body {
@@ -217,20 +228,21 @@ unsafe fn i2s_tile_vnni<const NT: usize>(
 // TQ2_0
 
 fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
-    let k = p.k;
-    let nb = k / 256;
-    if !k.is_multiple_of(256)
-        || w_row.len() < nb * tq2_0::BLOCK_BYTES
-        || p.x.len() < (t0 + nt) * k
-        || out.len() < nt * nb
-    {
-        return scalar::tq2(w_row, p, t0, nt, out);
-    }
-    // SAFETY: as in `i2s`.
-    unsafe { tile!(tq2_tile, nt, w_row, p, t0, out) }
+    tq2_any::<false>(w_row, p, t0, nt, out)
 }
 
 fn tq2_vnni(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
+    tq2_any::<true>(w_row, p, t0, nt, out)
+}
+
+/// The TQ2_0 entry of `TABLE` and (`VNNI = true`) of `TABLE_VNNI`.
+fn tq2_any<const VNNI: bool>(
+    w_row: &[u8],
+    p: &Prepared<'_>,
+    t0: usize,
+    nt: usize,
+    out: &mut [i32],
+) {
     let k = p.k;
     let nb = k / 256;
     if !k.is_multiple_of(256)
@@ -240,8 +252,14 @@ fn tq2_vnni(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32
     {
         return scalar::tq2(w_row, p, t0, nt, out);
     }
-    // SAFETY: as in `i2s_vnni`.
-    unsafe { tile!(tq2_tile_vnni, nt, w_row, p, t0, out) }
+    // SAFETY: as in `i2s_any`.
+    unsafe {
+        if VNNI {
+            tile!(tq2_tile_vnni, nt, w_row, p, t0, out)
+        } else {
+            tile!(tq2_tile, nt, w_row, p, t0, out)
+        }
+    }
 }
 
 macro_rules! tq2_body {

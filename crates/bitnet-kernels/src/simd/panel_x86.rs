@@ -6,8 +6,10 @@
 //! Register blocking: P panels (16·P rows) × NT tokens of i32 accumulators. Per group of 16
 //! columns, each panel's 64 bytes are loaded once and split into four planes (shift, and);
 //! each plane meets each token's four activation bytes, broadcast to every lane, in one
-//! `vpdpbusd` per accumulator register. The weights are prefetched `PF_GROUPS` groups ahead
-//! in each panel (the matvec streams them from memory).
+//! `vpdpbusd` per accumulator register. Up to `SMALL_BATCH` tokens (decode, batched decode)
+//! go one panel at a time, so the weights stream from memory in address order, with one
+//! accumulator per (token, plane) so that no `vpdpbusd` waits on the previous one's result.
+//! The weights are prefetched `PF_GROUPS` groups ahead.
 
 use std::arch::x86_64::*;
 
@@ -44,7 +46,7 @@ fn prefetch(p: *const PanelGroup) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_GROUPS).cast()) }
 }
 
-/// Checks shared by both kernels; true when the SIMD kernel may run.
+/// Checks shared by the kernels; true when the SIMD kernel may run.
 fn shape_ok(
     w: &[PanelGroup],
     gpp: usize,
@@ -89,10 +91,6 @@ pub(crate) fn panel_512(
         macro_rules! go {
             ($p:literal) => {
                 match nt {
-                    1 => tile512::<$p, 1>(w, gpp, x, k, t0, out),
-                    2 => tile512::<$p, 2>(w, gpp, x, k, t0, out),
-                    3 => tile512::<$p, 3>(w, gpp, x, k, t0, out),
-                    4 => tile512::<$p, 4>(w, gpp, x, k, t0, out),
                     5 => tile512::<$p, 5>(w, gpp, x, k, t0, out),
                     6 => tile512::<$p, 6>(w, gpp, x, k, t0, out),
                     7 => tile512::<$p, 7>(w, gpp, x, k, t0, out),
