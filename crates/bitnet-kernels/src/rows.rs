@@ -322,6 +322,17 @@ impl<'a> RowMatrix<'a> {
             o => o,
         };
         let cols = self.cols;
+        // Float rows read every token's activations once per weight row: give each token's
+        // row a 64-byte boundary, so 512-bit loads never straddle two cache lines (measured:
+        // the 4-token F16 head takes ~1.6× longer with activations 4 bytes off).
+        let aligned;
+        let (xa, xstride): (&[f32], usize) = if matches!(self.ty, RowType::F16 | RowType::BF16) {
+            aligned = AlignedRows::new(x, cols);
+            (aligned.as_slice(), aligned.stride)
+        } else {
+            (x, cols)
+        };
+        let token = |t: usize| &xa[t * xstride..t * xstride + cols];
         let int_dot = match self.ty {
             RowType::Q8_0 => Some((kern.q8_0_q8, kern.q8_0_q8_multi)),
             RowType::Q4_0 => Some((kern.q4_0_q8, kern.q4_0_q8_multi)),
@@ -346,7 +357,7 @@ impl<'a> RowMatrix<'a> {
             }))
         } else if self.ty == RowType::F16 && order == F16DotOrder::Ggml && n_tok > 1 {
             // Each row read once for all tokens, each F16 chunk converted once.
-            let xs: Vec<&[f32]> = x.chunks_exact(cols).collect();
+            let xs: Vec<&[f32]> = (0..n_tok).map(token).collect();
             let rb = self.row_bytes;
             Some(Box::new(move |rows: Range<usize>, y: &mut [f32]| {
                 let bytes = &self.data[rows.start * rb..rows.end * rb];
@@ -394,7 +405,7 @@ impl<'a> RowMatrix<'a> {
                     dequantize_row_bytes(self.ty, row, &mut buf);
                 }
                 for t in 0..n_tok {
-                    let xt = &x[t * cols..(t + 1) * cols];
+                    let xt = token(t);
                     let y = match direct {
                         Some(d) => d(row, xt),
                         None => (kern.f32_dot)(&buf, xt),
@@ -461,6 +472,38 @@ impl<'a> RowMatrix<'a> {
 /// Source rows per call of the `release` hook of [`RowMatrix::quantize_from_releasing`]
 /// (1.3 MB of a 2560-wide F16 matrix).
 pub const RELEASE_ROWS: usize = 256;
+
+/// 16 floats on a 64-byte boundary.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Line([f32; 16]);
+
+/// A copy of `n` rows of activations, each starting on a 64-byte boundary (`stride` floats
+/// apart, `cols` rounded up to 16).
+struct AlignedRows {
+    lines: Vec<Line>,
+    stride: usize,
+}
+
+impl AlignedRows {
+    fn new(x: &[f32], cols: usize) -> Self {
+        let stride = cols.next_multiple_of(16);
+        let n = x.len().checked_div(cols).unwrap_or(0);
+        let mut lines = vec![Line([0.0; 16]); n * stride / 16];
+        let flat: &mut [f32] = bytemuck::cast_slice_mut(&mut lines);
+        for (dst, src) in flat
+            .chunks_exact_mut(stride.max(1))
+            .zip(x.chunks_exact(cols.max(1)))
+        {
+            dst[..cols].copy_from_slice(src);
+        }
+        AlignedRows { lines, stride }
+    }
+
+    fn as_slice(&self) -> &[f32] {
+        bytemuck::cast_slice(&self.lines)
+    }
+}
 
 /// Rows handed at once to a kernel that takes every token (the F16 multi-token kernels block
 /// them further).
