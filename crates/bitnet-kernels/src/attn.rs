@@ -30,6 +30,7 @@ use std::ops::Range;
 
 use half::f16;
 
+use crate::aligned::AlignedBuf;
 use crate::dispatch::Isa;
 use crate::pool::SharedMut;
 use crate::{KernelError, Pool};
@@ -404,13 +405,15 @@ impl Job<'_> {
 }
 
 /// Per-thread buffers, reused across items.
+/// Buffers on 64-byte boundaries: rows of `dp` (a multiple of 16) floats then never straddle
+/// two cache lines in the 512-bit loops.
 struct Scratch {
     /// `[n_q][POS_BLOCK]` scores, then probabilities.
-    s: Vec<f32>,
+    s: AlignedBuf<f32>,
     /// `[n_q][d]` the item's query vectors, each padded to a multiple of LANES.
-    qv: Vec<f32>,
+    qv: AlignedBuf<f32>,
     /// `[n_q][d]` accumulators, each padded to a multiple of LANES.
-    acc: Vec<f32>,
+    acc: AlignedBuf<f32>,
 }
 
 impl Scratch {
@@ -418,9 +421,9 @@ impl Scratch {
         let dp = job.shape.head_dim.next_multiple_of(LANES);
         let nq = TOKEN_BLOCK * job.gqa;
         Scratch {
-            s: vec![0.0; nq * POS_BLOCK],
-            qv: vec![0.0; nq * dp],
-            acc: vec![0.0; nq * dp],
+            s: AlignedBuf::zeroed(nq * POS_BLOCK),
+            qv: AlignedBuf::zeroed(nq * dp),
+            acc: AlignedBuf::zeroed(nq * dp),
         }
     }
 }

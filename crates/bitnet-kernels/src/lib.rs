@@ -15,6 +15,7 @@
 //! `# Safety` section.
 
 pub mod act;
+pub mod aligned;
 pub mod attn;
 mod dispatch;
 mod error;

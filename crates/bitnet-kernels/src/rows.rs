@@ -473,15 +473,10 @@ impl<'a> RowMatrix<'a> {
 /// (1.3 MB of a 2560-wide F16 matrix).
 pub const RELEASE_ROWS: usize = 256;
 
-/// 16 floats on a 64-byte boundary.
-#[repr(C, align(64))]
-#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Line([f32; 16]);
-
 /// A copy of `n` rows of activations, each starting on a 64-byte boundary (`stride` floats
 /// apart, `cols` rounded up to 16).
 struct AlignedRows {
-    lines: Vec<Line>,
+    buf: crate::aligned::AlignedBuf<f32>,
     stride: usize,
 }
 
@@ -489,19 +484,18 @@ impl AlignedRows {
     fn new(x: &[f32], cols: usize) -> Self {
         let stride = cols.next_multiple_of(16);
         let n = x.len().checked_div(cols).unwrap_or(0);
-        let mut lines = vec![Line([0.0; 16]); n * stride / 16];
-        let flat: &mut [f32] = bytemuck::cast_slice_mut(&mut lines);
-        for (dst, src) in flat
+        let mut buf = crate::aligned::AlignedBuf::zeroed(n * stride);
+        for (dst, src) in buf
             .chunks_exact_mut(stride.max(1))
             .zip(x.chunks_exact(cols.max(1)))
         {
             dst[..cols].copy_from_slice(src);
         }
-        AlignedRows { lines, stride }
+        AlignedRows { buf, stride }
     }
 
     fn as_slice(&self) -> &[f32] {
-        bytemuck::cast_slice(&self.lines)
+        &self.buf
     }
 }
 

@@ -6,6 +6,7 @@
 //! Element type f32 or f16 (`--kv-cache f16` halves the memory; exact numerics requires f16,
 //! which is what bitnet.cpp stores).
 
+use bitnet_kernels::aligned::AlignedBuf;
 use bitnet_kernels::attn::{KvLayout, KvRows};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -40,10 +41,12 @@ impl std::str::FromStr for KvType {
     }
 }
 
+/// One layer's K or V, on a 64-byte boundary (rows of 128 f16 or f32 values then start on a
+/// cache line, and the attention kernel's vector loads never straddle two).
 #[derive(Debug)]
 enum Store {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(AlignedBuf<f32>),
+    F16(AlignedBuf<f16>),
 }
 
 impl Store {
@@ -54,18 +57,8 @@ impl Store {
             budget: 0,
         };
         Ok(match ty {
-            KvType::F32 => {
-                let mut v = Vec::new();
-                v.try_reserve_exact(n).map_err(over)?;
-                v.resize(n, 0.0);
-                Store::F32(v)
-            }
-            KvType::F16 => {
-                let mut v = Vec::new();
-                v.try_reserve_exact(n).map_err(over)?;
-                v.resize(n, f16::ZERO);
-                Store::F16(v)
-            }
+            KvType::F32 => Store::F32(AlignedBuf::try_zeroed(n).map_err(over)?),
+            KvType::F16 => Store::F16(AlignedBuf::try_zeroed(n).map_err(over)?),
         })
     }
 
