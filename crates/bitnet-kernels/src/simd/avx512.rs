@@ -378,18 +378,25 @@ fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
 }
 
 /// ggml's reduction of accumulators 0|1 and 2|3, then the leftover columns past `main` in f64.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-fn finish_ggml(acc: [__m512; 2], row: &[u8], x: &[f32], main: usize) -> f32 {
+/// Inlined into its caller, which enables the features (a call would pass the registers
+/// through memory).
+///
+/// # Safety
+/// AVX-512 F, AVX2 and F16C are available.
+#[inline(always)]
+unsafe fn finish_ggml(acc: [__m512; 2], row: &[u8], x: &[f32], main: usize) -> f32 {
     let [a01, a23] = acc;
-    // (a0 + a2) + (a1 + a3), as 8-lane vectors.
-    let s02 = _mm256_add_ps(_mm512_castps512_ps256(a01), _mm512_castps512_ps256(a23));
-    let s13 = _mm256_add_ps(ext_hi(a01), ext_hi(a23));
-    let a = _mm256_add_ps(s02, s13);
-    let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-    let h = _mm_hadd_ps(v, v);
-    let h = _mm_hadd_ps(h, h);
-    let mut sum = f64::from(_mm_cvtss_f32(h));
+    // SAFETY: the features are enabled by the caller (the contract above).
+    let h = unsafe {
+        // (a0 + a2) + (a1 + a3), as 8-lane vectors.
+        let s02 = _mm256_add_ps(_mm512_castps512_ps256(a01), _mm512_castps512_ps256(a23));
+        let s13 = _mm256_add_ps(ext_hi(a01), ext_hi(a23));
+        let a = _mm256_add_ps(s02, s13);
+        let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let h = _mm_hadd_ps(v, v);
+        _mm_cvtss_f32(_mm_hadd_ps(h, h))
+    };
+    let mut sum = f64::from(h);
     for (i, &xi) in x.iter().enumerate().skip(main) {
         let w = half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32();
         sum += f64::from(w * xi);
@@ -427,7 +434,8 @@ unsafe fn f16_dot_ggml_nt<const NT: usize>(row: &[u8], xs: [&[f32]; NT]) -> [f32
     }
     let mut out = [0f32; NT];
     for t in 0..NT {
-        out[t] = finish_ggml(acc[t], row, xs[t], main);
+        // SAFETY: this function's features include finish_ggml's.
+        out[t] = unsafe { finish_ggml(acc[t], row, xs[t], main) };
     }
     out
 }
