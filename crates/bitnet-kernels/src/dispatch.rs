@@ -17,13 +17,13 @@ pub enum Isa {
     Scalar,
     /// aarch64 NEON (dotprod used when the CPU has it).
     Neon,
-    /// x86-64 AVX2 + FMA + F16C.
+    /// x86-64 AVX2 + FMA + F16C (the I2_S panel GEMM on `vpmaddubsw`).
     Avx2,
-    /// AVX2 plus 256-bit VNNI (`vpdpbusd` on ymm): the panel GEMM for I2_S.
+    /// AVX2 plus 256-bit VNNI: the I2_S panel GEMM on `vpdpbusd` ymm.
     AvxVnni,
-    /// x86-64 AVX-512 F + BW (on top of the AVX2 tier), `maddubs` products.
+    /// x86-64 AVX-512 F + BW (on top of the AVX2 tier), `vpmaddubsw` products.
     Avx512,
-    /// AVX-512 F + BW + VNNI: `vpdpbusd` products and the panel GEMM for I2_S.
+    /// AVX-512 F + BW + VNNI: `vpdpbusd` products, and the I2_S panel GEMM on zmm.
     Avx512Vnni,
 }
 
