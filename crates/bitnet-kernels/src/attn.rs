@@ -404,9 +404,8 @@ impl Job<'_> {
     }
 }
 
-/// Per-thread buffers, reused across items.
-/// Buffers on 64-byte boundaries: rows of `dp` (a multiple of 16) floats then never straddle
-/// two cache lines in the 512-bit loops.
+/// Per-thread buffers, reused across items, on 64-byte boundaries: rows of `dp` (a multiple
+/// of 16) floats then never straddle two cache lines in the 512-bit loops.
 struct Scratch {
     /// `[n_q][POS_BLOCK]` scores, then probabilities.
     s: AlignedBuf<f32>,
