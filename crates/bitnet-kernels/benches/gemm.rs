@@ -20,28 +20,8 @@ use std::time::Instant;
 
 use bitnet_kernels::{isa, supported_isas, Isa, Pool, TernaryLayout, TernaryMatrix};
 
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u8
-        })
-        .collect()
-}
-
-/// A random I2_S tensor with valid codes and β = 0.5.
-fn i2s_tensor(n_out: usize, k: usize) -> Vec<u8> {
-    let mut w = bytes(TernaryLayout::I2S.tensor_bytes(n_out, k).unwrap(), 7);
-    let o = n_out * k / 4;
-    w[o..o + 4].copy_from_slice(&0.5f32.to_le_bytes());
-    for b in &mut w[..o] {
-        *b = bitnet_kernels::layout::i2s::sanitize_byte(*b);
-    }
-    w
-}
+mod common;
+use common::{bytes, tensor};
 
 struct Variant<'a> {
     name: String,
@@ -77,7 +57,7 @@ fn main() {
         if filter.as_ref().is_some_and(|f| !shape.contains(f.as_str())) {
             continue;
         }
-        let w = i2s_tensor(n_out, k);
+        let (w, _) = tensor(TernaryLayout::I2S, n_out, k);
         let plain = TernaryMatrix::new(TernaryLayout::I2S, n_out, k, &w, None).unwrap();
         let mut panels = plain.clone();
         panels.repack_always(&Pool::new(2)).unwrap();

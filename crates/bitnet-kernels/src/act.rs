@@ -133,12 +133,9 @@ mod avx2 {
     use crate::dispatch::{Isa, Kernels};
 
     /// Run the AVX2 kernel when `k` is the table of a tier that includes AVX2 (every x86 tier
-    /// but scalar); `None` otherwise.
+    /// from AVX2 up, the order the attention kernels use too); `None` otherwise.
     pub(super) fn quantize_i8(k: &Kernels, x: &[f32], q: &mut [i8]) -> Option<f32> {
-        if !matches!(
-            k.isa,
-            Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 | Isa::Avx512Vnni
-        ) {
+        if k.isa < Isa::Avx2 {
             return None;
         }
         debug_assert_eq!(x.len(), q.len());
