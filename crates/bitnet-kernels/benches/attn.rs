@@ -7,6 +7,10 @@
 //! layer, the cache bytes per second, the ratio against a plain read of the same buffers in
 //! the same run, and the speed-up over the plain (scalar twin) tier.
 //!
+//! Then a prompt batch: 128 query rows at positions 3968..4096 (the last batch of a
+//! 4096-token prompt), per vector tier and thread count, in µs per layer and GFLOP/s (two
+//! multiply-adds per head element per visible (row, head, position): q·k and p·v).
+//!
 //! Env: `BENCH_QUICK=1` runs fewer calls.
 #![allow(
     clippy::unwrap_used,
@@ -129,6 +133,64 @@ fn main() {
                     plain_us / (s * 1e6)
                 );
             }
+        }
+    }
+
+    // A prompt batch deep in the context.
+    let (depth, n) = (4096usize, 128usize);
+    let pos0 = depth - n;
+    let per_layer = depth * shape.n_head_kv * shape.head_dim;
+    let mk = |salt: usize| {
+        (0..per_layer)
+            .map(|i| f16::from_f32((((i + salt) * 7919) % 1000) as f32 / 1000.0 - 0.5))
+            .collect::<Vec<_>>()
+    };
+    let (k, v) = (mk(1), mk(2));
+    let layout = KvLayout::head_major(&shape, depth);
+    let qn: Vec<f32> = (0..n * 2560)
+        .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)
+        .collect();
+    let mut outn = vec![0f32; n * 2560];
+    // Visible (row, position) pairs × heads × 2 dots of head_dim multiply-adds × 2 flops.
+    let pairs: usize = (0..n).map(|t| pos0 + t + 1).sum();
+    let flops = (pairs * shape.n_head * 2 * shape.head_dim * 2) as f64;
+    println!();
+    println!(
+        "{:<8} {:>7} {:>15} {:>12} {:>10}",
+        "isa", "threads", "rows@pos", "us/layer", "GFLOP/s"
+    );
+    let reps = if quick { 2 } else { 5 };
+    for threads in [1usize, 2] {
+        let pool = Pool::new(threads);
+        for isa in supported_isas().into_iter().filter(|&i| i != Isa::Scalar) {
+            let mut times = Vec::new();
+            for _ in 0..reps {
+                let t = Instant::now();
+                attend_isa(
+                    isa,
+                    &shape,
+                    &qn,
+                    KvRows::F16(&k),
+                    KvRows::F16(&v),
+                    layout,
+                    pos0,
+                    n,
+                    0.088,
+                    &mut outn,
+                    &pool,
+                )
+                .unwrap();
+                black_box(&outn);
+                times.push(t.elapsed().as_secs_f64());
+            }
+            let s = median(times);
+            println!(
+                "{:<8} {threads:>7} {:>15} {:>12.1} {:>10.1}",
+                isa.name(),
+                format!("{n}@{pos0}"),
+                s * 1e6,
+                flops / s / 1e9
+            );
         }
     }
 }

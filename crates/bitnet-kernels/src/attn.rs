@@ -35,29 +35,20 @@ use crate::dispatch::Isa;
 use crate::pool::SharedMut;
 use crate::{KernelError, Pool};
 
-/// `f::<N>(args)` with N = `n` (1..=4): the query-count-specialized x86 loops.
-#[cfg(target_arch = "x86_64")]
-macro_rules! by_count {
-    ($n:expr, $($f:ident)::+, ($($arg:expr),*)) => {
-        match $n {
-            4 => $($f)::+::<4>($($arg),*),
-            3 => $($f)::+::<3>($($arg),*),
-            2 => $($f)::+::<2>($($arg),*),
-            _ => $($f)::+::<1>($($arg),*),
-        }
-    };
-}
-
 /// Query rows per work item.
 pub const TOKEN_BLOCK: usize = 4;
 /// KV positions per online-softmax step.
-pub const POS_BLOCK: usize = 32;
+pub const POS_BLOCK: usize = 64;
+// Score kernels take positions in whole groups of up to 16.
+const _: () = assert!(POS_BLOCK.is_multiple_of(LANES));
 /// Lanes of the vectorized loops.
 const LANES: usize = 16;
 /// The fewest positions worth a chunk of its own (decode splits the history into chunks).
 const MIN_CHUNK: usize = 256;
 /// Largest number of query vectors in an item (`TOKEN_BLOCK × n_gqa`), bounding scratch.
 const MAX_GQA: usize = 64;
+/// Largest padded count of query vectors ([`padded_queries`] of [`MAX_GQA`]).
+const MAX_QP: usize = MAX_GQA;
 
 /// The K or V rows of one layer: `[n_pos][n_head_kv · head_dim]`, in the cache's element type.
 #[derive(Debug, Clone, Copy)]
@@ -407,9 +398,11 @@ impl Job<'_> {
 /// Per-thread buffers, reused across items, on 64-byte boundaries: rows of `dp` (a multiple
 /// of 16) floats then never straddle two cache lines in the 512-bit loops.
 struct Scratch {
-    /// `[n_q][POS_BLOCK]` scores, then probabilities.
+    /// `[POS_BLOCK][n_q]` scores, then probabilities (a position's query vectors side by
+    /// side).
     s: AlignedBuf<f32>,
-    /// `[n_q][d]` the item's query vectors, each padded to a multiple of LANES.
+    /// The item's query vectors, each padded to a multiple of LANES, chunk-major
+    /// (`[dp / LANES][n_q][LANES]`).
     qv: AlignedBuf<f32>,
     /// `[n_q][d]` accumulators, each padded to a multiple of LANES.
     acc: AlignedBuf<f32>,
@@ -418,7 +411,7 @@ struct Scratch {
 impl Scratch {
     fn new(job: &Job<'_>) -> Scratch {
         let dp = job.shape.head_dim.next_multiple_of(LANES);
-        let nq = TOKEN_BLOCK * job.gqa;
+        let nq = padded_queries(TOKEN_BLOCK * job.gqa);
         Scratch {
             s: AlignedBuf::zeroed(nq * POS_BLOCK),
             qv: AlignedBuf::zeroed(nq * dp),
@@ -469,142 +462,339 @@ fn item_avx512(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
     unsafe { inner(job, it, s, part) }
 }
 
-/// One cache row (`head_dim` elements) in the cache's element type.
+/// A cache element type (f16 or f32): widened to f32 exactly, by any instruction.
+pub(crate) trait KvElem: Copy + Send + Sync {
+    fn widen(self) -> f32;
+    /// 16 elements at `p`, widened.
+    ///
+    /// # Safety
+    /// AVX-512 F and F16C are enabled in the caller (this is inlined into it); 16 elements
+    /// are readable at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn ld16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// 8 elements at `p`, widened.
+    ///
+    /// # Safety
+    /// AVX and F16C are enabled in the caller; 8 elements are readable at `p`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn ld8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ld16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::{_mm256_loadu_si256, _mm512_cvtph_ps};
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ld8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ld16(p: *const Self) -> std::arch::x86_64::__m512 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ld8(p: *const Self) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract.
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+/// Ask for the cache lines of the `d` elements at `at` (no effect on results).
+#[inline(always)]
+fn prefetch<T>(s: &[T], at: usize, d: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        if at + d > s.len() {
+            return;
+        }
+        let ptr: *const u8 = s[at..].as_ptr().cast();
+        let bytes = d * std::mem::size_of::<T>();
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch never faults, and `ptr + off` lies inside the row.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.add(off).cast()) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, at, d);
+}
+
+/// The K or V rows of one block: `n ≥ 1` rows of `d` elements, `stride` apart, from the start
+/// of `s` (which ends with the last row).
 #[derive(Clone, Copy)]
-enum Row<'a> {
-    F16(&'a [f16]),
-    F32(&'a [f32]),
+struct Block<'a, T> {
+    s: &'a [T],
+    stride: usize,
+    n: usize,
+    d: usize,
 }
 
-impl<'a> KvRows<'a> {
-    /// Ask for the cache lines of the row at `at` (no effect on results).
-    #[inline(always)]
-    fn prefetch(&self, at: usize, d: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let (ptr, bytes): (*const u8, usize) = match *self {
-                KvRows::F16(s) if at + d <= s.len() => (s[at..].as_ptr().cast(), 2 * d),
-                KvRows::F32(s) if at + d <= s.len() => (s[at..].as_ptr().cast(), 4 * d),
-                _ => return,
-            };
-            let mut off = 0;
-            while off < bytes {
-                // SAFETY: a prefetch never faults, and `ptr + off` lies inside the row.
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(ptr.add(off).cast()) };
-                off += 64;
-            }
+impl<'a, T: KvElem> Block<'a, T> {
+    /// Rows `at`, `at + stride`, … of `all`; panics when they do not fit (the caller checked).
+    fn new(all: &'a [T], at: usize, stride: usize, n: usize, d: usize) -> Block<'a, T> {
+        let len = (n - 1) * stride + d;
+        Block {
+            s: &all[at..at + len],
+            stride,
+            n,
+            d,
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (at, d);
     }
 
-    #[inline(always)]
-    fn row(&self, at: usize, d: usize) -> Row<'a> {
-        match *self {
-            KvRows::F16(s) => Row::F16(&s[at..at + d]),
-            KvRows::F32(s) => Row::F32(&s[at..at + d]),
-        }
+    fn row(&self, jj: usize) -> &'a [T] {
+        &self.s[jj * self.stride..][..self.d]
     }
 }
 
-impl Row<'_> {
-    /// Lanes `16c..16c+16` widened to f32, zero past the row's end (the plain way).
-    #[inline(always)]
-    fn chunk(&self, c: usize) -> [f32; LANES] {
-        let mut out = [0f32; LANES];
-        let lo = c * LANES;
-        match *self {
-            Row::F16(r) => {
-                let hi = (lo + LANES).min(r.len());
-                for (o, x) in out.iter_mut().zip(&r[lo..hi]) {
-                    *o = x.to_f32();
-                }
-            }
-            Row::F32(r) => {
-                let hi = (lo + LANES).min(r.len());
-                out[..hi - lo].copy_from_slice(&r[lo..hi]);
-            }
-        }
-        out
+/// Lanes `16c..16c+16` of a row widened to f32, zero past the row's end (the plain way).
+#[inline(always)]
+fn chunk<T: KvElem>(r: &[T], c: usize) -> [f32; LANES] {
+    let mut out = [0f32; LANES];
+    let lo = c * LANES;
+    let hi = (lo + LANES).min(r.len());
+    for (o, x) in out.iter_mut().zip(&r[lo..hi]) {
+        *o = x.widen();
     }
+    out
+}
 
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn len(&self) -> usize {
-        match self {
-            Row::F16(r) => r.len(),
-            Row::F32(r) => r.len(),
-        }
+/// Query vectors an item holds, padded so that the score kernels group them evenly: a power of
+/// two up to 16, else a multiple of 16. Padding vectors are zero and see no position.
+fn padded_queries(nq: usize) -> usize {
+    if nq <= LANES {
+        nq.next_power_of_two()
+    } else {
+        nq.next_multiple_of(LANES)
     }
 }
 
-/// Up to four query vectors (`nqg`, each `dp` long, zero-padded) dotted with one K row:
+/// Scaled scores of one block: `st[jj·nqp + i] = scale · (q_i · K_jj)` for the `nqp` query
+/// vectors in `qv` (chunk-major: lanes 16c.. of vector i at `(c·nqp + i)·16`, zero-padded) and positions `jj < kl` (`kl` a multiple of
+/// 16; rows past the block's last repeat it, and their scores are never read). A score's
 /// lane `x` accumulates `fma(q[16c + x], k[16c + x], ·)` over chunks c, then the lanes fold
-/// pairwise ([`fold16`]). Every tier performs exactly these operations.
+/// pairwise ([`fold16`]). Every tier performs exactly these operations; the vector tiers
+/// reduce 16 (or 8) scores at once with a transposing tree whose additions are those of
+/// [`fold16`], and run when the head size is a whole number of 16-lane chunks (otherwise
+/// the plain code does).
 #[inline(always)]
-fn scores4<const TIER: u8>(q: &[f32], dp: usize, nqg: usize, k: Row<'_>, out: &mut [f32; 4]) {
+fn block_scores<const TIER: u8, T: KvElem>(
+    qv: &[f32],
+    dp: usize,
+    nqp: usize,
+    kb: Block<'_, T>,
+    kl: usize,
+    scale: f32,
+    st: &mut [f32],
+) {
+    let qv = &qv[..nqp * dp];
+    let st = &mut st[..POS_BLOCK * nqp];
+    let kl = kl.min(POS_BLOCK);
     #[cfg(target_arch = "x86_64")]
-    {
+    if kb.d == dp && kl.is_multiple_of(LANES) {
         if TIER == AVX512 {
-            // SAFETY: TIER == AVX512 only inside `item_avx512` (AVX-512 F/BW, F16C enabled).
-            unsafe { by_count!(nqg, x86::scores4_avx512, (q, dp, k, out)) };
+            // SAFETY: TIER == AVX512 only inside `item_avx512` (AVX-512 F/BW, F16C enabled);
+            // the slices have the lengths the kernel needs (cut above), rows are whole chunks.
+            unsafe { x86::scores_avx512(qv, dp, nqp, kb, kl, scale, st) };
             return;
         }
         if TIER == AVX2 {
-            // SAFETY: TIER == AVX2 only inside `item_avx2` (AVX2, FMA, F16C enabled).
-            unsafe { by_count!(nqg, x86::scores4_avx2, (q, dp, k, out)) };
+            // SAFETY: TIER == AVX2 only inside `item_avx2` (AVX2, FMA, F16C enabled); as above.
+            unsafe { x86::scores_avx2(qv, dp, nqp, kb, kl, scale, st) };
             return;
         }
     }
-    let mut acc = [[0f32; LANES]; 4];
-    for c in 0..dp / LANES {
-        let kc = k.chunk(c);
-        for (i, a) in acc.iter_mut().enumerate().take(nqg) {
-            let qc = &q[i * dp + c * LANES..][..LANES];
-            for x in 0..LANES {
-                a[x] = qc[x].mul_add(kc[x], a[x]);
-            }
+    let mut acc = [[0f32; LANES]; MAX_QP];
+    for jj in 0..kl {
+        let k = kb.row(jj.min(kb.n - 1));
+        let acc = &mut acc[..nqp];
+        for a in acc.iter_mut() {
+            *a = [0.0; LANES];
         }
-    }
-    for i in 0..nqg {
-        out[i] = fold16(acc[i]);
-    }
-}
-
-/// `acc[i] += Σ_jj p[i][jj] · V_jj` for up to four queries: lane by lane, one fused
-/// multiply-add per position, in position order. `acc` is `nqg × dp`, `p` is
-/// `nqg × POS_BLOCK`, `rows` the block's V rows.
-#[inline(always)]
-fn accumulate<const TIER: u8>(acc: &mut [f32], dp: usize, nqg: usize, p: &[f32], rows: &[Row<'_>]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if TIER == AVX512 {
-            // SAFETY: as in `scores4`.
-            unsafe { by_count!(nqg, x86::accumulate_avx512, (acc, dp, p, rows)) };
-            return;
-        }
-        if TIER == AVX2 {
-            // SAFETY: as in `scores4`.
-            unsafe { by_count!(nqg, x86::accumulate_avx2, (acc, dp, p, rows)) };
-            return;
-        }
-    }
-    for c in 0..dp / LANES {
-        let mut a = [[0f32; LANES]; 4];
-        for (i, ai) in a.iter_mut().enumerate().take(nqg) {
-            ai.copy_from_slice(&acc[i * dp + c * LANES..][..LANES]);
-        }
-        for (jj, r) in rows.iter().enumerate() {
-            let vc = r.chunk(c);
-            for (i, ai) in a.iter_mut().enumerate().take(nqg) {
-                let pj = p[i * POS_BLOCK + jj];
+        for c in 0..dp / LANES {
+            let kc = chunk(k, c);
+            for (i, a) in acc.iter_mut().enumerate() {
+                let qc = &qv[(c * nqp + i) * LANES..][..LANES];
                 for x in 0..LANES {
-                    ai[x] = pj.mul_add(vc[x], ai[x]);
+                    a[x] = qc[x].mul_add(kc[x], a[x]);
                 }
             }
         }
-        for (i, ai) in a.iter().enumerate().take(nqg) {
-            acc[i * dp + c * LANES..][..LANES].copy_from_slice(ai);
+        for (i, a) in acc.iter().enumerate() {
+            st[jj * nqp + i] = fold16(*a) * scale;
+        }
+    }
+}
+
+/// `acc_i += Σ_jj st[jj·nqp + i] · V_jj` for the `nqp` query vectors: lane by lane, one fused
+/// multiply-add per position, in position order. `acc` is `nqp × dp`.
+#[inline(always)]
+fn block_accumulate<const TIER: u8, T: KvElem>(
+    acc: &mut [f32],
+    dp: usize,
+    nqp: usize,
+    st: &[f32],
+    vb: Block<'_, T>,
+) {
+    let acc = &mut acc[..nqp * dp];
+    let st = &st[..POS_BLOCK * nqp];
+    #[cfg(target_arch = "x86_64")]
+    if vb.d == dp && vb.n <= POS_BLOCK {
+        if TIER == AVX512 {
+            // SAFETY: as in `block_scores`.
+            unsafe { x86::accumulate_avx512(acc, dp, nqp, st, vb) };
+            return;
+        }
+        if TIER == AVX2 {
+            // SAFETY: as in `block_scores`.
+            unsafe { x86::accumulate_avx2(acc, dp, nqp, st, vb) };
+            return;
+        }
+    }
+    for c in 0..dp / LANES {
+        for jj in 0..vb.n.min(POS_BLOCK) {
+            let vc = chunk(vb.row(jj), c);
+            for i in 0..nqp {
+                let p = st[jj * nqp + i];
+                let a = &mut acc[i * dp + c * LANES..][..LANES];
+                for x in 0..LANES {
+                    a[x] = p.mul_add(vc[x], a[x]);
+                }
+            }
+        }
+    }
+}
+
+/// The online-softmax step of one block for the `nqp` query vectors: entries of `st` that a
+/// vector may not see (positions at or past `lim[i]`, or past the block) are set to −∞ first.
+/// The block's maximum moves a vector's running maximum `m` (rescaling `l` and its
+/// accumulator by `exp(m_old − m_new)` when it does); the scores become probabilities
+/// `exp(s − m)` (0 where invisible), summed in position order into `l`. Maxima and
+/// exponentials run 16 entries at a time over the block, so they vectorize whatever `nqp` is.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_block(
+    st: &mut [f32],
+    nqp: usize,
+    bl: usize,
+    j0: usize,
+    lim: &[usize],
+    m: &mut [f32],
+    l: &mut [f32],
+    acc: &mut [f32],
+    dp: usize,
+) {
+    match nqp {
+        1 => softmax_nq::<1>(st, nqp, bl, j0, lim, m, l, acc, dp),
+        2 => softmax_nq::<2>(st, nqp, bl, j0, lim, m, l, acc, dp),
+        4 => softmax_nq::<4>(st, nqp, bl, j0, lim, m, l, acc, dp),
+        8 => softmax_nq::<8>(st, nqp, bl, j0, lim, m, l, acc, dp),
+        _ => softmax_nq::<16>(st, nqp, bl, j0, lim, m, l, acc, dp),
+    }
+}
+
+/// [`softmax_block`] with `NQ = min(nqp, 16)`: 16-lane groups of `16 / NQ` positions × `NQ`
+/// vectors (lane `x` is vector `x mod NQ`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn softmax_nq<const NQ: usize>(
+    st: &mut [f32],
+    nqp: usize,
+    bl: usize,
+    j0: usize,
+    lim: &[usize],
+    m: &mut [f32],
+    l: &mut [f32],
+    acc: &mut [f32],
+    dp: usize,
+) {
+    let r = LANES / NQ;
+    let span = bl.next_multiple_of(r);
+    let lim = &lim[..nqp];
+    let min_lim = lim.iter().copied().min().unwrap_or(0);
+    if span > bl || j0 + span > min_lim {
+        for jj in 0..span {
+            for (i, &li) in lim.iter().enumerate() {
+                if jj >= bl || j0 + jj >= li {
+                    st[jj * nqp + i] = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    // Entry of group g (16 floats): positions g·r.. of every vector (NQ < 16), or one
+    // position's vectors qg..qg+16 (NQ = 16, nqp a multiple of 16).
+    let base = |g: usize, qg: usize| if NQ == LANES { g * nqp + qg } else { g * LANES };
+    for qg in (0..nqp).step_by(NQ) {
+        let groups = span / r;
+        let mut m16 = [f32::NEG_INFINITY; LANES];
+        for g in 0..groups {
+            let v = &st[base(g, qg)..][..LANES];
+            for x in 0..LANES {
+                m16[x] = if v[x] > m16[x] { v[x] } else { m16[x] };
+            }
+        }
+        for i in 0..NQ {
+            let mut bm = f32::NEG_INFINITY;
+            for rr in 0..r {
+                let y = m16[rr * NQ + i];
+                bm = if y > bm { y } else { bm };
+            }
+            let q = qg + i;
+            if bm > m[q] {
+                // The running maximum moves: rescale what was accumulated.
+                let corr = exp_approx(m[q] - bm);
+                l[q] *= corr;
+                for a in &mut acc[q * dp..(q + 1) * dp] {
+                    *a *= corr;
+                }
+                m[q] = bm;
+            }
+        }
+        let mut mq = [0f32; LANES];
+        for (x, v) in mq.iter_mut().enumerate() {
+            *v = m[qg + x % NQ];
+        }
+        for g in 0..groups {
+            let v = &mut st[base(g, qg)..][..LANES];
+            for x in 0..LANES {
+                v[x] = if v[x] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    exp_approx(v[x] - mq[x])
+                };
+            }
+        }
+        let mut sum = [0f32; NQ];
+        for jj in 0..bl {
+            let row = &st[jj * nqp + qg..][..NQ];
+            for i in 0..NQ {
+                sum[i] += row[i];
+            }
+        }
+        for i in 0..NQ {
+            l[qg + i] += sum[i];
         }
     }
 }
@@ -613,6 +803,24 @@ fn accumulate<const TIER: u8>(acc: &mut [f32], dp: usize, nqg: usize, p: &[f32],
 /// `acc[d], m, l` per query vector into `part`.
 #[inline(always)]
 fn item_impl<const TIER: u8>(job: &Job<'_>, it: usize, sc: &mut Scratch, part: &mut [f32]) {
+    match (job.k, job.v) {
+        (KvRows::F16(k), KvRows::F16(v)) => item_typed::<TIER, _, _>(job, k, v, it, sc, part),
+        (KvRows::F32(k), KvRows::F32(v)) => item_typed::<TIER, _, _>(job, k, v, it, sc, part),
+        (KvRows::F16(k), KvRows::F32(v)) => item_typed::<TIER, _, _>(job, k, v, it, sc, part),
+        (KvRows::F32(k), KvRows::F16(v)) => item_typed::<TIER, _, _>(job, k, v, it, sc, part),
+    }
+}
+
+/// [`item_impl`] for one pair of cache element types.
+#[inline(always)]
+fn item_typed<const TIER: u8, TK: KvElem, TV: KvElem>(
+    job: &Job<'_>,
+    k: &[TK],
+    v: &[TV],
+    it: usize,
+    sc: &mut Scratch,
+    part: &mut [f32],
+) {
     let d = job.shape.head_dim;
     let dp = d.next_multiple_of(LANES);
     let gqa = job.gqa;
@@ -620,15 +828,20 @@ fn item_impl<const TIER: u8>(job: &Job<'_>, it: usize, sc: &mut Scratch, part: &
     let (tb, g, c) = job.plan.split(it);
     let rows = job.plan.token_rows(tb);
     let nq = rows.len() * gqa;
-    // Query vectors of the item, zero-padded to whole lanes; `lim[i]` = visible positions.
-    let mut lim = [0usize; MAX_GQA];
+    let nqp = padded_queries(nq);
+    // Query vectors of the item, zero-padded to whole lanes, chunk-major (chunk c of vector
+    // i at `(c·nqp + i)·16`, so a chunk's vectors are side by side); `lim[i]` = visible
+    // positions.
+    let mut lim = [0usize; MAX_QP];
+    sc.qv[..nqp * dp].fill(0.0);
     for (r, t) in rows.clone().enumerate() {
         for hh in 0..gqa {
             let i = r * gqa + hh;
             let h = g * gqa + hh;
-            let dst = &mut sc.qv[i * dp..(i + 1) * dp];
-            dst[..d].copy_from_slice(&job.q[t * qw + h * d..][..d]);
-            dst[d..].fill(0.0);
+            let src = &job.q[t * qw + h * d..][..d];
+            for (c, part) in src.chunks(LANES).enumerate() {
+                sc.qv[(c * nqp + i) * LANES..][..part.len()].copy_from_slice(part);
+            }
             lim[i] = job.pos0 + t + 1;
         }
     }
@@ -636,68 +849,39 @@ fn item_impl<const TIER: u8>(job: &Job<'_>, it: usize, sc: &mut Scratch, part: &
     let c1 = ((c + 1) * job.plan.chunk_len).min(job.pos0 + job.n);
     // The furthest any of the item's rows can see.
     let end = c1.min(job.pos0 + rows.end);
-    let mut m = [f32::NEG_INFINITY; MAX_GQA];
-    let mut l = [0f32; MAX_GQA];
-    sc.acc[..nq * dp].fill(0.0);
+    let mut m = [f32::NEG_INFINITY; MAX_QP];
+    let mut l = [0f32; MAX_QP];
+    sc.acc[..nqp * dp].fill(0.0);
     let (ps, hs) = (job.layout.pos_stride, job.layout.head_stride);
     let mut j0 = c0;
     while j0 < end {
         let bl = (end - j0).min(POS_BLOCK);
-        // Scores of the block: each K row read once for every query vector of the item.
-        let mut four = [0f32; 4];
+        // Software prefetch of the next block's K and V rows: the hardware prefetchers
+        // follow these strided streams poorly.
         let next_end = (j0 + bl + POS_BLOCK).min(end);
-        for jj in 0..bl {
-            // Software prefetch of the next block's K and V rows: the hardware prefetchers
-            // follow these strided streams poorly.
-            let nj = j0 + bl + jj;
-            if nj < next_end {
-                job.k.prefetch(nj * ps + g * hs, d);
-                job.v.prefetch(nj * ps + g * hs, d);
-            }
-            let k = job.k.row((j0 + jj) * ps + g * hs, d);
-            for q0 in (0..nq).step_by(4) {
-                let nqg = (nq - q0).min(4);
-                scores4::<TIER>(&sc.qv[q0 * dp..], dp, nqg, k, &mut four);
-                for (i, &x) in four.iter().enumerate().take(nqg) {
-                    sc.s[(q0 + i) * POS_BLOCK + jj] = x * job.scale;
-                }
-            }
+        for nj in j0 + bl..next_end {
+            prefetch(k, nj * ps + g * hs, d);
+            prefetch(v, nj * ps + g * hs, d);
         }
-        // Online softmax per query vector; probabilities past a row's position are 0.
-        for i in 0..nq {
-            let s = &mut sc.s[i * POS_BLOCK..(i + 1) * POS_BLOCK];
-            let vis = lim[i].saturating_sub(j0).min(bl);
-            s[vis..].fill(0.0);
-            if vis == 0 {
-                continue;
-            }
-            let bm = max_of(&s[..vis]);
-            if bm > m[i] {
-                // The running maximum moves: rescale what was accumulated.
-                let corr = exp_approx(m[i] - bm);
-                l[i] *= corr;
-                for a in &mut sc.acc[i * dp..(i + 1) * dp] {
-                    *a *= corr;
-                }
-                m[i] = bm;
-            }
-            l[i] += exp_block(&mut s[..vis], m[i]);
-        }
+        let at = j0 * ps + g * hs;
+        let kb = Block::new(k, at, ps, bl, d);
+        let vb = Block::new(v, at, ps, bl, d);
+        // Scores of the block: each K row read once for every query vector of the item.
+        let kl = bl.next_multiple_of(LANES);
+        block_scores::<TIER, TK>(&sc.qv, dp, nqp, kb, kl, job.scale, &mut sc.s);
+        softmax_block(
+            &mut sc.s,
+            nqp,
+            bl,
+            j0,
+            &lim,
+            &mut m,
+            &mut l,
+            &mut sc.acc,
+            dp,
+        );
         // acc += P · V, each V row read once for every query vector.
-        let mut vrows = [Row::F32(&[]); POS_BLOCK];
-        for (jj, r) in vrows.iter_mut().enumerate().take(bl) {
-            *r = job.v.row((j0 + jj) * ps + g * hs, d);
-        }
-        for q0 in (0..nq).step_by(4) {
-            let nqg = (nq - q0).min(4);
-            accumulate::<TIER>(
-                &mut sc.acc[q0 * dp..],
-                dp,
-                nqg,
-                &sc.s[q0 * POS_BLOCK..],
-                &vrows[..bl],
-            );
-        }
+        block_accumulate::<TIER, TV>(&mut sc.acc, dp, nqp, &sc.s, vb);
         j0 += bl;
     }
     for i in 0..nq {
@@ -731,227 +915,460 @@ fn fold16(mut acc: [f32; LANES]) -> f32 {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Row, LANES, POS_BLOCK};
+    use super::{Block, KvElem, LANES};
 
-    /// The last three pairwise steps of [`super::fold16`] on 8 lanes.
-    #[inline]
-    #[target_feature(enable = "avx")]
-    fn fold8(v: __m256) -> f32 {
-        let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-        let x = _mm_add_ss(x, _mm_shuffle_ps::<0b01>(x, x));
-        _mm_cvtss_f32(x)
-    }
+    /// Which (position, query) pair of a 16-score group the tree input `t` must hold so
+    /// that output lane ℓ holds pair ℓ ([`reduce16`] puts input `4s + r` in lane `4r + s`).
+    const PAIR16: [usize; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+    /// The same for [`reduce8`] (input `2s + h` lands in lane `4h + s`).
+    const PAIR8: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
-    /// [`super::fold16`] of a 16-lane register.
+    /// Sixteen [`super::fold16`]s at once: the four pairwise steps (lanes i + i+8, i + i+4,
+    /// i + i+2, i + i+1 of each input) done on whole registers, two inputs per addition.
+    /// Input `4s + r` ends in lane `4r + s`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn fold16_avx512(v: __m512) -> f32 {
-        let lo = _mm512_castps512_ps256(v);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        fold8(_mm256_add_ps(lo, hi))
+    fn reduce16(a: [__m512; 16]) -> __m512 {
+        // Step 8: [a.q0 a.q1 | b.q0 b.q1] + [a.q2 a.q3 | b.q2 b.q3].
+        let t: [__m512; 8] = std::array::from_fn(|k| {
+            let (x, y) = (a[2 * k], a[2 * k + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x44>(x, y),
+                _mm512_shuffle_f32x4::<0xEE>(x, y),
+            )
+        });
+        // Step 4: quarter r of u_k holds input 4k + r.
+        let u: [__m512; 4] = std::array::from_fn(|k| {
+            let (x, y) = (t[2 * k], t[2 * k + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(x, y),
+                _mm512_shuffle_f32x4::<0xDD>(x, y),
+            )
+        });
+        // Step 2, within each quarter: [x0+x2, x1+x3, y0+y2, y1+y3].
+        let w: [__m512; 2] = std::array::from_fn(|k| {
+            let (x, y) = (u[2 * k], u[2 * k + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0x44>(x, y),
+                _mm512_shuffle_ps::<0xEE>(x, y),
+            )
+        });
+        // Step 1: [x0+x1, x2+x3, y0+y1, y2+y3].
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(w[0], w[1]),
+            _mm512_shuffle_ps::<0xDD>(w[0], w[1]),
+        )
     }
 
-    /// Chunk `c` of a row as 16 lanes (zero past the row's end). Inlined into its callers,
-    /// which enable the features.
+    /// Eight [`super::fold16`]s whose first step (lo + hi halves) is done: the steps 4, 2, 1
+    /// on 8-lane registers. Input `2s + h` ends in lane `4h + s`.
+    #[inline]
+    #[target_feature(enable = "avx")]
+    fn reduce8(t: [__m256; 8]) -> __m256 {
+        let u: [__m256; 4] = std::array::from_fn(|k| {
+            let (x, y) = (t[2 * k], t[2 * k + 1]);
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(x, y),
+                _mm256_permute2f128_ps::<0x31>(x, y),
+            )
+        });
+        let w: [__m256; 2] = std::array::from_fn(|k| {
+            let (x, y) = (u[2 * k], u[2 * k + 1]);
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0x44>(x, y),
+                _mm256_shuffle_ps::<0xEE>(x, y),
+            )
+        });
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0x88>(w[0], w[1]),
+            _mm256_shuffle_ps::<0xDD>(w[0], w[1]),
+        )
+    }
+
+    /// [`super::block_scores`] on 16-lane registers.
     ///
     /// # Safety
-    /// AVX-512 F and F16C are available.
-    #[inline(always)]
-    unsafe fn chunk_avx512(r: Row<'_>, c: usize) -> __m512 {
-        let lo = c * LANES;
-        if lo + LANES > r.len() {
-            let t = r.chunk(c);
-            // SAFETY: t holds 16 floats.
-            return unsafe { _mm512_loadu_ps(t.as_ptr()) };
-        }
-        match r {
-            // SAFETY: lo + 16 ≤ len (checked above).
-            Row::F16(x) => unsafe {
-                _mm512_cvtph_ps(_mm256_loadu_si256(x.as_ptr().add(lo).cast()))
-            },
-            // SAFETY: as above.
-            Row::F32(x) => unsafe { _mm512_loadu_ps(x.as_ptr().add(lo)) },
+    /// AVX-512 F and F16C are available; `qv` holds `nqp` vectors of `dp` (a multiple of 16)
+    /// and `kb` rows of `dp` elements; `nqp` is a power of two up to 16 or a multiple of 16;
+    /// `kl` is a multiple of 16 and at most `POS_BLOCK`; `st` holds `POS_BLOCK · nqp` floats.
+    #[target_feature(enable = "avx512f,f16c")]
+    pub(super) unsafe fn scores_avx512<T: KvElem>(
+        qv: &[f32],
+        dp: usize,
+        nqp: usize,
+        kb: Block<'_, T>,
+        kl: usize,
+        scale: f32,
+        st: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match nqp {
+                1 => scores16::<1, 16, T>(qv, dp, nqp, kb, kl, scale, st),
+                2 => scores16::<2, 8, T>(qv, dp, nqp, kb, kl, scale, st),
+                4 => scores16::<4, 4, T>(qv, dp, nqp, kb, kl, scale, st),
+                8 => scores16::<8, 2, T>(qv, dp, nqp, kb, kl, scale, st),
+                _ => scores_rows::<T>(qv, dp, nqp, kb, kl, scale, st),
+            }
         }
     }
 
-    /// Chunk `c` of a row as two 8-lane halves (zero past the row's end). Inlined into its
-    /// callers, which enable the features.
+    /// `Q = 16`, one position at a time (prompts: 4 tokens × 4 query heads per item): the 16
+    /// accumulators as named registers, each K chunk widened once for all 16 vectors.
     ///
     /// # Safety
-    /// AVX and F16C are available.
-    #[inline(always)]
-    unsafe fn chunk_avx2(r: Row<'_>, c: usize) -> (__m256, __m256) {
-        let lo = c * LANES;
-        if lo + LANES > r.len() {
-            let t = r.chunk(c);
-            // SAFETY: t holds 16 floats.
-            return unsafe {
-                (
-                    _mm256_loadu_ps(t.as_ptr()),
-                    _mm256_loadu_ps(t.as_ptr().add(8)),
-                )
-            };
-        }
-        match r {
-            // SAFETY: lo + 16 ≤ len (checked above).
-            Row::F16(x) => unsafe {
-                let p = x.as_ptr().add(lo);
-                (
-                    _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
-                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())),
-                )
-            },
-            // SAFETY: as above.
-            Row::F32(x) => unsafe {
-                let p = x.as_ptr().add(lo);
-                (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-            },
-        }
-    }
-
-    /// [`super::scores4`] on 16-lane registers.
-    ///
-    /// # Safety
-    /// AVX-512 F and F16C are available; `q` holds `nqg ≤ 4` vectors of `dp` (a multiple of
-    /// 16) elements.
+    /// As [`scores_avx512`], with `nqp` a multiple of 16.
     #[inline]
     #[target_feature(enable = "avx512f,f16c")]
-    pub(super) unsafe fn scores4_avx512<const N: usize>(
-        q: &[f32],
+    unsafe fn scores_rows<T: KvElem>(
+        qv: &[f32],
         dp: usize,
-        k: Row<'_>,
-        out: &mut [f32; 4],
+        nqp: usize,
+        kb: Block<'_, T>,
+        kl: usize,
+        scale: f32,
+        st: &mut [f32],
     ) {
-        let nqg = N;
-        let q = &q[..nqg * dp];
-        let mut a = [_mm512_setzero_ps(); N];
-        for c in 0..dp / LANES {
-            // SAFETY: features enabled by the caller.
-            let kc = unsafe { chunk_avx512(k, c) };
-            for (i, ai) in a.iter_mut().enumerate().take(nqg) {
-                // SAFETY: i·dp + 16c + 16 ≤ nqg·dp = q.len().
-                let qc = unsafe { _mm512_loadu_ps(q.as_ptr().add(i * dp + c * LANES)) };
-                *ai = _mm512_fmadd_ps(qc, kc, *ai);
-            }
+        macro_rules! fma16 {
+            ($q:ident, $k:ident, $($a:ident $i:literal)*) => {
+                // SAFETY: the 16 vectors of chunk c lie at q..q + 256 inside `qv`.
+                $( $a = _mm512_fmadd_ps(unsafe { _mm512_loadu_ps($q.add($i * LANES)) }, $k, $a); )*
+            };
         }
-        for i in 0..nqg {
-            out[i] = fold16_avx512(a[i]);
+        let sc = _mm512_set1_ps(scale);
+        let kp = kb.s.as_ptr();
+        let last = kb.n - 1;
+        for qg in (0..nqp).step_by(16) {
+            for jj in 0..kl {
+                // SAFETY: row min(jj, last) starts inside `kb.s` (Block::new).
+                let row = unsafe { kp.add(jj.min(last) * kb.stride) };
+                let z = _mm512_setzero_ps();
+                let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
+                let (mut a4, mut a5, mut a6, mut a7) = (z, z, z, z);
+                let (mut a8, mut a9, mut a10, mut a11) = (z, z, z, z);
+                let (mut a12, mut a13, mut a14, mut a15) = (z, z, z, z);
+                for c in 0..dp / LANES {
+                    // SAFETY: the row holds dp elements; (c·nqp + qg + 16)·16 ≤ qv.len().
+                    let (k, q) = unsafe {
+                        (
+                            T::ld16(row.add(c * LANES)),
+                            qv.as_ptr().add((c * nqp + qg) * LANES),
+                        )
+                    };
+                    fma16!(q, k, a0 0 a1 1 a2 2 a3 3 a4 4 a5 5 a6 6 a7 7);
+                    fma16!(q, k, a8 8 a9 9 a10 10 a11 11 a12 12 a13 13 a14 14 a15 15);
+                }
+                // Lane i of the result is vector qg + i (tree input 4s + r lands in 4r + s).
+                let v = reduce16([
+                    a0, a4, a8, a12, a1, a5, a9, a13, a2, a6, a10, a14, a3, a7, a11, a15,
+                ]);
+                let v = _mm512_mul_ps(v, sc);
+                debug_assert!(jj * nqp + qg + 16 <= st.len());
+                // SAFETY: jj < kl ≤ POS_BLOCK and qg + 16 ≤ nqp: inside `st`.
+                unsafe { _mm512_storeu_ps(st.as_mut_ptr().add(jj * nqp + qg), v) };
+            }
         }
     }
 
-    /// [`super::scores4`] on 8-lane register pairs.
+    /// Groups of 16 (position, query) pairs: `Q` query vectors × `R = 16 / Q` positions, one
+    /// accumulator each, one widened K chunk per position shared by the `Q` vectors.
     ///
     /// # Safety
-    /// AVX, FMA and F16C are available; `q` as in [`scores4_avx512`].
+    /// As [`scores_avx512`], with `Q = min(nqp, 16)` and `Q · R = 16`.
+    #[inline]
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn scores16<const Q: usize, const R: usize, T: KvElem>(
+        qv: &[f32],
+        dp: usize,
+        nqp: usize,
+        kb: Block<'_, T>,
+        kl: usize,
+        scale: f32,
+        st: &mut [f32],
+    ) {
+        let sc = _mm512_set1_ps(scale);
+        let qp = qv.as_ptr();
+        let kp = kb.s.as_ptr();
+        let last = kb.n - 1;
+        for qg in (0..nqp).step_by(Q) {
+            for jb in (0..kl).step_by(R) {
+                // Rows past the block's last repeat it.
+                let rp: [*const T; R] =
+                    // SAFETY: row min(jb + r, last) starts inside `kb.s` (Block::new).
+                    std::array::from_fn(|r| unsafe { kp.add((jb + r).min(last) * kb.stride) });
+                let mut acc = [_mm512_setzero_ps(); 16];
+                for c in 0..dp / LANES {
+                    // SAFETY: each row holds dp = 16·(dp/16) elements.
+                    let kc: [__m512; R] =
+                        std::array::from_fn(|r| unsafe { T::ld16(rp[r].add(c * LANES)) });
+                    // Accumulator p = r·Q + i: position jb + r, vector qg + i.
+                    for (p, a) in acc.iter_mut().enumerate() {
+                        let (r, i) = (p / Q, p % Q);
+                        // SAFETY: (c·nqp + qg + i)·16 + 16 ≤ nqp·dp = qv.len().
+                        let qc = unsafe { _mm512_loadu_ps(qp.add((c * nqp + qg + i) * LANES)) };
+                        *a = _mm512_fmadd_ps(qc, kc[r], *a);
+                    }
+                }
+                // Tree input s takes pair PAIR16[s], so that lane p of the result is pair p.
+                let v = _mm512_mul_ps(reduce16(std::array::from_fn(|t| acc[PAIR16[t]])), sc);
+                // Lane r·Q + i is (position jb + r, vector qg + i): with Q = nqp the rows
+                // jb.. are contiguous, with Q = 16 it is one row. jb + R ≤ kl ≤ POS_BLOCK, so
+                // the 16 floats lie inside `st`.
+                debug_assert!(jb * nqp + qg + 16 <= st.len());
+                // SAFETY: in bounds (above).
+                unsafe { _mm512_storeu_ps(st.as_mut_ptr().add(jb * nqp + qg), v) };
+            }
+        }
+    }
+
+    /// [`super::block_scores`] on 8-lane registers.
+    ///
+    /// # Safety
+    /// AVX, FMA and F16C are available; shapes as in [`scores_avx512`].
+    #[target_feature(enable = "avx,fma,f16c")]
+    pub(super) unsafe fn scores_avx2<T: KvElem>(
+        qv: &[f32],
+        dp: usize,
+        nqp: usize,
+        kb: Block<'_, T>,
+        kl: usize,
+        scale: f32,
+        st: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            match nqp {
+                1 => scores8::<1, 8, T>(qv, dp, nqp, kb, kl, scale, st),
+                2 => scores8::<2, 4, T>(qv, dp, nqp, kb, kl, scale, st),
+                4 => scores8::<4, 2, T>(qv, dp, nqp, kb, kl, scale, st),
+                _ => scores8::<8, 1, T>(qv, dp, nqp, kb, kl, scale, st),
+            }
+        }
+    }
+
+    /// Groups of 8 (position, query) pairs, each lane half (0..8, 8..16) accumulated in its
+    /// own pass so that 8 accumulators fit the 16 registers.
+    ///
+    /// # Safety
+    /// As [`scores_avx2`], with `Q = min(nqp, 8)` and `Q · R = 8`.
     #[inline]
     #[target_feature(enable = "avx,fma,f16c")]
-    pub(super) unsafe fn scores4_avx2<const N: usize>(
-        q: &[f32],
+    unsafe fn scores8<const Q: usize, const R: usize, T: KvElem>(
+        qv: &[f32],
         dp: usize,
-        k: Row<'_>,
-        out: &mut [f32; 4],
+        nqp: usize,
+        kb: Block<'_, T>,
+        kl: usize,
+        scale: f32,
+        st: &mut [f32],
     ) {
-        let nqg = N;
-        let q = &q[..nqg * dp];
-        let mut lo = [_mm256_setzero_ps(); N];
-        let mut hi = [_mm256_setzero_ps(); N];
-        for c in 0..dp / LANES {
-            // SAFETY: features enabled by the caller.
-            let (k0, k1) = unsafe { chunk_avx2(k, c) };
-            for i in 0..nqg {
-                // SAFETY: i·dp + 16c + 16 ≤ q.len().
-                unsafe {
-                    let p = q.as_ptr().add(i * dp + c * LANES);
-                    lo[i] = _mm256_fmadd_ps(_mm256_loadu_ps(p), k0, lo[i]);
-                    hi[i] = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(8)), k1, hi[i]);
+        let sc = _mm256_set1_ps(scale);
+        let qp = qv.as_ptr();
+        let kp = kb.s.as_ptr();
+        let last = kb.n - 1;
+        for qg in (0..nqp).step_by(Q) {
+            for jb in (0..kl).step_by(R) {
+                let rp: [*const T; R] =
+                    // SAFETY: row min(jb + r, last) starts inside `kb.s` (Block::new).
+                    std::array::from_fn(|r| unsafe { kp.add((jb + r).min(last) * kb.stride) });
+                let mut halves = [[_mm256_setzero_ps(); 8]; 2];
+                for (h, acc) in halves.iter_mut().enumerate() {
+                    for c in 0..dp / LANES {
+                        // SAFETY: each row holds dp elements; 16c + 8h + 8 ≤ dp.
+                        let kc: [__m256; R] = std::array::from_fn(|r| unsafe {
+                            T::ld8(rp[r].add(c * LANES + 8 * h))
+                        });
+                        // Accumulator p = r·Q + i: position jb + r, vector qg + i.
+                        for (p, a) in acc.iter_mut().enumerate() {
+                            let (r, i) = (p / Q, p % Q);
+                            // SAFETY: (c·nqp + qg + i)·16 + 8h + 8 ≤ nqp·dp = qv.len().
+                            let qh = unsafe {
+                                _mm256_loadu_ps(qp.add((c * nqp + qg + i) * LANES + 8 * h))
+                            };
+                            *a = _mm256_fmadd_ps(qh, kc[r], *a);
+                        }
+                    }
                 }
+                // Step 8 of the fold (lane x + lane x+8); tree input s takes pair PAIR8[s].
+                let t: [__m256; 8] = std::array::from_fn(|t| {
+                    _mm256_add_ps(halves[0][PAIR8[t]], halves[1][PAIR8[t]])
+                });
+                let v = _mm256_mul_ps(reduce8(t), sc);
+                debug_assert!(jb * nqp + qg + 8 <= st.len());
+                // SAFETY: as in `scores16` (groups of 8, jb + R ≤ kl ≤ POS_BLOCK).
+                unsafe { _mm256_storeu_ps(st.as_mut_ptr().add(jb * nqp + qg), v) };
             }
-        }
-        for i in 0..nqg {
-            out[i] = fold8(_mm256_add_ps(lo[i], hi[i]));
         }
     }
 
-    /// [`super::accumulate`] on 16-lane registers.
+    /// [`super::block_accumulate`] on 16-lane registers.
     ///
     /// # Safety
-    /// AVX-512 F and F16C are available; `acc` holds `nqg ≤ 4` rows of `dp`, `p` holds
-    /// `nqg` rows of `POS_BLOCK`.
+    /// AVX-512 F and F16C are available; `acc` holds `nqp` rows of `dp` (a multiple of 16),
+    /// `vb` at most `POS_BLOCK` rows of `dp` elements; `nqp` is a power of two up to 16 or a
+    /// multiple of 16; `st` holds `POS_BLOCK · nqp` floats.
+    #[target_feature(enable = "avx512f,f16c")]
+    pub(super) unsafe fn accumulate_avx512<T: KvElem>(
+        acc: &mut [f32],
+        dp: usize,
+        nqp: usize,
+        st: &[f32],
+        vb: Block<'_, T>,
+    ) {
+        let nch = dp / LANES;
+        // 16 accumulators per tile: 8 vectors × 2 chunks, or (fewer vectors) × 4 chunks.
+        // SAFETY: (every call) the caller's contract; qg + QA ≤ nqp and c + CA ≤ nch.
+        unsafe {
+            if nqp >= 8 {
+                for qg in (0..nqp).step_by(8) {
+                    let mut c = 0;
+                    while c + 2 <= nch {
+                        tile512::<8, 2, T>(acc, dp, nqp, qg, c, st, vb);
+                        c += 2;
+                    }
+                    if c < nch {
+                        tile512::<8, 1, T>(acc, dp, nqp, qg, c, st, vb);
+                    }
+                }
+                return;
+            }
+            let mut c = 0;
+            while c + 4 <= nch {
+                match nqp {
+                    4 => tile512::<4, 4, T>(acc, dp, nqp, 0, c, st, vb),
+                    2 => tile512::<2, 4, T>(acc, dp, nqp, 0, c, st, vb),
+                    _ => tile512::<1, 4, T>(acc, dp, nqp, 0, c, st, vb),
+                }
+                c += 4;
+            }
+            while c < nch {
+                match nqp {
+                    4 => tile512::<4, 1, T>(acc, dp, nqp, 0, c, st, vb),
+                    2 => tile512::<2, 1, T>(acc, dp, nqp, 0, c, st, vb),
+                    _ => tile512::<1, 1, T>(acc, dp, nqp, 0, c, st, vb),
+                }
+                c += 1;
+            }
+        }
+    }
+
+    /// Vectors `qg..qg+QA`, chunks `c0..c0+CA`: `QA × CA` accumulators in registers over the
+    /// whole block.
+    ///
+    /// # Safety
+    /// As [`accumulate_avx512`], with `qg + QA ≤ nqp` and `c0 + CA ≤ dp / 16`.
     #[inline]
     #[target_feature(enable = "avx512f,f16c")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn accumulate_avx512<const N: usize>(
+    unsafe fn tile512<const QA: usize, const CA: usize, T: KvElem>(
         acc: &mut [f32],
         dp: usize,
-        p: &[f32],
-        rows: &[Row<'_>],
+        nqp: usize,
+        qg: usize,
+        c0: usize,
+        st: &[f32],
+        vb: Block<'_, T>,
     ) {
-        let nqg = N;
-        let acc = &mut acc[..nqg * dp];
-        let p32 = p[..nqg * POS_BLOCK].as_chunks::<POS_BLOCK>().0;
-        let rows = &rows[..rows.len().min(POS_BLOCK)];
-        for c in 0..dp / LANES {
-            let mut a = [_mm512_setzero_ps(); N];
-            for (i, ai) in a.iter_mut().enumerate().take(nqg) {
-                // SAFETY: i·dp + 16c + 16 ≤ acc.len().
-                *ai = unsafe { _mm512_loadu_ps(acc.as_ptr().add(i * dp + c * LANES)) };
+        let ap = acc.as_mut_ptr();
+        let vp = vb.s.as_ptr();
+        let mut a = [[_mm512_setzero_ps(); CA]; QA];
+        for (i, ai) in a.iter_mut().enumerate() {
+            for (ci, x) in ai.iter_mut().enumerate() {
+                // SAFETY: (qg + i)·dp + 16(c0 + ci) + 16 ≤ nqp·dp = acc.len().
+                *x = unsafe { _mm512_loadu_ps(ap.add((qg + i) * dp + (c0 + ci) * LANES)) };
             }
-            for (jj, &r) in rows.iter().enumerate() {
-                // SAFETY: features enabled by the caller.
-                let vc = unsafe { chunk_avx512(r, c) };
-                for (ai, pi) in a.iter_mut().zip(p32).take(nqg) {
-                    *ai = _mm512_fmadd_ps(_mm512_set1_ps(pi[jj]), vc, *ai);
+        }
+        for jj in 0..vb.n {
+            // SAFETY: row jj < n starts inside `vb.s` and holds dp elements; 16(c0+ci)+16 ≤ dp.
+            let v: [__m512; CA] = std::array::from_fn(|ci| unsafe {
+                T::ld16(vp.add(jj * vb.stride + (c0 + ci) * LANES))
+            });
+            let prow = &st[jj * nqp + qg..][..QA];
+            for (ai, &p) in a.iter_mut().zip(prow) {
+                let p = _mm512_set1_ps(p);
+                for (x, &vc) in ai.iter_mut().zip(&v) {
+                    *x = _mm512_fmadd_ps(p, vc, *x);
                 }
             }
-            for (i, ai) in a.iter().enumerate().take(nqg) {
+        }
+        for (i, ai) in a.iter().enumerate() {
+            for (ci, x) in ai.iter().enumerate() {
                 // SAFETY: as for the load.
-                unsafe { _mm512_storeu_ps(acc.as_mut_ptr().add(i * dp + c * LANES), *ai) };
+                unsafe { _mm512_storeu_ps(ap.add((qg + i) * dp + (c0 + ci) * LANES), *x) };
             }
         }
     }
 
-    /// [`super::accumulate`] on 8-lane register pairs.
+    /// [`super::block_accumulate`] on 8-lane register pairs: up to 4 vectors × one chunk.
     ///
     /// # Safety
     /// AVX, FMA and F16C are available; shapes as in [`accumulate_avx512`].
-    #[inline]
     #[target_feature(enable = "avx,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn accumulate_avx2<const N: usize>(
+    pub(super) unsafe fn accumulate_avx2<T: KvElem>(
         acc: &mut [f32],
         dp: usize,
-        p: &[f32],
-        rows: &[Row<'_>],
+        nqp: usize,
+        st: &[f32],
+        vb: Block<'_, T>,
     ) {
-        let nqg = N;
-        let acc = &mut acc[..nqg * dp];
-        let p32 = p[..nqg * POS_BLOCK].as_chunks::<POS_BLOCK>().0;
-        let rows = &rows[..rows.len().min(POS_BLOCK)];
+        // SAFETY: (every call) the caller's contract; qg + QA ≤ nqp.
+        unsafe {
+            match nqp {
+                1 => tile256::<1, T>(acc, dp, nqp, 0, st, vb),
+                2 => tile256::<2, T>(acc, dp, nqp, 0, st, vb),
+                _ => {
+                    for qg in (0..nqp).step_by(4) {
+                        tile256::<4, T>(acc, dp, nqp, qg, st, vb);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Vectors `qg..qg+QA`, every chunk in turn, each as two 8-lane halves.
+    ///
+    /// # Safety
+    /// As [`accumulate_avx2`], with `qg + QA ≤ nqp`.
+    #[inline]
+    #[target_feature(enable = "avx,fma,f16c")]
+    unsafe fn tile256<const QA: usize, T: KvElem>(
+        acc: &mut [f32],
+        dp: usize,
+        nqp: usize,
+        qg: usize,
+        st: &[f32],
+        vb: Block<'_, T>,
+    ) {
+        let ap = acc.as_mut_ptr();
+        let vp = vb.s.as_ptr();
         for c in 0..dp / LANES {
-            let mut lo = [_mm256_setzero_ps(); N];
-            let mut hi = [_mm256_setzero_ps(); N];
-            for i in 0..nqg {
-                // SAFETY: i·dp + 16c + 16 ≤ acc.len().
+            let mut lo = [_mm256_setzero_ps(); QA];
+            let mut hi = [_mm256_setzero_ps(); QA];
+            for i in 0..QA {
+                // SAFETY: (qg + i)·dp + 16c + 16 ≤ acc.len().
                 unsafe {
-                    let a = acc.as_ptr().add(i * dp + c * LANES);
+                    let a = ap.add((qg + i) * dp + c * LANES);
                     lo[i] = _mm256_loadu_ps(a);
                     hi[i] = _mm256_loadu_ps(a.add(8));
                 }
             }
-            for (jj, &r) in rows.iter().enumerate() {
-                // SAFETY: features enabled by the caller.
-                let (v_lo, v_hi) = unsafe { chunk_avx2(r, c) };
-                for ((l, h), pi) in lo.iter_mut().zip(hi.iter_mut()).zip(p32).take(nqg) {
-                    let pj = _mm256_set1_ps(pi[jj]);
+            for jj in 0..vb.n {
+                // SAFETY: row jj < n holds dp elements; 16c + 16 ≤ dp.
+                let (v_lo, v_hi) = unsafe {
+                    let r = vp.add(jj * vb.stride + c * LANES);
+                    (T::ld8(r), T::ld8(r.add(8)))
+                };
+                let prow = &st[jj * nqp + qg..][..QA];
+                for ((l, h), &p) in lo.iter_mut().zip(hi.iter_mut()).zip(prow) {
+                    let pj = _mm256_set1_ps(p);
                     *l = _mm256_fmadd_ps(pj, v_lo, *l);
                     *h = _mm256_fmadd_ps(pj, v_hi, *h);
                 }
             }
-            for i in 0..nqg {
+            for i in 0..QA {
                 // SAFETY: as for the load.
                 unsafe {
-                    let a = acc.as_mut_ptr().add(i * dp + c * LANES);
+                    let a = ap.add((qg + i) * dp + c * LANES);
                     _mm256_storeu_ps(a, lo[i]);
                     _mm256_storeu_ps(a.add(8), hi[i]);
                 }
@@ -960,39 +1377,20 @@ mod x86 {
     }
 }
 
-/// The largest element (−∞ for none); comparisons only, so it vectorizes.
-#[inline(always)]
-fn max_of(x: &[f32]) -> f32 {
-    let mut m = f32::NEG_INFINITY;
-    for &v in x {
-        m = if v > m { v } else { m };
-    }
-    m
-}
-
-/// `x[i] = exp(x[i] − m)` for every element; returns their sum (sequential).
-#[inline(always)]
-fn exp_block(x: &mut [f32], m: f32) -> f32 {
-    for v in x.iter_mut() {
-        *v = exp_approx(*v - m);
-    }
-    x.iter().sum()
-}
-
 /// `e^x` for `x ≤ 0` (softmax inputs), within 2 ulp; 0 below −87.3 (and for −∞).
 ///
 /// Range reduction `x = n·ln2 + r` with `n = round(x·log2 e)` (the 1.5·2²³ rounding trick, so
 /// no rounding instruction is needed), a degree-6 polynomial for `e^r` on |r| ≤ ln2/2, and
 /// `2^n` assembled in the exponent bits. Branch-free, so it vectorizes.
 #[inline(always)]
-#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 fn exp_approx(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     let xc = if x > -87.3 { x } else { -87.3 };
-    let n = (xc * LOG2E + ROUND) - ROUND;
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     // e^r ≈ 1 + r + r²/2 + … + r⁶/720 (Horner).
     let p = 1.0 / 720.0;
@@ -1002,8 +1400,10 @@ fn exp_approx(x: f32) -> f32 {
     let p = p * r + 0.5;
     let p = p * r + 1.0;
     let p = p * r + 1.0;
-    // n ∈ [−126, 0]: a normal power of two.
-    let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n ∈ [−126, 0]: a normal power of two. The low mantissa bits of t hold n (bits(t) =
+    // bits(1.5·2²³) + n), so 2ⁿ is built with integer operations only (no float → int
+    // conversion, which does not vectorize well).
+    let two_n = f32::from_bits(t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     let y = p * two_n;
     if x < -87.3 {
         0.0
