@@ -6,22 +6,28 @@
 //! matrix, so memory does not grow with n².
 //!
 //! **Work split.** A work item is (a block of up to [`TOKEN_BLOCK`] query rows, one KV head,
-//! one chunk of KV positions). It carries every query head that reads that KV head (GQA): each
-//! K and V row is read once per item, 16 lanes at a time, widened in registers and used by up
-//! to four query vectors at once (a decode step of the 2B-4T model: exactly its four query
-//! heads per KV head). Items run on the kernel [`Pool`]. Decode (one row) splits the positions
-//! into chunks so that every thread streams part of the cache; the chunks' partial softmax
-//! states are merged at the end (flash-decoding). The next block's rows are prefetched.
+//! one chunk of KV positions). It carries every query head that reads that KV head (GQA): up
+//! to `TOKEN_BLOCK × gqa` query vectors (16 for a prompt of the 2B-4T model, 4 for a decode
+//! step), and each K and V row is read once per item, 16 lanes at a time, widened in
+//! registers once and used by all of them. Items run on the kernel [`Pool`]. Decode (one row)
+//! splits the positions into chunks so that every thread streams part of the cache; the
+//! chunks' partial softmax states are merged at the end (flash-decoding). The next block's
+//! rows are prefetched.
 //!
-//! **Online softmax.** Positions are taken in blocks of [`POS_BLOCK`]: scores of the block, a
-//! running maximum `m`, a running sum `l`, and the accumulator rescaled by `exp(m_old − m_new)`
-//! only when the maximum moves. `exp` is a branch-free polynomial (within 2 ulp).
+//! **Blocks.** Positions are taken in blocks of [`POS_BLOCK`]: the scores of every (position,
+//! query vector) pair of the block, 16 at a time in registers, each group reduced to one
+//! register of 16 scores by a transposing tree; then the online softmax over the block —
+//! running maximum `m`, running sum `l`, the accumulator rescaled by `exp(m_old − m_new)`
+//! only when the maximum moves, 16 entries at a time; then `acc += P · V` with up to 16
+//! accumulator registers (vectors × chunks) kept across the block's rows. `exp` is a
+//! branch-free polynomial (within 2 ulp).
 //!
 //! **Tiers.** The plain code (the scalar twin on x86-64; on aarch64, NEON is the baseline it
 //! compiles to) defines the arithmetic: a score lane-wise accumulates `fma(q, k, ·)` over
 //! 16-lane chunks and folds the lanes pairwise; the output accumulates `fma(p, v, ·)` position
 //! by position. The AVX2 and AVX-512 tiers perform exactly these operations on registers
-//! (intrinsics for the hot loops, the rest compiled under the tier's target features), so
+//! (intrinsics for the hot loops, the rest compiled under the tier's target features; the
+//! reduction tree's additions are the pairwise fold's, only in other lanes), so
 //! every tier returns bit-identical results — the tests check exactly that. (A plain build on
 //! an x86-64 without FMA pays for a software fma; only tests and pre-AVX2 CPUs run it.) The
 //! f16 → f32 conversion of a cache element is exact whichever instruction does it.
