@@ -470,6 +470,9 @@ fn item_avx512(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
 
 /// A cache element type (f16 or f32): widened to f32 exactly, by any instruction.
 pub(crate) trait KvElem: Copy + Send + Sync {
+    /// The element is an IEEE half (else an f32).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    const HALF: bool;
     fn widen(self) -> f32;
     /// 16 elements at `p`, widened.
     ///
@@ -487,6 +490,7 @@ pub(crate) trait KvElem: Copy + Send + Sync {
 }
 
 impl KvElem for f16 {
+    const HALF: bool = true;
     #[inline(always)]
     fn widen(self) -> f32 {
         self.to_f32()
@@ -508,6 +512,7 @@ impl KvElem for f16 {
 }
 
 impl KvElem for f32 {
+    const HALF: bool = false;
     #[inline(always)]
     fn widen(self) -> f32 {
         self
@@ -1035,34 +1040,78 @@ mod x86 {
         scale: f32,
         st: &mut [f32],
     ) {
-        macro_rules! fma16 {
-            ($q:ident, $k:ident, $($a:ident $i:literal)*) => {
-                // SAFETY: the 16 vectors of chunk c lie at q..q + 256 inside `qv`.
-                $( $a = _mm512_fmadd_ps(unsafe { _mm512_loadu_ps($q.add($i * LANES)) }, $k, $a); )*
+        // The chunk loop in assembly: 16 accumulators, the widened K chunk and the query
+        // operands from memory. (Compiled from intrinsics, the register allocator kept to
+        // zmm0–15 and spilled two accumulators through the stack on every chunk, which put a
+        // store-to-load round trip on their dependency chains.) Same operations, same order:
+        // accumulator i += q_i[16c..] · k[16c..] for c = 0, 1, ….
+        macro_rules! chunk_loop {
+            ($load:literal, $step:literal, $row:ident, $q:ident, $qs:ident, $n:ident, $($a:ident)*) => {
+                // SAFETY: `$n` ≥ 1 chunks; chunk c of the row lies at row + c·$step bytes
+                // inside `kb.s` (the row holds dp elements); the 16 query vectors of chunk c
+                // lie at q + c·qs .. + 1024 bytes inside `qv`. Reads only.
+                unsafe {
+                    std::arch::asm!(
+                        "2:",
+                        $load,
+                        "vfmadd231ps {a0}, {k}, zmmword ptr [{q}]",
+                        "vfmadd231ps {a1}, {k}, zmmword ptr [{q} + 64]",
+                        "vfmadd231ps {a2}, {k}, zmmword ptr [{q} + 128]",
+                        "vfmadd231ps {a3}, {k}, zmmword ptr [{q} + 192]",
+                        "vfmadd231ps {a4}, {k}, zmmword ptr [{q} + 256]",
+                        "vfmadd231ps {a5}, {k}, zmmword ptr [{q} + 320]",
+                        "vfmadd231ps {a6}, {k}, zmmword ptr [{q} + 384]",
+                        "vfmadd231ps {a7}, {k}, zmmword ptr [{q} + 448]",
+                        "vfmadd231ps {a8}, {k}, zmmword ptr [{q} + 512]",
+                        "vfmadd231ps {a9}, {k}, zmmword ptr [{q} + 576]",
+                        "vfmadd231ps {a10}, {k}, zmmword ptr [{q} + 640]",
+                        "vfmadd231ps {a11}, {k}, zmmword ptr [{q} + 704]",
+                        "vfmadd231ps {a12}, {k}, zmmword ptr [{q} + 768]",
+                        "vfmadd231ps {a13}, {k}, zmmword ptr [{q} + 832]",
+                        "vfmadd231ps {a14}, {k}, zmmword ptr [{q} + 896]",
+                        "vfmadd231ps {a15}, {k}, zmmword ptr [{q} + 960]",
+                        concat!("add {row}, ", $step),
+                        "add {q}, {qs}",
+                        "dec {n}",
+                        "jnz 2b",
+                        row = inout(reg) $row => _,
+                        q = inout(reg) $q => _,
+                        qs = in(reg) $qs,
+                        n = inout(reg) $n => _,
+                        k = out(zmm_reg) _,
+                        $($a = inout(zmm_reg) $a,)*
+                        options(nostack, readonly),
+                    );
+                }
             };
         }
         let sc = _mm512_set1_ps(scale);
         let kp = kb.s.as_ptr();
         let last = kb.n - 1;
+        let nch = dp / LANES;
+        let qs = nqp * LANES * std::mem::size_of::<f32>();
         for qg in (0..nqp).step_by(16) {
             for jj in 0..kl {
-                // SAFETY: row min(jj, last) starts inside `kb.s` (Block::new).
-                let row = unsafe { kp.add(jj.min(last) * kb.stride) };
+                // SAFETY: row min(jj, last) starts inside `kb.s` (Block::new); chunk 0 of
+                // vector qg is at qg·16 in `qv`.
+                let (row, q) = unsafe {
+                    (
+                        kp.add(jj.min(last) * kb.stride),
+                        qv.as_ptr().add(qg * LANES),
+                    )
+                };
+                let n = nch;
                 let z = _mm512_setzero_ps();
                 let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
                 let (mut a4, mut a5, mut a6, mut a7) = (z, z, z, z);
                 let (mut a8, mut a9, mut a10, mut a11) = (z, z, z, z);
                 let (mut a12, mut a13, mut a14, mut a15) = (z, z, z, z);
-                for c in 0..dp / LANES {
-                    // SAFETY: the row holds dp elements; (c·nqp + qg + 16)·16 ≤ qv.len().
-                    let (k, q) = unsafe {
-                        (
-                            T::ld16(row.add(c * LANES)),
-                            qv.as_ptr().add((c * nqp + qg) * LANES),
-                        )
-                    };
-                    fma16!(q, k, a0 0 a1 1 a2 2 a3 3 a4 4 a5 5 a6 6 a7 7);
-                    fma16!(q, k, a8 8 a9 9 a10 10 a11 11 a12 12 a13 13 a14 14 a15 15);
+                if T::HALF {
+                    chunk_loop!("vcvtph2ps {k}, ymmword ptr [{row}]", "32", row, q, qs, n,
+                        a0 a1 a2 a3 a4 a5 a6 a7 a8 a9 a10 a11 a12 a13 a14 a15);
+                } else {
+                    chunk_loop!("vmovups {k}, zmmword ptr [{row}]", "64", row, q, qs, n,
+                        a0 a1 a2 a3 a4 a5 a6 a7 a8 a9 a10 a11 a12 a13 a14 a15);
                 }
                 // Lane i of the result is vector qg + i (tree input 4s + r lands in 4r + s).
                 let v = reduce16([
