@@ -61,15 +61,55 @@ const MAX_QP: usize = MAX_GQA;
 pub enum KvRows<'a> {
     F16(&'a [f16]),
     F32(&'a [f32]),
+    /// Q8_0: element `e` is `q[e] · d[e / 32]` (ggml's Q8_0 blocks, codes and scales apart;
+    /// the scale is the block's f16 scale widened). Needs `head_dim` and both strides to be
+    /// multiples of 32.
+    Q8 { q: &'a [i8], d: &'a [f32] },
 }
 
 impl KvRows<'_> {
+    /// Elements held (for Q8, as far as both codes and scales reach).
     fn len(&self) -> usize {
         match self {
             KvRows::F16(s) => s.len(),
             KvRows::F32(s) => s.len(),
+            KvRows::Q8 { q, d } => q.len().min(d.len().saturating_mul(Q8_BLOCK)),
         }
     }
+
+    fn is_q8(&self) -> bool {
+        matches!(self, KvRows::Q8 { .. })
+    }
+}
+
+/// Elements per Q8_0 scale.
+pub const Q8_BLOCK: usize = 32;
+
+/// Encode `x` (a multiple of [`Q8_BLOCK`] long) for a [`KvRows::Q8`] cache: ggml's Q8_0
+/// quantizer ([`crate::rows::quantize_row_into`]), codes into `q`, each block's f16 scale
+/// widened into `d`.
+pub fn quantize_q8(x: &[f32], q: &mut [i8], d: &mut [f32]) -> Result<(), KernelError> {
+    if !x.len().is_multiple_of(Q8_BLOCK) || q.len() != x.len() || d.len() != x.len() / Q8_BLOCK
+    {
+        return Err(KernelError::ShapeMismatch {
+            what: "Q8 cache row (codes, scales)",
+            expected: x.len().next_multiple_of(Q8_BLOCK),
+            got: q.len(),
+        });
+    }
+    let mut blk = [0u8; 2 + Q8_BLOCK];
+    for ((xb, qb), db) in x
+        .chunks_exact(Q8_BLOCK)
+        .zip(q.chunks_exact_mut(Q8_BLOCK))
+        .zip(d.iter_mut())
+    {
+        crate::rows::quantize_row_into(crate::RowType::Q8_0, xb, &mut blk);
+        *db = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+        for (o, &b) in qb.iter_mut().zip(&blk[2..]) {
+            *o = i8::from_le_bytes([b]);
+        }
+    }
+    Ok(())
 }
 
 /// Head counts and size of an attention call.
@@ -236,6 +276,29 @@ pub fn attend_isa(
     }
     need("attention keys", kv_len, k.len())?;
     need("attention values", kv_len, v.len())?;
+    if k.is_q8() || v.is_q8() {
+        // A Q8 row must start on a block boundary and hold whole blocks.
+        for (what, x) in [
+            ("Q8 attention head size", d),
+            ("Q8 attention position stride", layout.pos_stride),
+            ("Q8 attention head stride", layout.head_stride),
+        ] {
+            if !x.is_multiple_of(Q8_BLOCK) {
+                return Err(KernelError::ShapeMismatch {
+                    what,
+                    expected: x.next_multiple_of(Q8_BLOCK),
+                    got: x,
+                });
+            }
+        }
+        if k.is_q8() != v.is_q8() {
+            return Err(KernelError::ShapeMismatch {
+                what: "attention cache types (Q8 keys need Q8 values and back)",
+                expected: 1,
+                got: 0,
+            });
+        }
+    }
     if n == 0 {
         return Ok(());
     }
@@ -470,9 +533,12 @@ fn item_avx512(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
 
 /// A cache element type (f16 or f32): widened to f32 exactly, by any instruction.
 pub(crate) trait KvElem: Copy + Send + Sync {
-    /// The element is an IEEE half (else an f32).
+    /// The element is an IEEE half.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const HALF: bool;
+    /// The element is a Q8_0 code, to be multiplied by its block's scale.
+    const SCALED: bool;
+    /// The element's value (for a code, before its scale).
     fn widen(self) -> f32;
     /// 16 elements at `p`, widened.
     ///
@@ -491,6 +557,7 @@ pub(crate) trait KvElem: Copy + Send + Sync {
 
 impl KvElem for f16 {
     const HALF: bool = true;
+    const SCALED: bool = false;
     #[inline(always)]
     fn widen(self) -> f32 {
         self.to_f32()
@@ -513,6 +580,7 @@ impl KvElem for f16 {
 
 impl KvElem for f32 {
     const HALF: bool = false;
+    const SCALED: bool = false;
     #[inline(always)]
     fn widen(self) -> f32 {
         self
@@ -528,6 +596,29 @@ impl KvElem for f32 {
     unsafe fn ld8(p: *const Self) -> std::arch::x86_64::__m256 {
         // SAFETY: the caller's contract.
         unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+    }
+}
+
+impl KvElem for i8 {
+    const HALF: bool = false;
+    const SCALED: bool = true;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ld16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::{_mm512_cvtepi32_ps, _mm512_cvtepi8_epi32, _mm_loadu_si128};
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn ld8(p: *const Self) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::{_mm256_cvtepi32_ps, _mm256_cvtepi8_epi32, _mm_loadl_epi64};
+        // SAFETY: the caller's contract (AVX2 enabled in the caller: the AVX2 tier's loops).
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))) }
     }
 }
 
@@ -554,21 +645,37 @@ fn prefetch<T>(s: &[T], at: usize, d: usize) {
 }
 
 /// The K or V rows of one block: `n ≥ 1` rows of `d` elements, `stride` apart, from the start
-/// of `s` (which ends with the last row).
+/// of `s` (which ends with the last row); for Q8 codes, `sc` holds the scales of the same
+/// elements (`sc[e / 32]` for element `e` of `s`; the block starts on a scale boundary).
 #[derive(Clone, Copy)]
 struct Block<'a, T> {
     s: &'a [T],
+    sc: &'a [f32],
     stride: usize,
     n: usize,
     d: usize,
 }
 
 impl<'a, T: KvElem> Block<'a, T> {
-    /// Rows `at`, `at + stride`, … of `all`; panics when they do not fit (the caller checked).
-    fn new(all: &'a [T], at: usize, stride: usize, n: usize, d: usize) -> Block<'a, T> {
+    /// Rows `at`, `at + stride`, … of `all` (with `scales` for Q8 codes, else empty); panics
+    /// when they do not fit (the caller checked).
+    fn new(
+        all: &'a [T],
+        scales: &'a [f32],
+        at: usize,
+        stride: usize,
+        n: usize,
+        d: usize,
+    ) -> Block<'a, T> {
         let len = (n - 1) * stride + d;
+        let sc = if T::SCALED {
+            &scales[at / Q8_BLOCK..(at + len).div_ceil(Q8_BLOCK)]
+        } else {
+            &[]
+        };
         Block {
             s: &all[at..at + len],
+            sc,
             stride,
             n,
             d,
@@ -578,18 +685,32 @@ impl<'a, T: KvElem> Block<'a, T> {
     fn row(&self, jj: usize) -> &'a [T] {
         &self.s[jj * self.stride..][..self.d]
     }
-}
 
-/// Lanes `16c..16c+16` of a row widened to f32, zero past the row's end (the plain way).
-#[inline(always)]
-fn chunk<T: KvElem>(r: &[T], c: usize) -> [f32; LANES] {
-    let mut out = [0f32; LANES];
-    let lo = c * LANES;
-    let hi = (lo + LANES).min(r.len());
-    for (o, x) in out.iter_mut().zip(&r[lo..hi]) {
-        *o = x.widen();
+    /// The scale of lanes `16c..16c+16` of row `jj` (Q8 codes only).
+    #[inline(always)]
+    fn scale(&self, jj: usize, c: usize) -> f32 {
+        self.sc[(jj * self.stride + c * LANES) / Q8_BLOCK]
     }
-    out
+
+    /// Lanes `16c..16c+16` of row `jj` as values, zero past the row's end (the plain way).
+    #[inline(always)]
+    fn chunk(&self, jj: usize, c: usize) -> [f32; LANES] {
+        let r = self.row(jj);
+        let mut out = [0f32; LANES];
+        let lo = c * LANES;
+        let hi = (lo + LANES).min(r.len());
+        for (o, x) in out.iter_mut().zip(&r[lo..hi]) {
+            *o = x.widen();
+        }
+        if T::SCALED {
+            // An exact product: a code of 8 bits times a half's 11-bit significand.
+            let d = self.scale(jj, c);
+            for o in &mut out {
+                *o *= d;
+            }
+        }
+        out
+    }
 }
 
 /// Query vectors an item holds, padded so that the score kernels group them evenly: a power of
@@ -639,13 +760,13 @@ fn block_scores<const TIER: u8, T: KvElem>(
     }
     let mut acc = [[0f32; LANES]; MAX_QP];
     for jj in 0..kl {
-        let k = kb.row(jj.min(kb.n - 1));
+        let kr = jj.min(kb.n - 1);
         let acc = &mut acc[..nqp];
         for a in acc.iter_mut() {
             *a = [0.0; LANES];
         }
         for c in 0..dp / LANES {
-            let kc = chunk(k, c);
+            let kc = kb.chunk(kr, c);
             for (i, a) in acc.iter_mut().enumerate() {
                 let qc = &qv[(c * nqp + i) * LANES..][..LANES];
                 for x in 0..LANES {
@@ -686,7 +807,7 @@ fn block_accumulate<const TIER: u8, T: KvElem>(
     }
     for c in 0..dp / LANES {
         for jj in 0..vb.n.min(POS_BLOCK) {
-            let vc = chunk(vb.row(jj), c);
+            let vc = vb.chunk(jj, c);
             for i in 0..nqp {
                 let p = st[jj * nqp + i];
                 let a = &mut acc[i * dp + c * LANES..][..LANES];
@@ -815,19 +936,38 @@ fn softmax_nq<const NQ: usize>(
 #[inline(always)]
 fn item_impl<const TIER: u8>(job: &Job<'_>, it: usize, sc: &mut Scratch, part: &mut [f32]) {
     match (job.k, job.v) {
-        (KvRows::F16(k), KvRows::F16(v)) => item_typed::<TIER, _, _>(job, k, v, it, sc, part),
-        (KvRows::F32(k), KvRows::F32(v)) => item_typed::<TIER, _, _>(job, k, v, it, sc, part),
-        (KvRows::F16(k), KvRows::F32(v)) => item_typed::<TIER, _, _>(job, k, v, it, sc, part),
-        (KvRows::F32(k), KvRows::F16(v)) => item_typed::<TIER, _, _>(job, k, v, it, sc, part),
+        (KvRows::F16(k), KvRows::F16(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
+        (KvRows::F32(k), KvRows::F32(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
+        (KvRows::F16(k), KvRows::F32(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
+        (KvRows::F32(k), KvRows::F16(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
+        (KvRows::Q8 { q: k, d: kd }, KvRows::Q8 { q: v, d: vd }) => {
+            item_scaled::<TIER>(job, (k, kd), (v, vd), it, sc, part);
+        }
+        // `attend_isa` refuses Q8 beside another type.
+        _ => {}
     }
 }
 
-/// [`item_impl`] for one pair of cache element types.
+/// [`item_typed`] for a Q8 cache (kept out of line: prompts with a Q8 cache are rare enough
+/// not to need their loops inlined into every tier's item).
+#[inline(never)]
+fn item_scaled<const TIER: u8>(
+    job: &Job<'_>,
+    k: (&[i8], &[f32]),
+    v: (&[i8], &[f32]),
+    it: usize,
+    sc: &mut Scratch,
+    part: &mut [f32],
+) {
+    item_typed::<TIER, i8, i8>(job, k, v, it, sc, part);
+}
+
+/// [`item_impl`] for one pair of cache element types (each with its Q8 scales, else empty).
 #[inline(always)]
 fn item_typed<const TIER: u8, TK: KvElem, TV: KvElem>(
     job: &Job<'_>,
-    k: &[TK],
-    v: &[TV],
+    (k, ks): (&[TK], &[f32]),
+    (v, vs): (&[TV], &[f32]),
     it: usize,
     sc: &mut Scratch,
     part: &mut [f32],
@@ -875,8 +1015,8 @@ fn item_typed<const TIER: u8, TK: KvElem, TV: KvElem>(
             prefetch(v, nj * ps + g * hs, d);
         }
         let at = j0 * ps + g * hs;
-        let kb = Block::new(k, at, ps, bl, d);
-        let vb = Block::new(v, at, ps, bl, d);
+        let kb = Block::new(k, ks, at, ps, bl, d);
+        let vb = Block::new(v, vs, at, ps, bl, d);
         // Scores of the block: each K row read once for every query vector of the item.
         let kl = bl.next_multiple_of(LANES);
         block_scores::<TIER, TK>(&sc.qv, dp, nqp, kb, kl, job.scale, &mut sc.s);
@@ -1019,6 +1159,7 @@ mod x86 {
                 2 => scores16::<2, 8, T>(qv, dp, nqp, kb, kl, scale, st),
                 4 => scores16::<4, 4, T>(qv, dp, nqp, kb, kl, scale, st),
                 8 => scores16::<8, 2, T>(qv, dp, nqp, kb, kl, scale, st),
+                _ if T::SCALED => scores16::<16, 1, T>(qv, dp, nqp, kb, kl, scale, st),
                 _ => scores_rows::<T>(qv, dp, nqp, kb, kl, scale, st),
             }
         }
@@ -1154,8 +1295,14 @@ mod x86 {
                 let mut acc = [_mm512_setzero_ps(); 16];
                 for c in 0..dp / LANES {
                     // SAFETY: each row holds dp = 16·(dp/16) elements.
-                    let kc: [__m512; R] =
+                    let mut kc: [__m512; R] =
                         std::array::from_fn(|r| unsafe { T::ld16(rp[r].add(c * LANES)) });
+                    if T::SCALED {
+                        for (r, x) in kc.iter_mut().enumerate() {
+                            let d = kb.scale((jb + r).min(last), c);
+                            *x = _mm512_mul_ps(*x, _mm512_set1_ps(d));
+                        }
+                    }
                     // Accumulator p = r·Q + i: position jb + r, vector qg + i.
                     for (p, a) in acc.iter_mut().enumerate() {
                         let (r, i) = (p / Q, p % Q);
@@ -1179,8 +1326,8 @@ mod x86 {
     /// [`super::block_scores`] on 8-lane registers.
     ///
     /// # Safety
-    /// AVX, FMA and F16C are available; shapes as in [`scores_avx512`].
-    #[target_feature(enable = "avx,fma,f16c")]
+    /// AVX2, FMA and F16C are available; shapes as in [`scores_avx512`].
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub(super) unsafe fn scores_avx2<T: KvElem>(
         qv: &[f32],
         dp: usize,
@@ -1207,7 +1354,7 @@ mod x86 {
     /// # Safety
     /// As [`scores_avx2`], with `Q = min(nqp, 8)` and `Q · R = 8`.
     #[inline]
-    #[target_feature(enable = "avx,fma,f16c")]
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
     unsafe fn scores8<const Q: usize, const R: usize, T: KvElem>(
         qv: &[f32],
         dp: usize,
@@ -1230,9 +1377,15 @@ mod x86 {
                 for (h, acc) in halves.iter_mut().enumerate() {
                     for c in 0..dp / LANES {
                         // SAFETY: each row holds dp elements; 16c + 8h + 8 ≤ dp.
-                        let kc: [__m256; R] = std::array::from_fn(|r| unsafe {
+                        let mut kc: [__m256; R] = std::array::from_fn(|r| unsafe {
                             T::ld8(rp[r].add(c * LANES + 8 * h))
                         });
+                        if T::SCALED {
+                            for (r, x) in kc.iter_mut().enumerate() {
+                                let d = kb.scale((jb + r).min(last), c);
+                                *x = _mm256_mul_ps(*x, _mm256_set1_ps(d));
+                            }
+                        }
                         // Accumulator p = r·Q + i: position jb + r, vector qg + i.
                         for (p, a) in acc.iter_mut().enumerate() {
                             let (r, i) = (p / Q, p % Q);
@@ -1335,9 +1488,14 @@ mod x86 {
         }
         for jj in 0..vb.n {
             // SAFETY: row jj < n starts inside `vb.s` and holds dp elements; 16(c0+ci)+16 ≤ dp.
-            let v: [__m512; CA] = std::array::from_fn(|ci| unsafe {
+            let mut v: [__m512; CA] = std::array::from_fn(|ci| unsafe {
                 T::ld16(vp.add(jj * vb.stride + (c0 + ci) * LANES))
             });
+            if T::SCALED {
+                for (ci, x) in v.iter_mut().enumerate() {
+                    *x = _mm512_mul_ps(*x, _mm512_set1_ps(vb.scale(jj, c0 + ci)));
+                }
+            }
             let prow = &st[jj * nqp + qg..][..QA];
             for (ai, &p) in a.iter_mut().zip(prow) {
                 let p = _mm512_set1_ps(p);
@@ -1357,8 +1515,8 @@ mod x86 {
     /// [`super::block_accumulate`] on 8-lane register pairs: up to 4 vectors × one chunk.
     ///
     /// # Safety
-    /// AVX, FMA and F16C are available; shapes as in [`accumulate_avx512`].
-    #[target_feature(enable = "avx,fma,f16c")]
+    /// AVX2, FMA and F16C are available; shapes as in [`accumulate_avx512`].
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
     pub(super) unsafe fn accumulate_avx2<T: KvElem>(
         acc: &mut [f32],
         dp: usize,
@@ -1385,7 +1543,7 @@ mod x86 {
     /// # Safety
     /// As [`accumulate_avx2`], with `qg + QA ≤ nqp`.
     #[inline]
-    #[target_feature(enable = "avx,fma,f16c")]
+    #[target_feature(enable = "avx,avx2,fma,f16c")]
     unsafe fn tile256<const QA: usize, T: KvElem>(
         acc: &mut [f32],
         dp: usize,
@@ -1409,10 +1567,15 @@ mod x86 {
             }
             for jj in 0..vb.n {
                 // SAFETY: row jj < n holds dp elements; 16c + 16 ≤ dp.
-                let (v_lo, v_hi) = unsafe {
+                let (mut v_lo, mut v_hi) = unsafe {
                     let r = vp.add(jj * vb.stride + c * LANES);
                     (T::ld8(r), T::ld8(r.add(8)))
                 };
+                if T::SCALED {
+                    let d = _mm256_set1_ps(vb.scale(jj, c));
+                    v_lo = _mm256_mul_ps(v_lo, d);
+                    v_hi = _mm256_mul_ps(v_hi, d);
+                }
                 let prow = &st[jj * nqp + qg..][..QA];
                 for ((l, h), &p) in lo.iter_mut().zip(hi.iter_mut()).zip(prow) {
                     let pj = _mm256_set1_ps(p);

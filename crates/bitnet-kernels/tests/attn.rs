@@ -316,3 +316,191 @@ fn bad_shapes_are_errors() {
     let e = call(sh, &[0.0; 7], &[0.0; 8], 0);
     assert!(matches!(e, Err(KernelError::ShapeMismatch { .. })), "{e:?}");
 }
+
+/// K and V quantized to Q8_0 (as a `--kv-cache q8_0` cache holds them), with their values.
+fn q8_case(x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
+    let mut q = vec![0i8; x.len()];
+    let mut d = vec![0f32; x.len() / 32];
+    bitnet_kernels::attn::quantize_q8(x, &mut q, &mut d).unwrap();
+    let deq = q
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| f32::from(c) * d[i / 32])
+        .collect();
+    (q, d, deq)
+}
+
+#[test]
+fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
+    let mut rng = Rng::new(23);
+    let pools = [Pool::new(1), Pool::new(2)];
+    for round in 0..30 {
+        let head_dim = [128, 64, 32, 96][rng.below(4)];
+        let n_head_kv = 1 + rng.below(3);
+        let gqa = [1, 2, 4, 5][rng.below(4)];
+        let shape = AttnShape {
+            n_head: n_head_kv * gqa,
+            n_head_kv,
+            head_dim,
+        };
+        let (pos0, n) = match round % 3 {
+            0 => (rng.below(1200), 1),
+            1 => (0, 1 + rng.below(13)),
+            _ => (rng.below(300), 1 + rng.below(9)),
+        };
+        let c = case(&mut rng, shape, pos0, n, 4.0);
+        let (kq, kd, kdeq) = q8_case(&c.k);
+        let (vq, vd, vdeq) = q8_case(&c.v);
+        // Within half a step of the block's scale, plus what rounding the scale to f16 moves
+        // a code of up to 127 (127 · 2⁻¹¹ of a step).
+        for (i, (&a, &b)) in c.k.iter().zip(&kdeq).enumerate() {
+            assert!((a - b).abs() <= 0.563 * kd[i / 32] + 1e-7, "{a} vs {b}");
+        }
+        let want = reference(&shape, &c.q, &kdeq, &vdeq, pos0, n, c.scale);
+        let layout = KvLayout::position_major(&shape);
+        let k = KvRows::Q8 { q: &kq, d: &kd };
+        let v = KvRows::Q8 { q: &vq, d: &vd };
+        for pool in &pools {
+            let go = |isa: Isa| {
+                let mut out = vec![f32::NAN; c.q.len()];
+                attend_isa(
+                    isa, &shape, &c.q, k, v, layout, pos0, n, c.scale, &mut out, pool,
+                )
+                .unwrap();
+                out
+            };
+            let plain = go(Isa::Scalar);
+            for (i, (&a, &b)) in plain.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 2e-5 + 2e-5 * b.abs(),
+                    "{shape:?} pos0 {pos0} n {n}: element {i}: {a} vs {b}"
+                );
+            }
+            // The same cache read as f32 values gives the same bits: a Q8 value is exact.
+            let mut out32 = vec![f32::NAN; c.q.len()];
+            attend_isa(
+                Isa::Scalar,
+                &shape,
+                &c.q,
+                KvRows::F32(&kdeq),
+                KvRows::F32(&vdeq),
+                layout,
+                pos0,
+                n,
+                c.scale,
+                &mut out32,
+                pool,
+            )
+            .unwrap();
+            assert!(plain.iter().zip(&out32).all(|(a, b)| a.to_bits() == b.to_bits()));
+            for isa in supported_isas() {
+                let got = go(isa);
+                assert!(
+                    got.iter()
+                        .zip(&plain)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{isa:?} differs from the plain build: {shape:?} pos0 {pos0} n {n}"
+                );
+            }
+            // The head-major layout (the model's) gives the same bits.
+            let n_ctx = pos0 + n + 3;
+            let blocks = AttnShape {
+                head_dim: head_dim / 32,
+                ..shape
+            };
+            let (kq2, vq2) = (
+                to_head_major(&kq, &shape, n_ctx),
+                to_head_major(&vq, &shape, n_ctx),
+            );
+            let (kd2, vd2) = (
+                to_head_major(&kd, &blocks, n_ctx),
+                to_head_major(&vd, &blocks, n_ctx),
+            );
+            let mut out2 = vec![f32::NAN; c.q.len()];
+            attend(
+                &shape,
+                &c.q,
+                KvRows::Q8 { q: &kq2, d: &kd2 },
+                KvRows::Q8 { q: &vq2, d: &vd2 },
+                KvLayout::head_major(&shape, n_ctx),
+                pos0,
+                n,
+                c.scale,
+                &mut out2,
+                pool,
+            )
+            .unwrap();
+            assert!(plain.iter().zip(&out2).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+    }
+}
+
+#[test]
+fn a_q8_cache_needs_whole_blocks_and_q8_on_both_sides() {
+    let pool = Pool::new(1);
+    let q = vec![0.5f32; 40];
+    let mut out = vec![0f32; 40];
+    let codes = vec![1i8; 40];
+    let scales = vec![1f32; 2];
+    let shape = AttnShape {
+        n_head: 1,
+        n_head_kv: 1,
+        head_dim: 40,
+    };
+    let q8 = KvRows::Q8 {
+        q: &codes,
+        d: &scales,
+    };
+    let err = attend(
+        &shape,
+        &q,
+        q8,
+        q8,
+        KvLayout::position_major(&shape),
+        0,
+        1,
+        1.0,
+        &mut out,
+        &pool,
+    );
+    assert!(matches!(err, Err(KernelError::ShapeMismatch { .. })), "{err:?}");
+    let shape = AttnShape {
+        n_head: 1,
+        n_head_kv: 1,
+        head_dim: 32,
+    };
+    let f = vec![0.25f32; 32];
+    let err = attend(
+        &shape,
+        &q[..32],
+        q8,
+        KvRows::F32(&f),
+        KvLayout::position_major(&shape),
+        0,
+        1,
+        1.0,
+        &mut out[..32],
+        &pool,
+    );
+    assert!(matches!(err, Err(KernelError::ShapeMismatch { .. })), "{err:?}");
+    // Codes without enough scales are refused, not read past.
+    let err = attend(
+        &shape,
+        &q[..32],
+        KvRows::Q8 {
+            q: &codes[..32],
+            d: &[],
+        },
+        KvRows::Q8 {
+            q: &codes[..32],
+            d: &scales[..1],
+        },
+        KvLayout::position_major(&shape),
+        0,
+        1,
+        1.0,
+        &mut out[..32],
+        &pool,
+    );
+    assert!(matches!(err, Err(KernelError::ShapeMismatch { .. })), "{err:?}");
+}
