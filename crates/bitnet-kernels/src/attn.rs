@@ -692,6 +692,18 @@ impl<'a, T: KvElem> Block<'a, T> {
         self.sc[(jj * self.stride + c * LANES) / Q8_BLOCK]
     }
 
+    /// Where row `jj`'s scales start: lanes `16c..` use element `c / 2` (Q8 codes only).
+    ///
+    /// # Safety
+    /// `T::SCALED` and `jj < n`; reads through the pointer stay below `d / 16` chunks.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scales_of(&self, jj: usize) -> *const f32 {
+        // SAFETY: row jj starts at element jj·stride (a multiple of 32) inside `s`, so its
+        // first scale is inside `sc`.
+        unsafe { self.sc.as_ptr().add(jj * self.stride / Q8_BLOCK) }
+    }
+
     /// Lanes `16c..16c+16` of row `jj` as values, zero past the row's end (the plain way).
     #[inline(always)]
     fn chunk(&self, jj: usize, c: usize) -> [f32; LANES] {
@@ -941,25 +953,11 @@ fn item_impl<const TIER: u8>(job: &Job<'_>, it: usize, sc: &mut Scratch, part: &
         (KvRows::F16(k), KvRows::F32(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
         (KvRows::F32(k), KvRows::F16(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
         (KvRows::Q8 { q: k, d: kd }, KvRows::Q8 { q: v, d: vd }) => {
-            item_scaled::<TIER>(job, (k, kd), (v, vd), it, sc, part);
+            item_typed::<TIER, _, _>(job, (k, kd), (v, vd), it, sc, part);
         }
         // `attend_isa` refuses Q8 beside another type.
         _ => {}
     }
-}
-
-/// [`item_typed`] for a Q8 cache (kept out of line: prompts with a Q8 cache are rare enough
-/// not to need their loops inlined into every tier's item).
-#[inline(never)]
-fn item_scaled<const TIER: u8>(
-    job: &Job<'_>,
-    k: (&[i8], &[f32]),
-    v: (&[i8], &[f32]),
-    it: usize,
-    sc: &mut Scratch,
-    part: &mut [f32],
-) {
-    item_typed::<TIER, i8, i8>(job, k, v, it, sc, part);
 }
 
 /// [`item_impl`] for one pair of cache element types (each with its Q8 scales, else empty).
@@ -1299,7 +1297,8 @@ mod x86 {
                         std::array::from_fn(|r| unsafe { T::ld16(rp[r].add(c * LANES)) });
                     if T::SCALED {
                         for (r, x) in kc.iter_mut().enumerate() {
-                            let d = kb.scale((jb + r).min(last), c);
+                            // SAFETY: Q8 rows; the row index is ≤ last; chunk c < dp/16.
+                            let d = unsafe { *kb.scales_of((jb + r).min(last)).add(c / 2) };
                             *x = _mm512_mul_ps(*x, _mm512_set1_ps(d));
                         }
                     }
@@ -1382,7 +1381,8 @@ mod x86 {
                         });
                         if T::SCALED {
                             for (r, x) in kc.iter_mut().enumerate() {
-                                let d = kb.scale((jb + r).min(last), c);
+                                // SAFETY: Q8 rows; the row index is ≤ last; chunk c < dp/16.
+                                let d = unsafe { *kb.scales_of((jb + r).min(last)).add(c / 2) };
                                 *x = _mm256_mul_ps(*x, _mm256_set1_ps(d));
                             }
                         }
@@ -1492,8 +1492,12 @@ mod x86 {
                 T::ld16(vp.add(jj * vb.stride + (c0 + ci) * LANES))
             });
             if T::SCALED {
+                // SAFETY: Q8 rows, jj < n; chunk c0 + ci < dp/16.
+                let sp = unsafe { vb.scales_of(jj) };
                 for (ci, x) in v.iter_mut().enumerate() {
-                    *x = _mm512_mul_ps(*x, _mm512_set1_ps(vb.scale(jj, c0 + ci)));
+                    // SAFETY: as above.
+                    let d = unsafe { *sp.add((c0 + ci) / 2) };
+                    *x = _mm512_mul_ps(*x, _mm512_set1_ps(d));
                 }
             }
             let prow = &st[jj * nqp + qg..][..QA];
@@ -1572,7 +1576,8 @@ mod x86 {
                     (T::ld8(r), T::ld8(r.add(8)))
                 };
                 if T::SCALED {
-                    let d = _mm256_set1_ps(vb.scale(jj, c));
+                    // SAFETY: Q8 rows, jj < n; chunk c < dp/16.
+                    let d = _mm256_set1_ps(unsafe { *vb.scales_of(jj).add(c / 2) });
                     v_lo = _mm256_mul_ps(v_lo, d);
                     v_hi = _mm256_mul_ps(v_hi, d);
                 }

@@ -188,11 +188,12 @@ impl Config {
         self.n_head / self.n_head_kv
     }
 
-    /// Bytes of KV cache for `n_ctx` positions at `bytes_per_elem`, checked.
-    pub fn kv_cache_bytes(&self, n_ctx: usize, bytes_per_elem: usize) -> Result<u64> {
-        [self.n_layer, n_ctx, self.n_embd_kv(), 2, bytes_per_elem]
+    /// Bytes of KV cache for `n_ctx` positions of element type `ty`, checked.
+    pub fn kv_cache_bytes(&self, n_ctx: usize, ty: crate::KvType) -> Result<u64> {
+        [self.n_layer, n_ctx, self.n_embd_kv(), 2]
             .iter()
             .try_fold(1u64, |acc, &x| acc.checked_mul(u64::try_from(x).ok()?))
+            .and_then(|values| ty.bytes_for(values))
             .ok_or(ModelError::Overflow("KV cache size"))
     }
 }

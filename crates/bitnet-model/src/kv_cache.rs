@@ -3,11 +3,13 @@
 //!
 //! Layout: `k[layer]` is `[n_head_kv][n_ctx][head_dim]` (head-major: each head's history is
 //! contiguous, which is what the attention kernel streams), same for `v`.
-//! Element type f32 or f16 (`--kv-cache f16` halves the memory; exact numerics requires f16,
-//! which is what bitnet.cpp stores).
+//! Element type f32, f16 (the default; exact numerics requires it, as bitnet.cpp stores f16) or
+//! Q8_0 (`--kv-cache q8_0`, llama.cpp's `-ctk q8_0 -ctv q8_0`: ggml's Q8_0 blocks of 32 values,
+//! the codes and the scales in two arrays; 1.125 bytes per value, so a deep decode step streams
+//! 0.56 × the bytes of f16; needs a head size that is a multiple of 32).
 
 use bitnet_kernels::aligned::AlignedBuf;
-use bitnet_kernels::attn::{KvLayout, KvRows};
+use bitnet_kernels::attn::{self, KvLayout, KvRows, Q8_BLOCK};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -19,13 +21,18 @@ pub enum KvType {
     F32,
     #[default]
     F16,
+    /// ggml's Q8_0: a code per value, an f16 scale per 32 (held widened to f32).
+    Q8_0,
 }
 
 impl KvType {
-    pub fn bytes(self) -> usize {
+    /// Bytes that `n` values take (`n` a multiple of 32 for Q8_0); None on overflow.
+    pub fn bytes_for(self, n: u64) -> Option<u64> {
         match self {
-            KvType::F32 => 4,
-            KvType::F16 => 2,
+            KvType::F32 => n.checked_mul(4),
+            KvType::F16 => n.checked_mul(2),
+            // A code per value, an f32 scale per 32 values.
+            KvType::Q8_0 => n.checked_add(n.div_ceil(32).checked_mul(4)?),
         }
     }
 }
@@ -36,7 +43,8 @@ impl std::str::FromStr for KvType {
         match s {
             "f32" => Ok(KvType::F32),
             "f16" => Ok(KvType::F16),
-            _ => Err(format!("unknown KV cache type '{s}' (f32|f16)")),
+            "q8_0" => Ok(KvType::Q8_0),
+            _ => Err(format!("unknown KV cache type '{s}' (f32|f16|q8_0)")),
         }
     }
 }
@@ -47,27 +55,47 @@ impl std::str::FromStr for KvType {
 enum Store {
     F32(AlignedBuf<f32>),
     F16(AlignedBuf<f16>),
+    /// Codes (one per value) and scales (one per 32 values, same indexing / 32).
+    Q8 {
+        q: AlignedBuf<i8>,
+        d: AlignedBuf<f32>,
+    },
 }
 
 impl Store {
     fn new(ty: KvType, n: usize) -> Result<Self> {
         let over = |_| ModelError::OverBudget {
             what: "KV cache",
-            needed: u64::try_from(n.saturating_mul(ty.bytes())).unwrap_or(u64::MAX),
+            needed: u64::try_from(n)
+                .ok()
+                .and_then(|n| ty.bytes_for(n))
+                .unwrap_or(u64::MAX),
             budget: 0,
         };
         Ok(match ty {
             KvType::F32 => Store::F32(AlignedBuf::try_zeroed(n).map_err(over)?),
             KvType::F16 => Store::F16(AlignedBuf::try_zeroed(n).map_err(over)?),
+            KvType::Q8_0 => Store::Q8 {
+                q: AlignedBuf::try_zeroed(n).map_err(over)?,
+                d: AlignedBuf::try_zeroed(n.div_ceil(Q8_BLOCK)).map_err(over)?,
+            },
         })
     }
 
+    /// Store one row at element `at` (for Q8, `at` and the row's length are multiples of 32,
+    /// which `KvCache::new` ensures).
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
             // Slice conversion uses F16C when the CPU has it (runtime detection in `half`);
             // rounding is to nearest even either way.
             Store::F16(v) => v[at..at + src.len()].convert_from_f32_slice(src),
+            Store::Q8 { q, d } => {
+                let (b0, nb) = (at / Q8_BLOCK, src.len() / Q8_BLOCK);
+                // Lengths agree by construction (whole blocks of a row inside the store).
+                let r = attn::quantize_q8(src, &mut q[at..at + src.len()], &mut d[b0..b0 + nb]);
+                debug_assert!(r.is_ok(), "{r:?}");
+            }
         }
     }
 
@@ -77,6 +105,12 @@ impl Store {
             Store::F16(v) => {
                 let n = dst.len();
                 v[at..at + n].convert_to_f32_slice(dst);
+            }
+            Store::Q8 { q, d } => {
+                for (i, o) in dst.iter_mut().enumerate() {
+                    let e = at + i;
+                    *o = f32::from(q[e]) * d[e / Q8_BLOCK];
+                }
             }
         }
     }
@@ -108,7 +142,14 @@ impl KvCache {
                 why: "must be at least 1",
             });
         }
-        let needed = config.kv_cache_bytes(n_ctx, ty.bytes())?;
+        if ty == KvType::Q8_0 && !config.head_dim.is_multiple_of(Q8_BLOCK) {
+            return Err(ModelError::BadHparam {
+                key: "head_dim".into(),
+                value: config.head_dim.to_string(),
+                why: "a Q8_0 KV cache needs a head size that is a multiple of 32",
+            });
+        }
+        let needed = config.kv_cache_bytes(n_ctx, ty)?;
         if needed > budget_bytes {
             return Err(ModelError::OverBudget {
                 what: "KV cache",
@@ -166,7 +207,12 @@ impl KvCache {
 
     /// Bytes held.
     pub fn nbytes(&self) -> usize {
-        2 * self.k.len() * self.n_ctx * self.n_embd_kv * self.ty.bytes()
+        let values = 2 * self.k.len() * self.n_ctx * self.n_embd_kv;
+        u64::try_from(values)
+            .ok()
+            .and_then(|n| self.ty.bytes_for(n))
+            .and_then(|b| usize::try_from(b).ok())
+            .unwrap_or(usize::MAX)
     }
 
     pub(crate) fn check_room(&self, n_new: usize) -> Result<()> {
@@ -222,6 +268,7 @@ impl KvCache {
             match s {
                 Store::F32(v) => KvRows::F32(v),
                 Store::F16(v) => KvRows::F16(v),
+                Store::Q8 { q, d } => KvRows::Q8 { q, d },
             }
         }
         let layout = KvLayout {

@@ -76,7 +76,8 @@ pub struct ModelArgs {
     /// fast (default) or exact (bit-identical to bitnet.cpp's logits).
     #[arg(long, default_value = "fast")]
     pub numerics: bitnet_model::Numerics,
-    /// KV cache element type: f16 (default) or f32.
+    /// KV cache element type: f16 (default), f32, or q8_0 (ggml Q8_0 blocks: 0.56 × the bytes of
+    /// f16; fast numerics only).
     #[arg(long, default_value = "f16")]
     pub kv_cache: bitnet_model::KvType,
     /// Read the whole model into memory instead of memory-mapping it.

@@ -94,7 +94,9 @@ fn memory_estimate(f: &GgufFile) -> Option<(u64, u64)> {
         .tensor("token_embd.weight")
         .and_then(|t| t.dims.get(1).copied());
     let c = bitnet_model::Config::from_metadata(f.metadata(), rows).ok()?;
-    let kv = c.kv_cache_bytes(c.n_ctx_train, 2).ok()?;
+    let kv = c
+        .kv_cache_bytes(c.n_ctx_train, bitnet_model::KvType::F16)
+        .ok()?;
     Some((weights, kv))
 }
 
