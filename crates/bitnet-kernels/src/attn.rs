@@ -64,7 +64,10 @@ pub enum KvRows<'a> {
     /// Q8_0: element `e` is `q[e] · d[e / 32]` (ggml's Q8_0 blocks, codes and scales apart;
     /// the scale is the block's f16 scale widened). Needs `head_dim` and both strides to be
     /// multiples of 32.
-    Q8 { q: &'a [i8], d: &'a [f32] },
+    Q8 {
+        q: &'a [i8],
+        d: &'a [f32],
+    },
 }
 
 impl KvRows<'_> {
@@ -89,8 +92,7 @@ pub const Q8_BLOCK: usize = 32;
 /// quantizer ([`crate::rows::quantize_row_into`]), codes into `q`, each block's f16 scale
 /// widened into `d`.
 pub fn quantize_q8(x: &[f32], q: &mut [i8], d: &mut [f32]) -> Result<(), KernelError> {
-    if !x.len().is_multiple_of(Q8_BLOCK) || q.len() != x.len() || d.len() != x.len() / Q8_BLOCK
-    {
+    if !x.len().is_multiple_of(Q8_BLOCK) || q.len() != x.len() || d.len() != x.len() / Q8_BLOCK {
         return Err(KernelError::ShapeMismatch {
             what: "Q8 cache row (codes, scales)",
             expected: x.len().next_multiple_of(Q8_BLOCK),
@@ -948,10 +950,18 @@ fn softmax_nq<const NQ: usize>(
 #[inline(always)]
 fn item_impl<const TIER: u8>(job: &Job<'_>, it: usize, sc: &mut Scratch, part: &mut [f32]) {
     match (job.k, job.v) {
-        (KvRows::F16(k), KvRows::F16(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
-        (KvRows::F32(k), KvRows::F32(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
-        (KvRows::F16(k), KvRows::F32(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
-        (KvRows::F32(k), KvRows::F16(v)) => item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part),
+        (KvRows::F16(k), KvRows::F16(v)) => {
+            item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part)
+        }
+        (KvRows::F32(k), KvRows::F32(v)) => {
+            item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part)
+        }
+        (KvRows::F16(k), KvRows::F32(v)) => {
+            item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part)
+        }
+        (KvRows::F32(k), KvRows::F16(v)) => {
+            item_typed::<TIER, _, _>(job, (k, &[]), (v, &[]), it, sc, part)
+        }
         (KvRows::Q8 { q: k, d: kd }, KvRows::Q8 { q: v, d: vd }) => {
             item_typed::<TIER, _, _>(job, (k, kd), (v, vd), it, sc, part);
         }

@@ -392,7 +392,10 @@ fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
                 pool,
             )
             .unwrap();
-            assert!(plain.iter().zip(&out32).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(plain
+                .iter()
+                .zip(&out32)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
             for isa in supported_isas() {
                 let got = go(isa);
                 assert!(
@@ -430,7 +433,10 @@ fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
                 pool,
             )
             .unwrap();
-            assert!(plain.iter().zip(&out2).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(plain
+                .iter()
+                .zip(&out2)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
     }
 }
@@ -463,7 +469,10 @@ fn a_q8_cache_needs_whole_blocks_and_q8_on_both_sides() {
         &mut out,
         &pool,
     );
-    assert!(matches!(err, Err(KernelError::ShapeMismatch { .. })), "{err:?}");
+    assert!(
+        matches!(err, Err(KernelError::ShapeMismatch { .. })),
+        "{err:?}"
+    );
     let shape = AttnShape {
         n_head: 1,
         n_head_kv: 1,
@@ -482,7 +491,10 @@ fn a_q8_cache_needs_whole_blocks_and_q8_on_both_sides() {
         &mut out[..32],
         &pool,
     );
-    assert!(matches!(err, Err(KernelError::ShapeMismatch { .. })), "{err:?}");
+    assert!(
+        matches!(err, Err(KernelError::ShapeMismatch { .. })),
+        "{err:?}"
+    );
     // Codes without enough scales are refused, not read past.
     let err = attend(
         &shape,
@@ -502,5 +514,8 @@ fn a_q8_cache_needs_whole_blocks_and_q8_on_both_sides() {
         &mut out[..32],
         &pool,
     );
-    assert!(matches!(err, Err(KernelError::ShapeMismatch { .. })), "{err:?}");
+    assert!(
+        matches!(err, Err(KernelError::ShapeMismatch { .. })),
+        "{err:?}"
+    );
 }
