@@ -11,26 +11,11 @@
     clippy::cast_precision_loss
 )]
 
+mod common;
+
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_kernels::Pool;
 use bitnet_model::{Exec, KvType, Model, ModelError, Numerics, Outputs};
-
-fn golden_prompts() -> Vec<Vec<u32>> {
-    ["p1_english", "p2_unicode", "p3_digits_punct", "p4_code_ws"]
-        .iter()
-        .map(|s| {
-            let v: serde_json::Value =
-                serde_json::from_slice(&bitnet_testdata::read(&format!("tiny/{s}.tokens.json")))
-                    .unwrap();
-            v["prompt_tokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect()
-}
 
 fn argmax(v: &[f32]) -> usize {
     v.iter()
@@ -60,7 +45,7 @@ fn q8_cache_logits_stay_close_to_the_f32_cache() {
         let n_vocab = m.config.n_vocab;
         // Against the f32 cache: (max |Δ logit|, top-1 agreements) of the f16 and Q8_0 caches.
         let (mut e16, mut e8, mut a16, mut a8, mut rows) = (0f32, 0f32, 0usize, 0usize, 0usize);
-        for p in golden_prompts() {
+        for p in common::golden_prompts() {
             // Prompt in two batches, then token by token: the cache is written and read in
             // prefill and in decode steps.
             let run = |ty: KvType| {

@@ -9,6 +9,8 @@
     clippy::cast_possible_truncation
 )]
 
+mod common;
+
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_kernels::{Pool, RowMatrix, RowType};
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
@@ -59,23 +61,6 @@ fn compare(file: &GgufFile, prompts: &[Vec<u32>], ty: RowType) -> Err {
     e
 }
 
-fn golden_prompts() -> Vec<Vec<u32>> {
-    ["p1_english", "p2_unicode", "p3_digits_punct", "p4_code_ws"]
-        .iter()
-        .map(|s| {
-            let v: serde_json::Value =
-                serde_json::from_slice(&bitnet_testdata::read(&format!("tiny/{s}.tokens.json")))
-                    .unwrap();
-            v["prompt_tokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect()
-}
-
 #[test]
 fn quantized_lm_head_error_is_bounded() {
     let golden = GgufFile::open(
@@ -88,7 +73,7 @@ fn quantized_lm_head_error_is_bounded() {
         &Limits::default(),
     )
     .unwrap();
-    let prompts = golden_prompts();
+    let prompts = common::golden_prompts();
     // (format, max |Δ| bound, minimum top-1 agreement)
     for (ty, bound, agree) in [
         (RowType::Q8_0, 0.02, 0.95),
