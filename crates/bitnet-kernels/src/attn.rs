@@ -2,8 +2,8 @@
 //!
 //! `out = softmax(q · Kᵀ · scale, causal) · V` for `n` query rows at positions `pos0..pos0+n`,
 //! with the K and V rows of positions `0..pos0+n` read straight from the cache in its own
-//! element type (f16 or f32): no per-step conversion of the history, and no `[n][n_kv]` score
-//! matrix, so memory does not grow with n².
+//! element type (f16, f32, or Q8_0 codes with their scales): no per-step conversion of the
+//! history, and no `[n][n_kv]` score matrix, so memory does not grow with n².
 //!
 //! **Work split.** A work item is (a block of up to [`TOKEN_BLOCK`] query rows, one KV head,
 //! one chunk of KV positions). It carries every query head that reads that KV head (GQA): up
@@ -533,7 +533,8 @@ fn item_avx512(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
     unsafe { inner(job, it, s, part) }
 }
 
-/// A cache element type (f16 or f32): widened to f32 exactly, by any instruction.
+/// A cache element type (f16, f32, or an i8 Q8_0 code): widened to f32 exactly, by any
+/// instruction.
 pub(crate) trait KvElem: Copy + Send + Sync {
     /// The element is an IEEE half.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
