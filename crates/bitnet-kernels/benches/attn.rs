@@ -33,6 +33,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `len` cache values in [−0.5, 0.5), a different pattern per `salt`.
+fn cache_values(len: usize, salt: usize) -> Vec<f16> {
+    (0..len)
+        .map(|i| f16::from_f32((((i + salt) * 7919) % 1000) as f32 / 1000.0 - 0.5))
+        .collect()
+}
+
 fn main() {
     let quick = std::env::var_os("BENCH_QUICK").is_some();
     let shape = AttnShape {
@@ -52,16 +59,10 @@ fn main() {
         let per_layer = depth * shape.n_head_kv * shape.head_dim;
         let caches: Vec<(Vec<f16>, Vec<f16>)> = (0..LAYERS)
             .map(|l| {
-                let mk = |salt: usize| {
-                    (0..per_layer)
-                        .map(|i| {
-                            f16::from_f32(
-                                (((i + l * 7 + salt) * 7919) % 1000) as f32 / 1000.0 - 0.5,
-                            )
-                        })
-                        .collect::<Vec<_>>()
-                };
-                (mk(1), mk(2))
+                (
+                    cache_values(per_layer, l * 7 + 1),
+                    cache_values(per_layer, l * 7 + 2),
+                )
             })
             .collect();
         let bytes = 2 * per_layer * 2;
@@ -140,12 +141,7 @@ fn main() {
     let (depth, n) = (4096usize, 128usize);
     let pos0 = depth - n;
     let per_layer = depth * shape.n_head_kv * shape.head_dim;
-    let mk = |salt: usize| {
-        (0..per_layer)
-            .map(|i| f16::from_f32((((i + salt) * 7919) % 1000) as f32 / 1000.0 - 0.5))
-            .collect::<Vec<_>>()
-    };
-    let (k, v) = (mk(1), mk(2));
+    let (k, v) = (cache_values(per_layer, 1), cache_values(per_layer, 2));
     let layout = KvLayout::head_major(&shape, depth);
     let qn: Vec<f32> = (0..n * 2560)
         .map(|i| ((i * 31) % 97) as f32 / 97.0 - 0.5)

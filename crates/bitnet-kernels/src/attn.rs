@@ -61,8 +61,9 @@ const MAX_QP: usize = MAX_GQA;
 pub enum KvRows<'a> {
     F16(&'a [f16]),
     F32(&'a [f32]),
-    /// Q8_0: element `e` is `q[e] · d[e / 32]` (ggml's Q8_0 blocks, codes and scales apart;
-    /// the scale is the block's f16 scale widened). Needs `head_dim` and both strides to be
+    /// Q8_0: element `e` is `q[e] · d[e / 32]` (ggml's Q8_0 blocks, codes and scales apart,
+    /// as [`crate::rows::quantize_q8_0_split`] writes them; the scale is the block's f16 scale
+    /// widened). Needs `head_dim` and both strides to be
     /// multiples of 32.
     Q8 {
         q: &'a [i8],
@@ -87,32 +88,6 @@ impl KvRows<'_> {
 
 /// Elements per Q8_0 scale.
 pub const Q8_BLOCK: usize = 32;
-
-/// Encode `x` (a multiple of [`Q8_BLOCK`] long) for a [`KvRows::Q8`] cache: ggml's Q8_0
-/// quantizer ([`crate::rows::quantize_row_into`]), codes into `q`, each block's f16 scale
-/// widened into `d`.
-pub fn quantize_q8(x: &[f32], q: &mut [i8], d: &mut [f32]) -> Result<(), KernelError> {
-    if !x.len().is_multiple_of(Q8_BLOCK) || q.len() != x.len() || d.len() != x.len() / Q8_BLOCK {
-        return Err(KernelError::ShapeMismatch {
-            what: "Q8 cache row (codes, scales)",
-            expected: x.len().next_multiple_of(Q8_BLOCK),
-            got: q.len(),
-        });
-    }
-    let mut blk = [0u8; 2 + Q8_BLOCK];
-    for ((xb, qb), db) in x
-        .chunks_exact(Q8_BLOCK)
-        .zip(q.chunks_exact_mut(Q8_BLOCK))
-        .zip(d.iter_mut())
-    {
-        crate::rows::quantize_row_into(crate::RowType::Q8_0, xb, &mut blk);
-        *db = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-        for (o, &b) in qb.iter_mut().zip(&blk[2..]) {
-            *o = i8::from_le_bytes([b]);
-        }
-    }
-    Ok(())
-}
 
 /// Head counts and size of an attention call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -566,22 +566,43 @@ pub fn dequantize_row_bytes(ty: RowType, row: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Activations for the integer Q8_0 / Q4_0 dots: each `cols`-long token row encoded with the
-/// Q8_0 quantizer of [`quantize_row_into`], split into codes (`cols` per token) and scales
-/// (the block's f16 scale widened to f32, `cols/32` per token). `cols % 32 == 0`.
+/// Activations for the integer Q8_0 / Q4_0 dots: each `cols`-long token row encoded with
+/// [`quantize_q8_0_split`]: codes (`cols` per token) and scales (`cols/32` per token).
+/// `cols % 32 == 0`.
 fn quantize_q8_act(x: &[f32], cols: usize) -> Result<(Vec<i8>, Vec<f32>), KernelError> {
-    let rb = RowType::Q8_0.row_bytes(cols)?;
-    let mut enc = vec![0u8; rb];
-    let mut q = Vec::with_capacity(x.len());
-    let mut d = Vec::with_capacity(x.len() / 32);
-    for xr in x.chunks_exact(cols) {
-        quantize_row_into(RowType::Q8_0, xr, &mut enc);
-        for blk in enc.chunks_exact(34) {
-            d.push(read_f16(blk, 0));
-            q.extend(blk[2..].iter().map(|&b| i8::from_le_bytes([b])));
+    RowType::Q8_0.row_bytes(cols)?;
+    let x = &x[..x.len() / cols.max(1) * cols];
+    let mut q = vec![0i8; x.len()];
+    let mut d = vec![0f32; x.len() / 32];
+    quantize_q8_0_split(x, &mut q, &mut d)?;
+    Ok((q, d))
+}
+
+/// Encode `x` (a multiple of 32 long) with the Q8_0 quantizer of [`quantize_row_into`], split
+/// into codes (`q`, one per value) and scales (`d`, each block's f16 scale widened to f32):
+/// value `i` decodes as `q[i] · d[i / 32]`. Activations of the integer dots and the Q8_0 KV
+/// cache use it.
+pub fn quantize_q8_0_split(x: &[f32], q: &mut [i8], d: &mut [f32]) -> Result<(), KernelError> {
+    if !x.len().is_multiple_of(32) || q.len() != x.len() || d.len() != x.len() / 32 {
+        return Err(KernelError::ShapeMismatch {
+            what: "Q8_0 codes and scales",
+            expected: x.len().next_multiple_of(32),
+            got: q.len(),
+        });
+    }
+    let mut blk = [0u8; 34];
+    for ((xb, qb), db) in x
+        .chunks_exact(32)
+        .zip(q.chunks_exact_mut(32))
+        .zip(d.iter_mut())
+    {
+        quantize_row_into(RowType::Q8_0, xb, &mut blk);
+        *db = read_f16(&blk, 0);
+        for (o, &b) in qb.iter_mut().zip(&blk[2..]) {
+            *o = i8::from_le_bytes([b]);
         }
     }
-    Ok((q, d))
+    Ok(())
 }
 
 /// Encode one f32 row into `ty` (`out.len()` = the row's bytes).

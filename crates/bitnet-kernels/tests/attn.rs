@@ -131,12 +131,7 @@ fn run(c: &Case, isa: Isa, f16_cache: bool, pool: &Pool) -> Vec<f32> {
         isa, &c.shape, &c.q, k, v, layout, c.pos0, c.n, c.scale, &mut out2, pool,
     )
     .unwrap();
-    assert!(
-        out.iter()
-            .zip(&out2)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "layouts disagree"
-    );
+    assert!(same_bits(&out, &out2), "layouts disagree");
     out
 }
 
@@ -154,26 +149,38 @@ fn to_head_major<T: Copy + Default>(x: &[T], sh: &AttnShape, n_ctx: usize) -> Ve
     y
 }
 
+/// A random shape (head size from `head_dims`, 1–3 KV heads, GQA 1/2/4/5) and span: by
+/// `round % 3`, a single step deep in a history (chunked), a short prompt, or a prompt after
+/// a prefix.
+fn random_shape(rng: &mut Rng, round: usize, head_dims: &[usize]) -> (AttnShape, usize, usize) {
+    let head_dim = head_dims[rng.below(head_dims.len())];
+    let n_head_kv = 1 + rng.below(3);
+    let gqa = [1, 2, 4, 5][rng.below(4)];
+    let shape = AttnShape {
+        n_head: n_head_kv * gqa,
+        n_head_kv,
+        head_dim,
+    };
+    let (pos0, n) = match round % 3 {
+        0 => (rng.below(1200), 1),
+        1 => (0, 1 + rng.below(13)),
+        _ => (rng.below(300), 1 + rng.below(9)),
+    };
+    (shape, pos0, n)
+}
+
+/// The two outputs hold the same bits.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 #[test]
 fn every_tier_is_bit_identical_to_the_plain_build_and_close_to_f64() {
     let mut rng = Rng::new(11);
     let pools = [Pool::new(1), Pool::new(2), Pool::new(5)];
     let mut checked = 0;
     for round in 0..60 {
-        let head_dim = [128, 64, 40, 16, 8, 3, 130][rng.below(7)];
-        let n_head_kv = 1 + rng.below(3);
-        let gqa = [1, 2, 4, 5][rng.below(4)];
-        let shape = AttnShape {
-            n_head: n_head_kv * gqa,
-            n_head_kv,
-            head_dim,
-        };
-        // Single steps deep in a history (chunked), short prompts, prompts after a prefix.
-        let (pos0, n) = match round % 3 {
-            0 => (rng.below(1200), 1),
-            1 => (0, 1 + rng.below(13)),
-            _ => (rng.below(300), 1 + rng.below(9)),
-        };
+        let (shape, pos0, n) = random_shape(&mut rng, round, &[128, 64, 40, 16, 8, 3, 130]);
         let spread = [0.5, 4.0, 30.0][rng.below(3)];
         let c = case(&mut rng, shape, pos0, n, spread);
         let want = reference(&shape, &c.q, &c.k, &c.v, pos0, n, c.scale);
@@ -189,12 +196,8 @@ fn every_tier_is_bit_identical_to_the_plain_build_and_close_to_f64() {
                 }
                 for isa in supported_isas() {
                     let got = run(&c, isa, f16_cache, pool);
-                    let same = got
-                        .iter()
-                        .zip(&plain)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
-                        same,
+                        same_bits(&got, &plain),
                         "{isa:?} differs from the plain build: {shape:?} pos0 {pos0} n {n}"
                     );
                 }
@@ -321,7 +324,7 @@ fn bad_shapes_are_errors() {
 fn q8_case(x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
     let mut q = vec![0i8; x.len()];
     let mut d = vec![0f32; x.len() / 32];
-    bitnet_kernels::attn::quantize_q8(x, &mut q, &mut d).unwrap();
+    bitnet_kernels::rows::quantize_q8_0_split(x, &mut q, &mut d).unwrap();
     let deq = q
         .iter()
         .enumerate()
@@ -335,19 +338,8 @@ fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
     let mut rng = Rng::new(23);
     let pools = [Pool::new(1), Pool::new(2)];
     for round in 0..30 {
-        let head_dim = [128, 64, 32, 96][rng.below(4)];
-        let n_head_kv = 1 + rng.below(3);
-        let gqa = [1, 2, 4, 5][rng.below(4)];
-        let shape = AttnShape {
-            n_head: n_head_kv * gqa,
-            n_head_kv,
-            head_dim,
-        };
-        let (pos0, n) = match round % 3 {
-            0 => (rng.below(1200), 1),
-            1 => (0, 1 + rng.below(13)),
-            _ => (rng.below(300), 1 + rng.below(9)),
-        };
+        let (shape, pos0, n) = random_shape(&mut rng, round, &[128, 64, 32, 96]);
+        let head_dim = shape.head_dim;
         let c = case(&mut rng, shape, pos0, n, 4.0);
         let (kq, kd, kdeq) = q8_case(&c.k);
         let (vq, vd, vdeq) = q8_case(&c.v);
@@ -392,16 +384,11 @@ fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
                 pool,
             )
             .unwrap();
-            assert!(plain
-                .iter()
-                .zip(&out32)
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(same_bits(&plain, &out32));
             for isa in supported_isas() {
                 let got = go(isa);
                 assert!(
-                    got.iter()
-                        .zip(&plain)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    same_bits(&got, &plain),
                     "{isa:?} differs from the plain build: {shape:?} pos0 {pos0} n {n}"
                 );
             }
@@ -433,10 +420,7 @@ fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
                 pool,
             )
             .unwrap();
-            assert!(plain
-                .iter()
-                .zip(&out2)
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(same_bits(&plain, &out2));
         }
     }
 }

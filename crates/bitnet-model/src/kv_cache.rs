@@ -9,7 +9,8 @@
 //! 0.56 × the bytes of f16; needs a head size that is a multiple of 32).
 
 use bitnet_kernels::aligned::AlignedBuf;
-use bitnet_kernels::attn::{self, KvLayout, KvRows, Q8_BLOCK};
+use bitnet_kernels::attn::{KvLayout, KvRows, Q8_BLOCK};
+use bitnet_kernels::rows::quantize_q8_0_split;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -93,7 +94,7 @@ impl Store {
             Store::Q8 { q, d } => {
                 let (b0, nb) = (at / Q8_BLOCK, src.len() / Q8_BLOCK);
                 // Lengths agree by construction (whole blocks of a row inside the store).
-                let r = attn::quantize_q8(src, &mut q[at..at + src.len()], &mut d[b0..b0 + nb]);
+                let r = quantize_q8_0_split(src, &mut q[at..at + src.len()], &mut d[b0..b0 + nb]);
                 debug_assert!(r.is_ok(), "{r:?}");
             }
         }
