@@ -284,16 +284,61 @@ impl Sampler {
         result
     }
 
-    fn sample_into(&mut self, logits: &[f32], cands: &mut Vec<Cand>) -> Result<u32, SamplingError> {
-        let penalized;
-        let logits = if self.params.penalties_active() && !self.recent.is_empty() {
-            let mut copy = logits.to_vec();
-            self.apply_penalties(&mut copy);
-            penalized = copy;
-            &penalized[..]
+    /// Like [`Sampler::sample`] (the same token, the same RNG use), and also the
+    /// log-probabilities of the distribution the token was drawn from: the chosen
+    /// token's and those of the `n_top` most likely tokens of that distribution.
+    ///
+    /// That distribution is the softmax, at the request's temperature, over the
+    /// candidates left after the penalties, top-k, top-p and min-p; tokens those stages
+    /// removed have probability 0 and are never listed. Greedy decoding (temperature
+    /// `<= 0`) draws nothing; there the distribution is the softmax of the penalized
+    /// logits at temperature 1 over the whole vocabulary, whose mode greedy picks.
+    pub fn sample_with_logprobs(
+        &mut self,
+        logits: &[f32],
+        n_top: usize,
+    ) -> Result<Sampled, SamplingError> {
+        if logits.is_empty() {
+            return Err(SamplingError::EmptyLogits);
+        }
+        if u32::try_from(logits.len()).is_err() {
+            return Err(SamplingError::TooManyLogits(logits.len()));
+        }
+        let mut cands = std::mem::take(&mut self.cands);
+        let result = self.sample_with_logprobs_into(logits, n_top, &mut cands);
+        self.cands = cands;
+        result
+    }
+
+    fn sample_with_logprobs_into(
+        &mut self,
+        logits: &[f32],
+        n_top: usize,
+        cands: &mut Vec<Cand>,
+    ) -> Result<Sampled, SamplingError> {
+        let id = self.sample_into(logits, cands)?;
+        if self.params.is_greedy() {
+            // `sample_into` left no candidates behind: rebuild the penalized logits'
+            // distribution over the whole vocabulary.
+            let logits = self.penalized(logits);
+            cands.clear();
+            cands.extend(
+                logits
+                    .iter()
+                    .zip(0u32..)
+                    .filter(|(l, _)| !l.is_nan() && **l != f32::NEG_INFINITY)
+                    .map(|(&logit, id)| Cand { id, logit }),
+            );
+            sanitize(cands);
+            Ok(distribution(cands, id, 1.0, n_top))
         } else {
-            logits
-        };
+            Ok(distribution(cands, id, f64::from(self.params.temperature), n_top))
+        }
+    }
+
+    fn sample_into(&mut self, logits: &[f32], cands: &mut Vec<Cand>) -> Result<u32, SamplingError> {
+        let logits = self.penalized(logits);
+        let logits = &logits[..];
         let p = &self.params;
         if p.is_greedy() {
             // `argmax` skips NaN/-inf and takes the lowest id among +inf, exactly what
@@ -318,6 +363,17 @@ impl Sampler {
         top_p(cands, p.top_p);
         min_p(cands, p.min_p);
         self.draw(cands)
+    }
+
+    /// `logits` with the penalties applied (borrowed when none apply).
+    fn penalized<'l>(&self, logits: &'l [f32]) -> std::borrow::Cow<'l, [f32]> {
+        if self.params.penalties_active() && !self.recent.is_empty() {
+            let mut copy = logits.to_vec();
+            self.apply_penalties(&mut copy);
+            std::borrow::Cow::Owned(copy)
+        } else {
+            std::borrow::Cow::Borrowed(logits)
+        }
     }
 
     /// Repetition, presence and frequency penalties over the recent-token window
@@ -380,6 +436,48 @@ impl Sampler {
             .rev()
             .find(|c| weight(c) > 0.0)
             .map_or(top.id, |c| c.id))
+    }
+}
+
+/// A sampled token with the log-probabilities of the distribution it was drawn from
+/// (natural logarithms; see [`Sampler::sample_with_logprobs`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub id: u32,
+    /// The chosen token's log-probability (`<= 0`).
+    pub logprob: f32,
+    /// The most likely tokens of the distribution, most likely first (higher
+    /// probability, then lower id), at most the `n_top` asked for.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-probabilities of `cands` at temperature `t` (> 0): the chosen token's and the
+/// `n_top` largest. Computed in f64 relative to the top logit, as the draw weighs them.
+fn distribution(cands: &mut [Cand], chosen: u32, t: f64, n_top: usize) -> Sampled {
+    let max = cands
+        .iter()
+        .map(|c| f64::from(c.logit))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let inv_t = 1.0 / t;
+    let scaled = |c: &Cand| (f64::from(c.logit) - max) * inv_t;
+    let log_z = cands.iter().map(|c| scaled(c).exp()).sum::<f64>().ln();
+    // Rounded once to f32; never above 0 (a lone candidate is exactly 0).
+    #[allow(clippy::cast_possible_truncation)]
+    let lp = |c: &Cand| ((scaled(c) - log_z).min(0.0)) as f32;
+    let logprob = cands
+        .iter()
+        .find(|c| c.id == chosen)
+        .map_or(f32::NEG_INFINITY, lp);
+    extend_sorted_prefix(cands, 0, n_top);
+    let top = cands
+        .iter()
+        .take(n_top)
+        .map(|c| (c.id, lp(c)))
+        .collect();
+    Sampled {
+        id: chosen,
+        logprob,
+        top,
     }
 }
 

@@ -630,3 +630,133 @@ fn time_sample_128k() {
         println!("{name}: {:?} per sample", t0.elapsed() / n);
     }
 }
+
+/// log-softmax of `logits / t` in f64, written out directly.
+fn log_softmax(logits: &[f32], t: f64) -> Vec<f64> {
+    let max = logits.iter().map(|&l| f64::from(l)).fold(f64::MIN, f64::max);
+    let z: f64 = logits.iter().map(|&l| ((f64::from(l) - max) / t).exp()).sum();
+    logits
+        .iter()
+        .map(|&l| (f64::from(l) - max) / t - z.ln())
+        .collect()
+}
+
+fn random_logits(rng: &mut impl Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-8.0f32..8.0)).collect()
+}
+
+#[test]
+fn logprobs_do_not_change_the_tokens() {
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for (i, params) in [
+        SamplerParams::default(),
+        SamplerParams::greedy(),
+        SamplerParams {
+            repeat_penalty: 1.3,
+            presence_penalty: 0.5,
+            ..SamplerParams::default()
+        },
+        SamplerParams {
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            temperature: 1.7,
+            ..SamplerParams::default()
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let params = SamplerParams {
+            seed: 100 + i as u64,
+            ..params
+        };
+        let mut a = Sampler::new(params.clone()).unwrap();
+        let mut b = Sampler::new(params).unwrap();
+        for step in 0..60 {
+            let logits = random_logits(&mut rng, 300 + step);
+            let x = a.sample(&logits).unwrap();
+            let y = b.sample_with_logprobs(&logits, 5).unwrap();
+            assert_eq!(x, y.id, "params {i}, step {step}");
+            a.accept(x);
+            b.accept(x);
+        }
+    }
+}
+
+#[test]
+fn logprobs_are_the_tempered_softmax_when_no_filter_applies() {
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let t = 0.7;
+    let mut s = Sampler::new(SamplerParams {
+        temperature: 0.7,
+        ..plain(3)
+    })
+    .unwrap();
+    for _ in 0..20 {
+        let logits = random_logits(&mut rng, 1000);
+        let want = log_softmax(&logits, t);
+        let got = s.sample_with_logprobs(&logits, 20).unwrap();
+        let id = got.id as usize;
+        assert!((f64::from(got.logprob) - want[id]).abs() < 1e-5);
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| want[b].total_cmp(&want[a]).then(a.cmp(&b)));
+        assert_eq!(got.top.len(), 20);
+        for (&(tid, lp), &wid) in got.top.iter().zip(&order) {
+            assert_eq!(tid as usize, wid);
+            assert!((f64::from(lp) - want[wid]).abs() < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn logprobs_of_a_filtered_distribution_cover_only_what_is_kept() {
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let mut s = Sampler::new(SamplerParams {
+        temperature: 1.3,
+        top_k: 3,
+        ..plain(4)
+    })
+    .unwrap();
+    for _ in 0..20 {
+        let logits = random_logits(&mut rng, 500);
+        let got = s.sample_with_logprobs(&logits, 10).unwrap();
+        // Only the 3 kept candidates, and they carry the whole mass.
+        assert_eq!(got.top.len(), 3);
+        let mass: f64 = got.top.iter().map(|&(_, lp)| f64::from(lp).exp()).sum();
+        assert!((mass - 1.0).abs() < 1e-5, "{mass}");
+        let mut best: Vec<usize> = (0..logits.len()).collect();
+        best.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        let kept: Vec<f32> = best[..3].iter().map(|&i| logits[i]).collect();
+        let want = log_softmax(&kept, 1.3);
+        for (k, &(tid, lp)) in got.top.iter().enumerate() {
+            assert_eq!(tid as usize, best[k]);
+            assert!((f64::from(lp) - want[k]).abs() < 1e-5);
+        }
+        assert!(got.top.iter().any(|&(t, lp)| t == got.id && lp == got.logprob));
+    }
+}
+
+#[test]
+fn greedy_logprobs_are_the_full_softmax() {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let mut s = Sampler::new(SamplerParams::greedy()).unwrap();
+    let mut logits = random_logits(&mut rng, 400);
+    logits[17] = f32::NAN;
+    logits[18] = f32::NEG_INFINITY;
+    let got = s.sample_with_logprobs(&logits, 3).unwrap();
+    let finite: Vec<f32> = logits
+        .iter()
+        .map(|&l| if l.is_finite() { l } else { f32::NEG_INFINITY })
+        .collect();
+    let want = log_softmax(&finite, 1.0);
+    assert_eq!(Some(got.id), argmax(&logits));
+    assert_eq!(got.top[0].0, got.id);
+    assert!((f64::from(got.logprob) - want[got.id as usize]).abs() < 1e-5);
+    assert_eq!(got.top.len(), 3);
+    // One token left: it is certain.
+    let mut one = vec![f32::NEG_INFINITY; 10];
+    one[4] = -3.0;
+    let got = s.sample_with_logprobs(&one, 5).unwrap();
+    assert_eq!((got.id, got.logprob, got.top.len()), (4, 0.0, 1));
+}
