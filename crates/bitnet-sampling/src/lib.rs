@@ -332,7 +332,12 @@ impl Sampler {
             sanitize(cands);
             Ok(distribution(cands, id, 1.0, n_top))
         } else {
-            Ok(distribution(cands, id, f64::from(self.params.temperature), n_top))
+            Ok(distribution(
+                cands,
+                id,
+                f64::from(self.params.temperature),
+                n_top,
+            ))
         }
     }
 
@@ -469,11 +474,7 @@ fn distribution(cands: &mut [Cand], chosen: u32, t: f64, n_top: usize) -> Sample
         .find(|c| c.id == chosen)
         .map_or(f32::NEG_INFINITY, lp);
     extend_sorted_prefix(cands, 0, n_top);
-    let top = cands
-        .iter()
-        .take(n_top)
-        .map(|c| (c.id, lp(c)))
-        .collect();
+    let top = cands.iter().take(n_top).map(|c| (c.id, lp(c))).collect();
     Sampled {
         id: chosen,
         logprob,

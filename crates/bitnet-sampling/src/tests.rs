@@ -633,8 +633,14 @@ fn time_sample_128k() {
 
 /// log-softmax of `logits / t` in f64, written out directly.
 fn log_softmax(logits: &[f32], t: f64) -> Vec<f64> {
-    let max = logits.iter().map(|&l| f64::from(l)).fold(f64::MIN, f64::max);
-    let z: f64 = logits.iter().map(|&l| ((f64::from(l) - max) / t).exp()).sum();
+    let max = logits
+        .iter()
+        .map(|&l| f64::from(l))
+        .fold(f64::MIN, f64::max);
+    let z: f64 = logits
+        .iter()
+        .map(|&l| ((f64::from(l) - max) / t).exp())
+        .sum();
     logits
         .iter()
         .map(|&l| (f64::from(l) - max) / t - z.ln())
@@ -733,7 +739,10 @@ fn logprobs_of_a_filtered_distribution_cover_only_what_is_kept() {
             assert_eq!(tid as usize, best[k]);
             assert!((f64::from(lp) - want[k]).abs() < 1e-5);
         }
-        assert!(got.top.iter().any(|&(t, lp)| t == got.id && lp == got.logprob));
+        assert!(got
+            .top
+            .iter()
+            .any(|&(t, lp)| t == got.id && lp == got.logprob));
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
 use bitnet_sampling::SamplerParams;
-use bitnet_tokenizer::{ChatMessage, ChatRole};
+use bitnet_tokenizer::{ChatMessage, ChatRole, Tokenizer};
 use serde_json::{json, Map, Value};
 
 /// An error answered with OpenAI's error object
@@ -128,7 +128,15 @@ pub struct CompletionRequest {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Log-probabilities asked for: `Some(n)` returns each generated token's and the
+    /// `n` most likely alternatives (chat: `logprobs: true` + `top_logprobs: n`;
+    /// completions: `logprobs: n`).
+    pub logprobs: Option<usize>,
 }
+
+/// Most alternatives per token `top_logprobs` (chat) or `logprobs` (completions) may
+/// ask for: OpenAI's limit for chat (its legacy completions allow 5).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,6 +265,8 @@ pub fn parse_request(
         }
     };
 
+    let logprobs = parse_logprobs(&o, endpoint)?;
+
     Ok(CompletionRequest {
         input,
         max_tokens,
@@ -265,7 +275,118 @@ pub fn parse_request(
         stop,
         stream,
         include_usage,
+        logprobs,
     })
+}
+
+/// Chat: `logprobs` (boolean) and `top_logprobs` (0..=20, only with `logprobs: true`).
+/// Completions: `logprobs` (integer 0..=20; 0 returns the chosen tokens only).
+fn parse_logprobs(o: &Obj<'_>, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+    let in_range = |field: &str, n: i64| {
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= MAX_TOP_LOGPROBS)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    field,
+                    format!("`{field}` = {n} is not in [0, {MAX_TOP_LOGPROBS}]"),
+                )
+            })
+    };
+    match endpoint {
+        Endpoint::Chat => {
+            let on = o.bool("logprobs")?.unwrap_or(false);
+            let top = o.int("top_logprobs")?;
+            match (on, top) {
+                (false, Some(_)) => Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                )),
+                (false, None) => Ok(None),
+                (true, None) => Ok(Some(0)),
+                (true, Some(n)) => in_range("top_logprobs", n).map(Some),
+            }
+        }
+        Endpoint::Completion => match o.get("logprobs") {
+            None => Ok(None),
+            // Some clients send the chat form here; `true` means the tokens alone.
+            Some(Value::Bool(b)) => Ok(b.then_some(0)),
+            Some(_) => match o.int("logprobs")? {
+                Some(n) => in_range("logprobs", n).map(Some),
+                None => Ok(None),
+            },
+        },
+    }
+}
+
+/// One generated token's log-probability and the most likely alternatives at its
+/// position (ids; turned into text by [`logprobs_json`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The `logprobs` object of one choice (or one streamed chunk) for `entries`.
+///
+/// Chat: `{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null}`.
+/// Completions (OpenAI's legacy shape): `{"tokens", "token_logprobs", "top_logprobs",
+/// "text_offset"}`; `text_offset` counts bytes of generated text before each token,
+/// starting at `*offset`, which is advanced past `entries`.
+pub fn logprobs_json(
+    endpoint: Endpoint,
+    entries: &[TokenLogprob],
+    tok: &Tokenizer,
+    offset: &mut usize,
+) -> Value {
+    let bytes = |id: u32| tok.token_bytes(id).unwrap_or_default();
+    let text = |id: u32| String::from_utf8_lossy(bytes(id)).into_owned();
+    match endpoint {
+        Endpoint::Chat => {
+            let content: Vec<Value> = entries
+                .iter()
+                .map(|e| {
+                    let top: Vec<Value> = e
+                        .top
+                        .iter()
+                        .map(|&(id, lp)| json!({"token": text(id), "logprob": lp, "bytes": bytes(id)}))
+                        .collect();
+                    json!({
+                        "token": text(e.id),
+                        "logprob": e.logprob,
+                        "bytes": bytes(e.id),
+                        "top_logprobs": top,
+                    })
+                })
+                .collect();
+            json!({ "content": content, "refusal": null })
+        }
+        Endpoint::Completion => {
+            let mut offsets = Vec::with_capacity(entries.len());
+            for e in entries {
+                offsets.push(*offset);
+                *offset = offset.saturating_add(bytes(e.id).len());
+            }
+            let top: Vec<Value> = entries
+                .iter()
+                .map(|e| {
+                    let m: Map<String, Value> = e
+                        .top
+                        .iter()
+                        .map(|&(id, lp)| (text(id), json!(lp)))
+                        .collect();
+                    Value::Object(m)
+                })
+                .collect();
+            json!({
+                "tokens": entries.iter().map(|e| text(e.id)).collect::<Vec<_>>(),
+                "token_logprobs": entries.iter().map(|e| e.logprob).collect::<Vec<_>>(),
+                "top_logprobs": top,
+                "text_offset": offsets,
+            })
+        }
+    }
 }
 
 /// A JSON object with typed getters; `null` counts as absent (as in OpenAI's API).
@@ -572,7 +693,7 @@ pub struct ResponseMeta {
 
 impl ResponseMeta {
     /// A whole (non-streamed) response.
-    pub fn full(&self, text: &str, finish: &str, usage: Usage) -> Value {
+    pub fn full(&self, text: &str, finish: &str, usage: Usage, logprobs: Option<Value>) -> Value {
         match self.endpoint {
             Endpoint::Chat => json!({
                 "id": self.id,
@@ -582,7 +703,7 @@ impl ResponseMeta {
                 "choices": [{
                     "index": 0,
                     "message": { "role": "assistant", "content": text },
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": finish,
                 }],
                 "usage": usage.to_json(),
@@ -595,7 +716,7 @@ impl ResponseMeta {
                 "choices": [{
                     "index": 0,
                     "text": text,
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": finish,
                 }],
                 "usage": usage.to_json(),
@@ -605,7 +726,13 @@ impl ResponseMeta {
 
     /// One streamed chunk: a text delta (or, for chat, the opening `role` delta when
     /// `text` is `None`), or the final chunk carrying `finish`.
-    pub fn chunk(&self, text: Option<&str>, finish: Option<&str>, with_usage_null: bool) -> Value {
+    pub fn chunk(
+        &self,
+        text: Option<&str>,
+        finish: Option<&str>,
+        with_usage_null: bool,
+        logprobs: Option<Value>,
+    ) -> Value {
         let mut v = match self.endpoint {
             Endpoint::Chat => {
                 let delta = match (text, finish) {
@@ -621,7 +748,7 @@ impl ResponseMeta {
                     "choices": [{
                         "index": 0,
                         "delta": delta,
-                        "logprobs": null,
+                        "logprobs": logprobs,
                         "finish_reason": finish,
                     }],
                 })
@@ -634,7 +761,7 @@ impl ResponseMeta {
                 "choices": [{
                     "index": 0,
                     "text": text.unwrap_or(""),
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": finish,
                 }],
             }),

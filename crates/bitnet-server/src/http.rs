@@ -57,14 +57,120 @@ fn router(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize_route))
+        .route("/detokenize", post(detokenize_route))
+        .route("/props", get(props))
+        .route("/slots", get(slots))
+        .route("/", get(crate::web::index))
+        .route("/assets/{file}", get(crate::web::asset))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(Arc::clone(&state), gate))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), cors))
         .with_state(state)
 }
 
-/// 503 while loading, 401 without the right key; `/health` passes through.
+/// Paths answered without the API key and while the model loads: the health check and
+/// the chat page (which asks for the key and shows the loading state itself).
+fn is_public(path: &str) -> bool {
+    path == "/health" || path == "/" || path.starts_with("/assets/")
+}
+
+/// Checks a `--cors-origin` value: `*`, or `scheme://host[:port]` (an origin as browsers
+/// send it: no path, no trailing slash).
+pub(crate) fn check_origin(o: &str) -> Result<(), String> {
+    if o == "*" {
+        return Ok(());
+    }
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return Err("an origin is `scheme://host[:port]` (or `*`)".into());
+    };
+    if scheme.is_empty()
+        || !scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+    {
+        return Err("the scheme is not valid".into());
+    }
+    if rest.is_empty()
+        || rest.contains(['/', '?', '#', '@'])
+        || rest.bytes().any(|b| !b.is_ascii_graphic())
+    {
+        return Err("an origin has a host and an optional port, and nothing after them".into());
+    }
+    HeaderValue::from_str(o).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// The `Access-Control-Allow-Origin` value for a request's `Origin`, if it is allowed.
+fn allowed_origin(s: &Shared, origin: Option<&HeaderValue>) -> Option<HeaderValue> {
+    let origin = origin?;
+    if s.cfg.cors_origins.iter().any(|o| o == "*") {
+        return Some(HeaderValue::from_static("*"));
+    }
+    let o = origin.to_str().ok()?;
+    s.cfg
+        .cors_origins
+        .iter()
+        .any(|a| a.eq_ignore_ascii_case(o))
+        .then(|| origin.clone())
+}
+
+/// CORS: answers preflights (before the key check: browsers send them without
+/// credentials) and marks responses to allowed origins. Only origins given with
+/// `--cors-origin` are allowed; the API key is still required on every API call.
+async fn cors(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let allowed = allowed_origin(&s, req.headers().get(header::ORIGIN));
+    let preflight = req.method() == axum::http::Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    if preflight {
+        let Some(allow) = allowed else {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                "cross-origin requests from this origin are not allowed (see `bitnet serve --cors-origin`)",
+            )
+            .into_response();
+        };
+        let mut r = StatusCode::NO_CONTENT.into_response();
+        let h = r.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static("GET, POST, OPTIONS"),
+        );
+        // Whatever headers the page wants to send (clients add their own, such as the
+        // OpenAI SDK's `x-stainless-*`); `Authorization` is still checked on the call.
+        let asked = req
+            .headers()
+            .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+            .cloned()
+            .unwrap_or_else(|| HeaderValue::from_static("authorization, content-type"));
+        h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+        return r;
+    }
+    let mut r = next.run(req).await;
+    if let Some(allow) = allowed {
+        let h = r.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        h.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("retry-after"),
+        );
+        h.append(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    r
+}
+
+/// 503 while loading, 401 without the right key; `/health` and the page pass through.
 async fn gate(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    if req.uri().path() == "/health" {
+    if is_public(req.uri().path()) {
         return next.run(req).await;
     }
     if s.ready.get().is_none() || matches!(*s.phase.borrow(), Phase::Failed(_)) {
@@ -162,6 +268,163 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
             },
         }],
     }))
+}
+
+/// A JSON object body for the llama-server endpoints.
+async fn json_object(s: &Shared, req: Request) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let body = read_body(s, req).await?;
+    match serde_json::from_slice(&body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(ApiError::bad_body("the body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_body(format!(
+            "the body is not valid JSON: {e}"
+        ))),
+    }
+}
+
+fn opt_bool(o: &serde_json::Map<String, Value>, k: &str, default: bool) -> Result<bool, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(k, format!("`{k}` must be a boolean"))),
+    }
+}
+
+fn ready_or_503(s: &Shared) -> Result<&Ready, ApiError> {
+    s.ready.get().ok_or_else(|| loading_error(s))
+}
+
+/// llama-server's `POST /tokenize`: `{"content", "add_special": false,
+/// "parse_special": true, "with_pieces": false}` → `{"tokens": [ids]}`, or with pieces
+/// `{"tokens": [{"id", "piece"}]}` (a piece that is not whole UTF-8 is its byte array).
+async fn tokenize_route(State(s): State<AppState>, req: Request) -> Result<Json<Value>, ApiError> {
+    let ready = ready_or_503(&s)?;
+    let o = json_object(&s, req).await?;
+    let content = match o.get("content") {
+        Some(Value::String(c)) => c.clone(),
+        _ => return Err(ApiError::invalid("content", "`content` must be a string")),
+    };
+    let add_special = opt_bool(&o, "add_special", false)?;
+    let parse_special = opt_bool(&o, "parse_special", true)?;
+    let with_pieces = opt_bool(&o, "with_pieces", false)?;
+    let tok = Arc::clone(&ready.tokenizer);
+    let ids = tokio::task::spawn_blocking(move || {
+        tok.encode(&content, add_special && tok.add_bos(), parse_special)
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("tokenization failed: {e}"),
+        )
+    })?
+    .map_err(|e| ApiError::invalid("content", e.to_string()))?;
+    if !with_pieces {
+        return Ok(Json(json!({ "tokens": ids })));
+    }
+    let tok = &ready.tokenizer;
+    let tokens: Vec<Value> = ids
+        .iter()
+        .map(|&id| {
+            let bytes = tok.token_bytes(id).unwrap_or_default();
+            let piece = match std::str::from_utf8(bytes) {
+                Ok(t) => json!(t),
+                Err(_) => json!(bytes),
+            };
+            json!({ "id": id, "piece": piece })
+        })
+        .collect();
+    Ok(Json(json!({ "tokens": tokens })))
+}
+
+/// llama-server's `POST /detokenize`: `{"tokens": [ids]}` → `{"content"}`.
+async fn detokenize_route(
+    State(s): State<AppState>,
+    req: Request,
+) -> Result<Json<Value>, ApiError> {
+    let ready = ready_or_503(&s)?;
+    let o = json_object(&s, req).await?;
+    let Some(Value::Array(items)) = o.get("tokens") else {
+        return Err(ApiError::invalid(
+            "tokens",
+            "`tokens` must be an array of token ids",
+        ));
+    };
+    let n_vocab = ready.n_vocab;
+    let ids = items
+        .iter()
+        .map(|t| {
+            t.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .filter(|&id| usize::try_from(id).is_ok_and(|i| i < n_vocab))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tokens",
+                        format!("token id {t} is not an integer in [0, {n_vocab})"),
+                    )
+                })
+        })
+        .collect::<Result<Vec<u32>, _>>()?;
+    let content = ready
+        .tokenizer
+        .decode(&ids)
+        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(Json(json!({ "content": content })))
+}
+
+/// llama-server's `GET /props`: the default generation settings and the server's shape.
+async fn props(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let ready = ready_or_503(&s)?;
+    let d = &s.cfg.sampling_defaults;
+    let tok = &ready.tokenizer;
+    let text = |id: Option<u32>| id.and_then(|i| tok.piece(i).ok()).unwrap_or_default();
+    Ok(Json(json!({
+        "default_generation_settings": {
+            "n_ctx": ready.n_ctx,
+            "params": {
+                "n_predict": -1,
+                "temperature": d.temperature,
+                "top_k": d.top_k,
+                "top_p": d.top_p,
+                "min_p": d.min_p,
+                "repeat_penalty": d.repeat_penalty,
+                "repeat_last_n": d.repeat_last_n,
+                "presence_penalty": d.presence_penalty,
+                "frequency_penalty": d.frequency_penalty,
+            },
+        },
+        "total_slots": s.cfg.parallel,
+        "model_alias": s.cfg.model_name,
+        "n_ctx_train": ready.n_ctx_train,
+        "n_vocab": ready.n_vocab,
+        "bos_token": text(tok.bos()),
+        "eos_token": text(tok.eos()),
+        "chat_format": "llama3",
+        "modalities": { "vision": false, "audio": false },
+        "build_info": concat!("bitnet-rs ", env!("CARGO_PKG_VERSION")),
+    })))
+}
+
+/// `GET /slots`: each slot's state, for monitoring (behind the API key).
+async fn slots(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let ready = ready_or_503(&s)?;
+    let list: Vec<Value> = ready
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(id, st)| {
+            json!({
+                "id": id,
+                "n_ctx": ready.n_ctx,
+                "is_processing": st.busy.load(Relaxed),
+                "n_tokens_cached": st.cached.load(Relaxed),
+                "n_prompt_tokens": st.prompt.load(Relaxed),
+                "n_decoded": st.generated.load(Relaxed),
+            })
+        })
+        .collect();
+    Ok(Json(Value::Array(list)))
 }
 
 async fn chat(State(s): State<AppState>, req: Request) -> Response {
@@ -265,6 +528,7 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         stop,
         stream,
         include_usage,
+        logprobs,
     } = api::parse_request(&body, endpoint, &limits)?;
     drop(body);
     let field = match endpoint {
@@ -335,6 +599,7 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         max_tokens,
         sampler,
         stop,
+        logprobs,
         deadline,
         events: tx,
         _ticket: ticket,
@@ -368,15 +633,21 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         model: s.cfg.model_name.clone(),
         endpoint,
     };
+    let tok = Arc::clone(&ready.tokenizer);
     if stream {
-        return Ok(sse(meta, rx, include_usage));
+        return Ok(sse(meta, rx, include_usage, logprobs.map(|_| tok)));
     }
     let mut text = String::new();
+    let mut entries = Vec::new();
     loop {
         match rx.recv().await {
-            Some(GenEvent::Text(t)) => text.push_str(&t),
+            Some(GenEvent::Text { text: t, logprobs }) => {
+                text.push_str(&t);
+                entries.extend(logprobs);
+            }
             Some(GenEvent::Done { finish, usage }) => {
-                return Ok(Json(meta.full(&text, finish, usage)).into_response())
+                let lp = logprobs.map(|_| api::logprobs_json(endpoint, &entries, &tok, &mut 0));
+                return Ok(Json(meta.full(&text, finish, usage, lp)).into_response());
             }
             Some(GenEvent::Error {
                 status,
@@ -409,20 +680,31 @@ struct StreamState {
     rx: UnboundedReceiver<GenEvent>,
     meta: ResponseMeta,
     include_usage: bool,
+    /// Set when the request asked for logprobs: names their tokens.
+    logprobs: Option<Arc<Tokenizer>>,
+    /// Bytes of text sent so far (the completions shape's `text_offset`).
+    offset: usize,
     out: VecDeque<String>,
     done: bool,
 }
 
 /// Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
-fn sse(meta: ResponseMeta, rx: UnboundedReceiver<GenEvent>, include_usage: bool) -> Response {
+fn sse(
+    meta: ResponseMeta,
+    rx: UnboundedReceiver<GenEvent>,
+    include_usage: bool,
+    logprobs: Option<Arc<Tokenizer>>,
+) -> Response {
     let mut out = VecDeque::new();
     if meta.endpoint == Endpoint::Chat {
-        out.push_back(meta.chunk(None, None, include_usage).to_string());
+        out.push_back(meta.chunk(None, None, include_usage, None).to_string());
     }
     let st = StreamState {
         rx,
         meta,
         include_usage,
+        logprobs,
+        offset: 0,
         out,
         done: false,
     };
@@ -435,13 +717,20 @@ fn sse(meta: ResponseMeta, rx: UnboundedReceiver<GenEvent>, include_usage: bool)
                 return None;
             }
             match st.rx.recv().await {
-                Some(GenEvent::Text(t)) => st
-                    .out
-                    .push_back(st.meta.chunk(Some(&t), None, st.include_usage).to_string()),
+                Some(GenEvent::Text { text, logprobs }) => {
+                    let lp = st.logprobs.as_ref().map(|tok| {
+                        api::logprobs_json(st.meta.endpoint, &logprobs, tok, &mut st.offset)
+                    });
+                    st.out.push_back(
+                        st.meta
+                            .chunk(Some(&text), None, st.include_usage, lp)
+                            .to_string(),
+                    );
+                }
                 Some(GenEvent::Done { finish, usage }) => {
                     st.out.push_back(
                         st.meta
-                            .chunk(None, Some(finish), st.include_usage)
+                            .chunk(None, Some(finish), st.include_usage, None)
                             .to_string(),
                     );
                     if st.include_usage {

@@ -1,7 +1,9 @@
 //! An OpenAI-compatible HTTP server over [`bitnet_engine::Engine`].
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`,
-//! `GET /health` (503 while the model loads) and `GET /metrics` (Prometheus text).
+//! `GET /health` (503 while the model loads), `GET /metrics` (Prometheus text),
+//! llama-server's `POST /tokenize`, `POST /detokenize`, `GET /props` and `GET /slots`,
+//! and a chat page at `/` (embedded: no network needed).
 //!
 //! # Architecture
 //! * One **scheduler thread** owns the engine and `parallel` slots, each with its own KV
@@ -26,6 +28,7 @@ pub mod api;
 mod http;
 pub mod metrics;
 mod scheduler;
+mod web;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -94,6 +97,10 @@ pub struct ServerConfig {
     /// A pause after every forward pass: a throttle, and a way for tests to make
     /// generation slow enough to observe queueing, cancellation and draining.
     pub step_delay: Option<Duration>,
+    /// Origins allowed to call the API from a web page on another origin (CORS):
+    /// `scheme://host[:port]` each, or `*` for any. Empty (the default): cross-origin
+    /// calls are refused, so a web site the user visits cannot drive the server.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -114,6 +121,7 @@ impl Default for ServerConfig {
             max_stop_bytes: 1024,
             sampling_defaults: SamplerParams::default(),
             step_delay: None,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -141,6 +149,14 @@ impl ServerConfig {
         if self.api_key.as_deref() == Some("") {
             return bad("api_key", "must not be empty");
         }
+        for o in &self.cors_origins {
+            if let Err(reason) = http::check_origin(o) {
+                return Err(ServerError::Config {
+                    field: "cors_origins",
+                    reason: format!("{o:?}: {reason}"),
+                });
+            }
+        }
         Ok(())
     }
 }
@@ -152,6 +168,8 @@ pub(crate) struct Ready {
     tokenizer: Arc<Tokenizer>,
     n_ctx: usize,
     n_vocab: usize,
+    n_ctx_train: usize,
+    slots: Arc<[scheduler::SlotStatus]>,
 }
 
 /// Loading state, as `/health` reports it.
@@ -310,7 +328,15 @@ where
         prefill_chunk: shared.cfg.prefill_chunk,
         step_delay: shared.cfg.step_delay,
     };
-    let sched = match scheduler::Scheduler::new(engine, cfg, Arc::clone(&shared.metrics)) {
+    let slots: Arc<[scheduler::SlotStatus]> = (0..cfg.parallel)
+        .map(|_| scheduler::SlotStatus::default())
+        .collect();
+    let sched = match scheduler::Scheduler::new(
+        engine,
+        cfg,
+        Arc::clone(&shared.metrics),
+        Arc::clone(&slots),
+    ) {
         Ok(s) => s,
         Err(e) => {
             shared.phase.send_replace(Phase::Failed(format!(
@@ -326,6 +352,8 @@ where
         tokenizer,
         n_ctx,
         n_vocab,
+        n_ctx_train,
+        slots,
     });
     shared.phase.send_replace(Phase::Ready);
     // A panic here would be a bug; if it happens, report it on /health and refuse new

@@ -13,7 +13,7 @@
 //!    client went away (their event channel is closed) or whose time is up.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use bitnet_sampling::{Sampler, SamplerParams};
 use bitnet_tokenizer::{StreamDecoder, TokenKind};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::Usage;
+use crate::api::{TokenLogprob, Usage};
 use crate::metrics::Metrics;
 
 /// A generation request, validated and tokenized.
@@ -35,6 +35,8 @@ pub(crate) struct Job {
     pub max_tokens: usize,
     pub sampler: SamplerParams,
     pub stop: Vec<String>,
+    /// Log-probabilities to report: `Some(n)` with the `n` most likely alternatives.
+    pub logprobs: Option<usize>,
     /// Generation ends (`finish_reason: "length"`) at this instant; a job still waiting
     /// then is refused with 503.
     pub deadline: Instant,
@@ -68,8 +70,12 @@ impl Drop for Ticket {
 pub(crate) enum GenEvent {
     /// The job has a slot; text follows.
     Started,
-    /// Generated text: complete UTF-8, stop strings held back.
-    Text(String),
+    /// Generated text: complete UTF-8, stop strings held back; with the
+    /// log-probabilities of the tokens sampled since the last text (when asked for).
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// The end; `finish` is OpenAI's `finish_reason`.
     Done { finish: &'static str, usage: Usage },
     /// The job failed or was refused; no more events follow.
@@ -88,6 +94,17 @@ pub(crate) enum Msg {
     Drain {
         deadline: Instant,
     },
+}
+
+/// What `/slots` shows of one slot, published by the scheduler after every pass.
+#[derive(Debug, Default)]
+pub(crate) struct SlotStatus {
+    pub busy: AtomicBool,
+    /// Tokens whose K/V are in the slot's cache.
+    pub cached: AtomicUsize,
+    /// The current (or last) request's prompt tokens and tokens generated so far.
+    pub prompt: AtomicUsize,
+    pub generated: AtomicUsize,
 }
 
 /// Scheduler settings.
@@ -120,6 +137,8 @@ struct Active {
     /// The sampled token to evaluate in the next pass.
     pending: Option<u32>,
     generated: usize,
+    /// Log-probabilities of sampled tokens whose text has not been sent yet.
+    logprobs: Vec<TokenLogprob>,
 }
 
 impl Active {
@@ -144,6 +163,7 @@ pub(crate) struct Scheduler {
     drain_deadline: Option<Instant>,
     /// (end of a pass, tokens generated in it), for the tok/s gauge.
     recent: VecDeque<(Instant, Duration, usize)>,
+    status: Arc<[SlotStatus]>,
 }
 
 impl Scheduler {
@@ -152,6 +172,7 @@ impl Scheduler {
         engine: Engine,
         cfg: SchedConfig,
         metrics: Arc<Metrics>,
+        status: Arc<[SlotStatus]>,
     ) -> Result<Self, bitnet_model::ModelError> {
         let mut slots = Vec::with_capacity(cfg.parallel);
         for _ in 0..cfg.parallel {
@@ -174,6 +195,7 @@ impl Scheduler {
             metrics,
             drain_deadline: None,
             recent: VecDeque::new(),
+            status,
         })
     }
 
@@ -204,6 +226,19 @@ impl Scheduler {
                 }
             }
             self.tick();
+            self.publish();
+        }
+    }
+
+    /// Update what `/slots` shows.
+    fn publish(&self) {
+        for (s, st) in self.slots.iter().zip(self.status.iter()) {
+            st.busy.store(s.active.is_some(), Relaxed);
+            st.cached.store(s.tokens.len(), Relaxed);
+            if let Some(a) = &s.active {
+                st.prompt.store(a.job.prompt.len(), Relaxed);
+                st.generated.store(a.generated, Relaxed);
+            }
         }
     }
 
@@ -386,6 +421,7 @@ impl Scheduler {
             decoder: StreamDecoder::new(),
             pending: None,
             generated: 0,
+            logprobs: Vec::new(),
         });
     }
 
@@ -458,7 +494,18 @@ impl Scheduler {
         let slot = &mut self.slots[i];
         let cache_len = slot.tokens.len();
         let a = slot.active.as_mut()?;
-        let t = match a.sampler.sample(logits) {
+        let sampled = match a.job.logprobs {
+            None => a.sampler.sample(logits),
+            Some(n) => a.sampler.sample_with_logprobs(logits, n).map(|s| {
+                a.logprobs.push(TokenLogprob {
+                    id: s.id,
+                    logprob: s.logprob,
+                    top: s.top,
+                });
+                s.id
+            }),
+        };
+        let t = match sampled {
             Ok(t) => t,
             Err(e) => {
                 send_error(
@@ -475,6 +522,8 @@ impl Scheduler {
         a.generated += 1;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
         if tok.is_eog(t) {
+            // The end-of-generation token is not part of the reply, nor its logprob.
+            a.logprobs.pop();
             return Some(FinishReason::Eog);
         }
         // Control tokens are not text (they never reach the client).
@@ -496,11 +545,23 @@ impl Scheduler {
             }
         };
         let (emit, hit) = a.stops.push(&piece);
-        if !emit.is_empty() && a.job.events.send(GenEvent::Text(emit)).is_err() {
-            self.metrics.cancelled.fetch_add(1, Relaxed);
-            return Some(FinishReason::Cancelled);
+        if !emit.is_empty() {
+            let logprobs = std::mem::take(&mut a.logprobs);
+            if a.job
+                .events
+                .send(GenEvent::Text {
+                    text: emit,
+                    logprobs,
+                })
+                .is_err()
+            {
+                self.metrics.cancelled.fetch_add(1, Relaxed);
+                return Some(FinishReason::Cancelled);
+            }
         }
         if hit {
+            // Tokens whose text went into the stop string are not part of the reply.
+            a.logprobs.clear();
             return Some(FinishReason::StopString);
         }
         if a.generated >= a.job.max_tokens || cache_len >= n_ctx {
@@ -526,6 +587,7 @@ impl Scheduler {
             mut decoder,
             cached,
             generated,
+            logprobs,
             ..
         } = a;
         let Job {
@@ -541,8 +603,11 @@ impl Scheduler {
             tail.push_str(&emit);
             tail.push_str(&stops.finish());
         }
-        if !tail.is_empty() {
-            let _ = events.send(GenEvent::Text(tail));
+        if !tail.is_empty() || !logprobs.is_empty() {
+            let _ = events.send(GenEvent::Text {
+                text: tail,
+                logprobs,
+            });
         }
         let usage = Usage {
             prompt_tokens: prompt.len(),
@@ -560,6 +625,9 @@ impl Scheduler {
     fn free(&mut self, i: usize) -> Option<Active> {
         let slot = &mut self.slots[i];
         let a = slot.active.take()?;
+        if let Some(st) = self.status.get(i) {
+            st.generated.store(a.generated, Relaxed);
+        }
         // A token sampled but never evaluated is not in the cache; a prompt cut short
         // leaves a valid prefix in it. Either way `tokens` matches the cache.
         debug_assert_eq!(slot.tokens.len(), slot.cache.len());

@@ -82,6 +82,37 @@ out["short"] = {"finish": r.choices[0].finish_reason, "usage": usage(r.usage)}
 
 out["models"] = [m.id for m in client.models.list().data]
 
+# Log-probabilities: sampling with every filter off, so the distribution drawn from is
+# the softmax of the logits at temperature 0.7 (the Rust side checks the values).
+LP = dict(model="tiny", max_tokens=8, temperature=0.7, top_p=1, seed=99,
+          extra_body={"top_k": 0, "min_p": 0})
+
+
+def entries(content):
+    return [
+        {"token": c.token, "logprob": c.logprob, "bytes": c.bytes,
+         "top": [[t.bytes, t.logprob] for t in c.top_logprobs]}
+        for c in content or []
+    ]
+
+
+r = client.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=3, **LP)
+out["chat_logprobs"] = {"text": r.choices[0].message.content,
+                        "entries": entries(r.choices[0].logprobs.content)}
+got = []
+for ch in client.chat.completions.create(
+    messages=MESSAGES, logprobs=True, top_logprobs=3, stream=True, **LP
+):
+    if ch.choices and ch.choices[0].logprobs:
+        got += entries(ch.choices[0].logprobs.content)
+out["chat_logprobs_stream"] = got
+r = client.completions.create(prompt=PROMPT, logprobs=2, **LP)
+lp = r.choices[0].logprobs
+out["completion_logprobs"] = {
+    "text": r.choices[0].text, "tokens": lp.tokens, "token_logprobs": lp.token_logprobs,
+    "top_logprobs": lp.top_logprobs, "text_offset": lp.text_offset,
+}
+
 # Errors surface as the client's typed exceptions.
 errors = {}
 try:

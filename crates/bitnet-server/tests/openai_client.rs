@@ -138,4 +138,125 @@ async fn official_openai_client() {
     assert_eq!(v["errors"]["n"], json!([400, "n"]));
     assert_eq!(v["errors"]["temperature"], json!([400, "temperature"]));
     assert_eq!(v["errors"]["auth"], json!([401, null]));
+
+    // Log-probabilities against the engine's own logits along the same tokens.
+    let lp = SamplerParams {
+        temperature: 0.7,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: 99,
+        ..SamplerParams::default()
+    };
+    let want = expected_logprobs(&chat_ids, 8, &lp, 3);
+    let got = v["chat_logprobs"]["entries"].as_array().unwrap();
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    let mut text = Vec::new();
+    for (g, w) in got.iter().zip(&want) {
+        let bytes = engine.tokenizer.token_bytes(w.id).unwrap();
+        text.extend_from_slice(bytes);
+        assert_eq!(g["bytes"], json!(bytes));
+        assert_eq!(g["token"], String::from_utf8_lossy(bytes).as_ref());
+        assert_close(&g["logprob"], w.logprob);
+        let top = g["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        for (t, &(id, l)) in top.iter().zip(&w.top) {
+            assert_eq!(t[0], json!(engine.tokenizer.token_bytes(id).unwrap()));
+            assert_close(&t[1], l);
+        }
+    }
+    assert_eq!(
+        v["chat_logprobs"]["text"],
+        String::from_utf8_lossy(&text).as_ref()
+    );
+    assert_eq!(v["chat_logprobs_stream"], v["chat_logprobs"]["entries"]);
+
+    let want = expected_logprobs(&compl_ids, 8, &lp, 2);
+    let c = &v["completion_logprobs"];
+    let n = want.len();
+    assert_eq!(c["tokens"].as_array().unwrap().len(), n);
+    let mut offset = 0;
+    for (i, w) in want.iter().enumerate() {
+        let bytes = engine.tokenizer.token_bytes(w.id).unwrap();
+        assert_eq!(c["tokens"][i], String::from_utf8_lossy(bytes).as_ref());
+        assert_close(&c["token_logprobs"][i], w.logprob);
+        assert_eq!(c["text_offset"][i], offset);
+        offset += bytes.len();
+        let top = c["top_logprobs"][i].as_object().unwrap();
+        for &(id, l) in &w.top {
+            let key = String::from_utf8_lossy(engine.tokenizer.token_bytes(id).unwrap());
+            assert_close(&top[key.as_ref()], l);
+        }
+    }
+}
+
+/// A token and the log-probabilities the server should report for it.
+struct Expected {
+    id: u32,
+    logprob: f64,
+    top: Vec<(u32, f64)>,
+}
+
+/// Generates from `prompt` with the engine one token at a time, drawing each token with
+/// `params`' sampler, and computes from the engine's logits the log-softmax at the
+/// sampler's temperature (every filter in `params` must be off): the chosen token's
+/// value and the `n_top` largest.
+fn expected_logprobs(
+    prompt: &[u32],
+    max_tokens: usize,
+    params: &SamplerParams,
+    n_top: usize,
+) -> Vec<Expected> {
+    let engine = tiny_engine();
+    let mut session = engine.new_session(512).unwrap();
+    let mut sampler = bitnet_sampling::Sampler::new(params.clone()).unwrap();
+    for &t in prompt {
+        sampler.accept(t);
+    }
+    let mut logits = engine
+        .eval(&mut session, prompt, bitnet_model::Outputs::Last)
+        .unwrap();
+    let t = f64::from(params.temperature);
+    let mut out = Vec::new();
+    for _ in 0..max_tokens {
+        let id = sampler.sample(&logits).unwrap();
+        if engine.tokenizer.is_eog(id) {
+            break;
+        }
+        let max = logits
+            .iter()
+            .map(|&l| f64::from(l))
+            .fold(f64::MIN, f64::max);
+        let z: f64 = logits
+            .iter()
+            .map(|&l| ((f64::from(l) - max) / t).exp())
+            .sum();
+        let ls = |l: f32| (f64::from(l) - max) / t - z.ln();
+        let mut order: Vec<u32> = (0..u32::try_from(logits.len()).unwrap()).collect();
+        order.sort_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        });
+        out.push(Expected {
+            id,
+            logprob: ls(logits[id as usize]),
+            top: order[..n_top]
+                .iter()
+                .map(|&i| (i, ls(logits[i as usize])))
+                .collect(),
+        });
+        sampler.accept(id);
+        logits = engine
+            .eval(&mut session, &[id], bitnet_model::Outputs::Last)
+            .unwrap();
+    }
+    out
+}
+
+fn assert_close(got: &Value, want: f64) {
+    let g = got
+        .as_f64()
+        .unwrap_or_else(|| panic!("not a number: {got}"));
+    assert!((g - want).abs() < 1e-4, "logprob {g}, expected {want}");
 }

@@ -45,6 +45,11 @@ pub struct Args {
     /// Seconds in-flight requests may run after SIGTERM before they are ended.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
+    /// Let web pages from ORIGIN (`http://host:port`, or `*` for any) call the API
+    /// (CORS); repeatable. Default: none, so web sites you visit cannot use the server.
+    /// The API key, if set, is still required.
+    #[arg(long = "cors-origin", value_name = "ORIGIN")]
+    cors_origins: Vec<String>,
 }
 
 /// The model id: --alias, else the file name without `.gguf`.
@@ -76,6 +81,7 @@ pub fn run(a: Args) -> Result<()> {
         model_name: model_name(&a),
         prefill_chunk: a.prefill_chunk,
         shutdown_grace: Duration::from_secs(a.shutdown_grace),
+        cors_origins: a.cors_origins.clone(),
         ..ServerConfig::default()
     };
     let addr = SocketAddr::new(a.host, a.port);
@@ -128,7 +134,8 @@ pub fn run(a: Args) -> Result<()> {
         }
         Lifecycle::Ready { parallel, n_ctx } => eprintln!(
             "bitnet serve: ready — model \"{name}\", {parallel} slot(s) × {n_ctx} tokens, {threads} threads. \
-             Endpoints: /v1/chat/completions /v1/completions /v1/models /health /metrics"
+             Chat page: http://{addr}/ · API: /v1/chat/completions /v1/completions /v1/models \
+             /tokenize /detokenize /props /slots /health /metrics"
         ),
         Lifecycle::ShuttingDown { grace } => eprintln!(
             "bitnet serve: shutting down; in-flight requests have {} s to finish",
