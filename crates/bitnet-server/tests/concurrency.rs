@@ -5,7 +5,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bitnet_engine::{ContextPolicy, Event, GenParams};
 use bitnet_sampling::SamplerParams;
 use bitnet_server::ServerConfig;
 use common::*;
@@ -174,27 +173,6 @@ async fn a_non_streaming_client_that_leaves_is_cancelled() {
     assert_eq!(s.metric("bitnet_requests_cancelled_total").await, 1.0);
 }
 
-/// Reference text through the engine's single-sequence loop.
-fn reference(prompt: &[u32], max_tokens: usize, sampler: SamplerParams) -> String {
-    let engine = tiny_engine();
-    let mut session = engine.new_session(512).unwrap();
-    let mut text = String::new();
-    let params = GenParams {
-        max_tokens,
-        sampler,
-        stop: Vec::new(),
-        context_policy: ContextPolicy::Stop,
-    };
-    engine
-        .generate(&mut session, prompt, false, &params, &mut |ev| {
-            let Event::Text(t) = ev;
-            text.push_str(t);
-            true
-        })
-        .unwrap();
-    text
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_decode_gives_the_single_sequence_tokens() {
     let engine = tiny_engine();
@@ -217,6 +195,7 @@ async fn batched_decode_gives_the_single_sequence_tokens() {
                     ..SamplerParams::default()
                 },
             )
+            .0
         })
         .collect();
     let s = TestServer::start(ServerConfig {

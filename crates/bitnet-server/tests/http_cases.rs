@@ -465,27 +465,6 @@ async fn per_request_time_limit_ends_generation() {
     assert!(n > 0 && n < 400, "{n}");
 }
 
-/// Reference generation through the engine's own single-sequence loop.
-fn reference(prompt: &[u32], max_tokens: usize, sampler: SamplerParams) -> (Vec<String>, usize) {
-    let engine = tiny_engine();
-    let mut session = engine.new_session(512).unwrap();
-    let mut pieces = Vec::new();
-    let params = GenParams {
-        max_tokens,
-        sampler,
-        stop: Vec::new(),
-        context_policy: ContextPolicy::Stop,
-    };
-    let stats = engine
-        .generate(&mut session, prompt, false, &params, &mut |ev| {
-            let Event::Text(t) = ev;
-            pieces.push(t.to_string());
-            true
-        })
-        .unwrap();
-    (pieces, stats.generated_tokens)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_across_token_boundaries_are_never_emitted() {
     let s = TestServer::start(test_config()).await;
@@ -495,7 +474,7 @@ async fn stop_strings_across_token_boundaries_are_never_emitted() {
         .encode("The quick brown fox", true, false)
         .unwrap();
     let greedy = SamplerParams::greedy();
-    let (pieces, _) = reference(&prompt, 40, greedy.clone());
+    let (pieces, _) = reference_pieces(&prompt, 40, greedy.clone());
     let full: String = pieces.concat();
     // Plain: the server's text equals the engine's.
     let r = post(
@@ -578,7 +557,7 @@ async fn streamed_equals_full_and_usage_counts() {
         seed: 1234,
         ..SamplerParams::default()
     };
-    let (pieces, n_gen) = reference(&prompt, 24, sampler);
+    let (pieces, n_gen) = reference_pieces(&prompt, 24, sampler);
     let body = |stream: bool| {
         json!({
             "model": "tiny",

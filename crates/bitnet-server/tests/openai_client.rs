@@ -9,7 +9,6 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use bitnet_engine::{ContextPolicy, Event, GenParams};
 use bitnet_sampling::SamplerParams;
 use bitnet_server::ServerConfig;
 use bitnet_tokenizer::{ChatMessage, ChatRole};
@@ -32,27 +31,6 @@ fn python_with_openai() -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
-}
-
-/// Text and generated-token count from the engine's own single-sequence loop.
-fn reference(prompt: &[u32], max_tokens: usize, sampler: SamplerParams) -> (String, usize) {
-    let engine = tiny_engine();
-    let mut session = engine.new_session(512).unwrap();
-    let mut text = String::new();
-    let params = GenParams {
-        max_tokens,
-        sampler,
-        stop: Vec::new(),
-        context_policy: ContextPolicy::Stop,
-    };
-    let stats = engine
-        .generate(&mut session, prompt, false, &params, &mut |ev| {
-            let Event::Text(t) = ev;
-            text.push_str(t);
-            true
-        })
-        .unwrap();
-    (text, stats.generated_tokens)
 }
 
 fn usage(prompt: usize, completion: usize) -> Value {

@@ -217,7 +217,9 @@ async fn tokenize_and_detokenize_round_trip() {
         for t in &toks[1..] {
             match &t["piece"] {
                 Value::String(p) => bytes.extend_from_slice(p.as_bytes()),
-                Value::Array(b) => bytes.extend(b.iter().map(|x| x.as_u64().unwrap() as u8)),
+                Value::Array(b) => {
+                    bytes.extend(b.iter().map(|x| u8::try_from(x.as_u64().unwrap()).unwrap()))
+                }
                 other => panic!("piece {other}"),
             }
         }
@@ -315,7 +317,7 @@ async fn props_and_slots() {
     let r = gen.await.unwrap();
     assert_eq!(r.status, 200);
     let usage = &r.json()["usage"];
-    let id = busy["id"].as_u64().unwrap() as usize;
+    let id = usize::try_from(busy["id"].as_u64().unwrap()).unwrap();
     let t = std::time::Instant::now();
     let done = loop {
         let v = get(s.addr, "/slots", &[AUTH]).await.json();
@@ -379,7 +381,7 @@ async fn logprobs_requests_are_checked() {
     let content = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
     assert_eq!(
         content.len(),
-        r["usage"]["completion_tokens"].as_u64().unwrap() as usize
+        usize::try_from(r["usage"]["completion_tokens"].as_u64().unwrap()).unwrap()
     );
     assert!(content
         .iter()

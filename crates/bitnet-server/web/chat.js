@@ -204,7 +204,7 @@
     const body = div.querySelector(".body");
     const stats = div.querySelector(".stats");
     body.classList.add("cursor");
-    const reply = { content: "", done: false, stopped: false, error: null, finish: null, tokens: null, tokPerS: null };
+    const reply = { content: "", pieces: 0, done: false, stopped: false, error: null, finish: null, tokens: null, tokPerS: null };
     state.replies.push(reply);
     setBusy(true);
     const controller = new AbortController();
@@ -240,6 +240,7 @@
         if (first === null) first = now;
         last = now;
         pieces++;
+        reply.pieces = pieces;
         reply.content += t;
         body.innerHTML = markdown(reply.content);
         scrollDown();

@@ -45,6 +45,42 @@ pub fn tiny_engine() -> Engine {
     .unwrap()
 }
 
+/// Generation through the engine's own single-sequence loop: the text pieces it
+/// streams and the number of tokens it generated (the server must match it).
+pub fn reference_pieces(
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: bitnet_sampling::SamplerParams,
+) -> (Vec<String>, usize) {
+    let engine = tiny_engine();
+    let mut session = engine.new_session(512).unwrap();
+    let mut pieces = Vec::new();
+    let params = bitnet_engine::GenParams {
+        max_tokens,
+        sampler,
+        stop: Vec::new(),
+        context_policy: bitnet_engine::ContextPolicy::Stop,
+    };
+    let stats = engine
+        .generate(&mut session, prompt, false, &params, &mut |ev| {
+            let bitnet_engine::Event::Text(t) = ev;
+            pieces.push(t.to_string());
+            true
+        })
+        .unwrap();
+    (pieces, stats.generated_tokens)
+}
+
+/// [`reference_pieces`] as one text, with the generated-token count.
+pub fn reference(
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: bitnet_sampling::SamplerParams,
+) -> (String, usize) {
+    let (pieces, n) = reference_pieces(prompt, max_tokens, sampler);
+    (pieces.concat(), n)
+}
+
 /// A config for tests: small timeouts so that failures show quickly.
 pub fn test_config() -> ServerConfig {
     ServerConfig {
