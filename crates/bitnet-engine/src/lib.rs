@@ -30,6 +30,7 @@
 
 mod load;
 mod stop;
+pub mod sys;
 
 use std::time::{Duration, Instant};
 
@@ -236,6 +237,11 @@ impl Session {
         self.cache.reset();
         self.tokens.clear();
     }
+    /// Keep only the first `n` tokens (and their cache entries).
+    pub fn truncate(&mut self, n: usize) {
+        self.cache.truncate(n);
+        self.tokens.truncate(n);
+    }
     pub fn kv_bytes(&self) -> usize {
         self.cache.nbytes()
     }
@@ -244,6 +250,9 @@ impl Session {
 /// A piece of generated output.
 #[derive(Debug)]
 pub enum Event<'t> {
+    /// A token was sampled (every one, end-of-generation and control tokens included),
+    /// before any text it adds.
+    Token(u32),
     /// Newly generated text (complete UTF-8, stop strings held back).
     Text(&'t str),
 }
@@ -426,6 +435,9 @@ impl Engine {
             let tok = sampler.sample(&logits)?;
             sampler.accept(tok);
             generated += 1;
+            if !on_event(Event::Token(tok)) {
+                break FinishReason::Cancelled;
+            }
             if self.tokenizer.is_eog(tok) {
                 // The EOG token enters the history (a chat turn ends with it) but not the text.
                 if s.cache.len() < s.cache.n_ctx() {

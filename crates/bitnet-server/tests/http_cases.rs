@@ -639,8 +639,9 @@ async fn an_end_of_generation_token_stops_with_finish_reason_stop() {
         };
         let st = engine
             .generate(&mut session, &prompt, false, &params, &mut |ev| {
-                let Event::Text(t) = ev;
-                text.push_str(t);
+                if let Event::Text(t) = ev {
+                    text.push_str(t);
+                }
                 true
             })
             .unwrap();

@@ -100,6 +100,7 @@ pub fn run(a: Args) -> Result<()> {
                 let _ = out.flush();
                 !stop_flag.load(Ordering::SeqCst)
             }
+            Event::Token(_) => !stop_flag.load(Ordering::SeqCst),
         });
         let _ = writeln!(out);
         match res {

@@ -10,34 +10,7 @@ pub fn open_gguf(path: &Path, in_memory: bool) -> Result<GgufFile> {
     Ok(bitnet_engine::open_file(path, in_memory)?)
 }
 
-/// Physical cores (logical / 2 when SMT is on), at least 1.
-pub fn default_threads() -> usize {
-    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
-    physical_cores().unwrap_or(logical).clamp(1, logical)
-}
-
-fn physical_cores() -> Option<usize> {
-    // Linux: count distinct (physical id, core id) pairs.
-    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let mut cores = std::collections::BTreeSet::new();
-    let (mut phys, mut core) = (None::<String>, None::<String>);
-    for line in info.lines().chain(std::iter::once("")) {
-        if line.trim().is_empty() {
-            if let (Some(p), Some(c)) = (phys.take(), core.take()) {
-                cores.insert((p, c));
-            }
-            continue;
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            match k.trim() {
-                "physical id" => phys = Some(v.trim().to_string()),
-                "core id" => core = Some(v.trim().to_string()),
-                _ => {}
-            }
-        }
-    }
-    (!cores.is_empty()).then_some(cores.len())
-}
+pub use bitnet_engine::sys::{default_threads, peak_rss_bytes};
 
 /// Human-readable bytes.
 pub fn human_bytes(b: u64) -> String {
@@ -251,14 +224,6 @@ pub fn load_engine_at(path: &std::path::Path, a: &ModelArgs) -> Result<bitnet_en
 pub fn ctx_size(a: &ModelArgs, engine: &bitnet_engine::Engine) -> usize {
     a.ctx_size
         .unwrap_or_else(|| engine.model().config.n_ctx_train.min(4096))
-}
-
-/// Peak resident memory of this process (Linux `VmHWM`), in bytes.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kb.checked_mul(1024)
 }
 
 /// Sampling flags in llama.cpp's spelling and defaults.

@@ -75,6 +75,7 @@ pub fn run(a: Args) -> Result<()> {
                 false
             }
         },
+        Event::Token(_) => true,
     })?;
     writeln!(out)?;
     if let Some(e) = write_err {

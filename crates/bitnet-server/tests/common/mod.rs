@@ -63,8 +63,9 @@ pub fn reference_pieces(
     };
     let stats = engine
         .generate(&mut session, prompt, false, &params, &mut |ev| {
-            let bitnet_engine::Event::Text(t) = ev;
-            pieces.push(t.to_string());
+            if let bitnet_engine::Event::Text(t) = ev {
+                pieces.push(t.to_string());
+            }
             true
         })
         .unwrap();
