@@ -1,0 +1,234 @@
+"""BitNet b1.58 ternary language models, run by the bitnet-rs engine (pure Rust).
+
+    from bitnet_rs import Model
+
+    m = Model("ggml-model-i2_s.gguf")
+    print(m.generate("The capital of France is", max_tokens=32))
+    for piece in m.chat([{"role": "user", "content": "Hi!"}], stream=True):
+        print(piece, end="", flush=True)
+
+Generation runs with the GIL released. A model holds one KV cache: calls on the same
+model run one at a time, and a call whose prompt extends the previous one (a growing
+chat) reuses what is cached.
+"""
+
+import os
+import time
+import uuid
+
+from ._native import BitnetError, NativeModel, Stream, peak_rss_bytes, __version__
+
+__all__ = ["Model", "BitnetError", "peak_rss_bytes", "__version__"]
+
+# llama.cpp's sampling defaults.
+_DEFAULTS = dict(
+    temperature=0.8,
+    top_k=40,
+    top_p=0.95,
+    min_p=0.05,
+    repeat_penalty=1.0,
+    repeat_last_n=64,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+)
+
+
+def _seed(seed):
+    if seed is None:
+        return int.from_bytes(os.urandom(8), "little")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed={seed!r}: must be an integer or None")
+    # Negative seeds are seeds too: their 64-bit pattern.
+    return seed & 0xFFFFFFFFFFFFFFFF
+
+
+def _stop_list(stop):
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    stop = list(stop)
+    if not all(isinstance(s, str) for s in stop):
+        raise ValueError("stop must be a string or a list of strings")
+    return [s for s in stop if s]
+
+
+def _messages(messages):
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content'")
+        role, content = m.get("role"), m.get("content")
+        if content is None:
+            content = ""
+        if isinstance(content, list):  # OpenAI's list of text parts
+            parts = []
+            for p in content:
+                if isinstance(p, dict) and p.get("type") == "text":
+                    parts.append(p.get("text", ""))
+                elif isinstance(p, str):
+                    parts.append(p)
+                else:
+                    raise ValueError(f"messages[{i}].content: only text parts are supported")
+            content = "".join(parts)
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise ValueError(f"messages[{i}] needs a string 'role' and 'content'")
+        out.append((role, content))
+    if not out:
+        raise ValueError("messages is empty")
+    return out
+
+
+class Model:
+    """A loaded GGUF model.
+
+    Args:
+        path: the GGUF file (for instance microsoft/bitnet-b1.58-2B-4T-gguf's
+            ggml-model-i2_s.gguf).
+        n_threads: threads (default: the physical cores).
+        n_ctx: context positions (default: the training context, at most 4096).
+        numerics: "fast" (default) or "exact" (bitnet.cpp's float paths, bit for bit).
+        kv_cache: "f16" (default), "f32" or "q8_0".
+        lm_head: "f16" (the file's own head, default), "q8_0", "q6_k" or "q4_0".
+        device: "cpu" (default) or "auto"; "gpu" is refused (this build has no GPU
+            backend).
+        ram_budget: a RAM limit in bytes; refused for now (no low-memory mode in this
+            build); leave it None.
+        in_memory: read the file into RAM instead of memory-mapping it.
+
+    Raises:
+        ValueError: an option out of range or a combination that cannot run.
+        BitnetError: the file cannot be opened or is not a model this engine runs.
+    """
+
+    def __init__(self, path, *, n_threads=None, n_ctx=None, numerics="fast",
+                 kv_cache="f16", lm_head="f16", device="cpu", ram_budget=None,
+                 in_memory=False):
+        self.path = os.fspath(path)
+        self._m = NativeModel(self.path, n_threads, n_ctx, numerics, kv_cache, lm_head,
+                              device, ram_budget, in_memory)
+
+    @property
+    def n_vocab(self):
+        return self._m.n_vocab
+
+    @property
+    def n_ctx(self):
+        return self._m.n_ctx
+
+    # -- tokens ------------------------------------------------------------------
+    def tokenize(self, text, add_bos=True, special=False):
+        """Token ids of `text` (bytes are decoded as UTF-8)."""
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8")
+        return self._m.tokenize(text, add_bos, special)
+
+    def detokenize(self, ids):
+        """The text of `ids` (invalid UTF-8 becomes U+FFFD)."""
+        return self._m.detokenize(list(ids))
+
+    def logits(self, ids, all=False):
+        """Logits after `ids` as a NumPy float32 array: the last position (shape
+        (n_vocab,)), or with all=True every position (shape (len(ids), n_vocab))."""
+        return self._m.logits(list(ids), all)
+
+    # -- generation --------------------------------------------------------------
+    def _start(self, prompt_ids, max_tokens, sampling):
+        unknown = set(sampling) - set(_DEFAULTS) - {"seed", "stop"}
+        if unknown:
+            raise TypeError(f"unknown sampling argument(s): {', '.join(sorted(unknown))}")
+        p = dict(_DEFAULTS)
+        p.update({k: v for k, v in sampling.items() if k in _DEFAULTS and v is not None})
+        if max_tokens is None:
+            max_tokens = self.n_ctx - len(prompt_ids)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens!r}: must be a positive integer")
+        return self._m.start(
+            list(prompt_ids), max_tokens, float(p["temperature"]), int(p["top_k"]),
+            float(p["top_p"]), float(p["min_p"]), float(p["repeat_penalty"]),
+            int(p["repeat_last_n"]), float(p["presence_penalty"]),
+            float(p["frequency_penalty"]), _seed(sampling.get("seed")),
+            _stop_list(sampling.get("stop")))
+
+    def generate_stream(self, prompt, max_tokens=128, **sampling):
+        """The raw stream: an iterator of text pieces whose `tokens`, `finish_reason` and
+        `stats` are filled in once it is exhausted. `prompt` is text or token ids."""
+        ids = prompt if isinstance(prompt, (list, tuple)) else self.tokenize(prompt)
+        return self._start(ids, max_tokens, sampling)
+
+    def generate(self, prompt, max_tokens=128, stream=False, **sampling):
+        """Continue `prompt` (text after BOS, or a list of token ids).
+
+        Sampling: temperature (0 = greedy), top_k, top_p, min_p, repeat_penalty,
+        repeat_last_n, presence_penalty, frequency_penalty, seed (None: a fresh one),
+        stop (strings that end the text, never included).
+
+        Returns the text, or with stream=True an iterator of text pieces.
+        """
+        s = self.generate_stream(prompt, max_tokens, **sampling)
+        return s if stream else "".join(s)
+
+    def generate_tokens(self, prompt, max_tokens=128, **sampling):
+        """The ids of the tokens sampled after `prompt` (the end-of-generation token
+        included when it ends the reply)."""
+        s = self.generate_stream(prompt, max_tokens, **sampling)
+        for _ in s:
+            pass
+        return s.tokens
+
+    def chat(self, messages, max_tokens=None, stream=False, **sampling):
+        """Reply to `messages` ([{"role": "system"|"user"|"assistant", "content": ...}])
+        in the model's chat format. Returns the reply, or with stream=True an iterator
+        of pieces."""
+        ids = self._m.chat_tokens(_messages(messages))
+        s = self._start(ids, max_tokens, sampling)
+        return s if stream else "".join(s)
+
+    def create_chat_completion(self, messages, max_tokens=None, stream=False, model=None,
+                               **sampling):
+        """OpenAI's chat completion: a `chat.completion` dict, or with stream=True an
+        iterator of `chat.completion.chunk` dicts (as llama-cpp-python returns)."""
+        ids = self._m.chat_tokens(_messages(messages))
+        s = self._start(ids, max_tokens, sampling)
+        meta = {
+            "id": "chatcmpl-" + uuid.uuid4().hex[:24],
+            "created": int(time.time()),
+            "model": model or os.path.basename(self.path),
+        }
+        if stream:
+            return self._chunks(s, meta)
+        text = "".join(s)
+        return {
+            **meta,
+            "object": "chat.completion",
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": s.finish_reason,
+            }],
+            "usage": _usage(s),
+        }
+
+    @staticmethod
+    def _chunks(s, meta):
+        def chunk(delta, finish):
+            return {**meta, "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                 "finish_reason": finish}]}
+        yield chunk({"role": "assistant", "content": ""}, None)
+        try:
+            for piece in s:
+                yield chunk({"content": piece}, None)
+        finally:
+            s.close()
+        last = chunk({}, s.finish_reason)
+        last["usage"] = _usage(s)
+        yield last
+
+
+def _usage(s):
+    prompt, cached, completion, _, _ = s.stats
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}

@@ -1,0 +1,546 @@
+//! `bitnet_rs._native`: the engine behind the `bitnet_rs` Python package
+//! (`python/bitnet_rs/__init__.py` builds the user-facing API on it).
+//!
+//! Generation runs on a thread of its own and streams its text through a channel; the
+//! Python side waits for it with the GIL released, so other Python threads keep running.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ::bitnet_engine::{
+    ContextPolicy, Engine, EngineError, Event, FinishReason, GenParams, LmHeadFormat, LoadOptions,
+    Session,
+};
+use bitnet_model::{KvType, Numerics, Outputs};
+use bitnet_sampling::SamplerParams;
+use bitnet_tokenizer::{ChatMessage, ChatRole, Tokenizer};
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+
+create_exception!(
+    _native,
+    BitnetError,
+    PyException,
+    "A model that cannot be loaded, or an evaluation that failed."
+);
+
+fn engine_err(e: EngineError) -> PyErr {
+    BitnetError::new_err(e.to_string())
+}
+
+struct Inner {
+    engine: Engine,
+    session: Session,
+}
+
+/// A loaded model and one session (its KV cache, reused across calls that share a
+/// prefix).
+#[pyclass(frozen, module = "bitnet_rs._native")]
+struct NativeModel {
+    inner: Arc<Mutex<Inner>>,
+    tokenizer: Arc<Tokenizer>,
+    n_vocab: usize,
+    n_ctx: usize,
+    n_ctx_train: usize,
+}
+
+fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    // A panic during a generation left the session in an unknown state: start over.
+    m.lock().unwrap_or_else(|p| {
+        let mut g = p.into_inner();
+        g.session.reset();
+        g
+    })
+}
+
+fn parse_options(
+    n_threads: Option<usize>,
+    numerics: &str,
+    kv_cache: &str,
+    lm_head: &str,
+    device: &str,
+    ram_budget: Option<u64>,
+    in_memory: bool,
+) -> PyResult<LoadOptions> {
+    let numerics = match numerics {
+        "fast" => Numerics::Fast,
+        "exact" => Numerics::Exact,
+        o => {
+            return Err(PyValueError::new_err(format!(
+                "numerics={o:?}: use \"fast\" or \"exact\""
+            )))
+        }
+    };
+    let kv_type = match kv_cache {
+        "f16" => KvType::F16,
+        "f32" => KvType::F32,
+        "q8_0" => KvType::Q8_0,
+        o => {
+            return Err(PyValueError::new_err(format!(
+                "kv_cache={o:?}: use \"f16\", \"f32\" or \"q8_0\""
+            )))
+        }
+    };
+    let lm_head = match lm_head {
+        "f16" | "file" => LmHeadFormat::File,
+        "q8_0" => LmHeadFormat::Q8_0,
+        "q6_k" => LmHeadFormat::Q6K,
+        "q4_0" => LmHeadFormat::Q4_0,
+        o => {
+            return Err(PyValueError::new_err(format!(
+                "lm_head={o:?}: use \"f16\", \"q8_0\", \"q6_k\" or \"q4_0\""
+            )))
+        }
+    };
+    match device {
+        "cpu" | "auto" => {}
+        "gpu" => {
+            return Err(PyValueError::new_err(
+                "device=\"gpu\": this build has no GPU backend (use \"cpu\" or \"auto\")",
+            ))
+        }
+        o => {
+            return Err(PyValueError::new_err(format!(
+                "device={o:?}: use \"cpu\", \"gpu\" or \"auto\""
+            )))
+        }
+    }
+    if let Some(b) = ram_budget {
+        return Err(PyValueError::new_err(format!(
+            "ram_budget={b}: this build has no low-memory mode to keep within a budget (leave it None)"
+        )));
+    }
+    let threads = match n_threads {
+        None => ::bitnet_engine::sys::default_threads(),
+        Some(n) if (1..=1024).contains(&n) => n,
+        Some(n) => {
+            return Err(PyValueError::new_err(format!(
+                "n_threads={n}: must be in 1..=1024"
+            )))
+        }
+    };
+    let opts = LoadOptions {
+        threads,
+        numerics,
+        kv_type,
+        lm_head,
+        in_memory,
+        ..LoadOptions::default()
+    };
+    opts.validate()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(opts)
+}
+
+fn chat_role(r: &str) -> PyResult<ChatRole> {
+    match r {
+        "system" | "developer" => Ok(ChatRole::System),
+        "user" => Ok(ChatRole::User),
+        "assistant" => Ok(ChatRole::Assistant),
+        o => Err(PyValueError::new_err(format!(
+            "role {o:?}: use \"system\", \"user\" or \"assistant\""
+        ))),
+    }
+}
+
+#[pymethods]
+impl NativeModel {
+    #[new]
+    #[pyo3(signature = (path, n_threads=None, n_ctx=None, numerics="fast", kv_cache="f16", lm_head="f16", device="cpu", ram_budget=None, in_memory=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        n_threads: Option<usize>,
+        n_ctx: Option<usize>,
+        numerics: &str,
+        kv_cache: &str,
+        lm_head: &str,
+        device: &str,
+        ram_budget: Option<u64>,
+        in_memory: bool,
+    ) -> PyResult<Self> {
+        let opts = parse_options(
+            n_threads, numerics, kv_cache, lm_head, device, ram_budget, in_memory,
+        )?;
+        if n_ctx == Some(0) {
+            return Err(PyValueError::new_err("n_ctx=0: must be at least 1"));
+        }
+        let engine = py
+            .detach(|| ::bitnet_engine::load(&path, &opts, &mut |_| {}))
+            .map_err(engine_err)?;
+        let n_ctx_train = engine.model().config.n_ctx_train;
+        let n_ctx = n_ctx.unwrap_or(n_ctx_train.min(4096)).min(n_ctx_train);
+        let session = engine.new_session(n_ctx).map_err(engine_err)?;
+        Ok(NativeModel {
+            tokenizer: Arc::new(engine.tokenizer.clone()),
+            n_vocab: engine.model().config.n_vocab,
+            n_ctx: session.n_ctx(),
+            n_ctx_train,
+            inner: Arc::new(Mutex::new(Inner { engine, session })),
+        })
+    }
+
+    #[getter]
+    fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    #[getter]
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    #[getter]
+    fn n_ctx_train(&self) -> usize {
+        self.n_ctx_train
+    }
+
+    #[getter]
+    fn bos(&self) -> Option<u32> {
+        self.tokenizer.bos()
+    }
+
+    #[getter]
+    fn eos(&self) -> Option<u32> {
+        self.tokenizer.eos()
+    }
+
+    /// Token ids of `text` (BOS first with `add_bos`; special-token text parsed with
+    /// `special`).
+    #[pyo3(signature = (text, add_bos=true, special=false))]
+    fn tokenize(
+        &self,
+        py: Python<'_>,
+        text: &str,
+        add_bos: bool,
+        special: bool,
+    ) -> PyResult<Vec<u32>> {
+        let tok = &self.tokenizer;
+        let text = text.to_owned();
+        py.detach(|| tok.encode(&text, add_bos && tok.add_bos(), special))
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The ids of a chat in the model's format, ending with the assistant's turn opener.
+    fn chat_tokens(&self, messages: Vec<(String, String)>) -> PyResult<Vec<u32>> {
+        let msgs = messages
+            .into_iter()
+            .map(|(r, c)| Ok(ChatMessage::new(chat_role(&r)?, c)))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.tokenizer
+            .encode_chat(&msgs, true)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The text of `ids` (bytes that are not valid UTF-8 become U+FFFD).
+    fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
+        self.tokenizer
+            .decode(&ids)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// The raw bytes of one token.
+    fn token_bytes(&self, id: u32) -> PyResult<Vec<u8>> {
+        self.tokenizer
+            .token_bytes(id)
+            .map(<[u8]>::to_vec)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Logits of the last position of `ids` (a 1-D float32 array), or with `all` of every
+    /// position (2-D, one row per id).
+    #[pyo3(signature = (ids, all=false))]
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Vec<u32>,
+        all: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if ids.is_empty() {
+            return Err(PyValueError::new_err("ids is empty"));
+        }
+        if let Some(bad) = ids
+            .iter()
+            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= self.n_vocab))
+        {
+            return Err(PyValueError::new_err(format!(
+                "token id {bad} is not below n_vocab={}",
+                self.n_vocab
+            )));
+        }
+        if ids.len() > self.n_ctx {
+            return Err(PyValueError::new_err(format!(
+                "{} ids do not fit in the context of {}",
+                ids.len(),
+                self.n_ctx
+            )));
+        }
+        let inner = Arc::clone(&self.inner);
+        let n = ids.len();
+        let out = py
+            .detach(move || {
+                let mut g = lock(&inner);
+                let Inner { engine, session } = &mut *g;
+                if all {
+                    session.reset();
+                    engine.eval(session, &ids, Outputs::All)
+                } else {
+                    let common = session
+                        .tokens()
+                        .iter()
+                        .zip(&ids)
+                        .take_while(|(a, b)| a == b)
+                        .count()
+                        .min(ids.len() - 1);
+                    session.truncate(common);
+                    engine.eval(session, &ids[common..], Outputs::Last)
+                }
+            })
+            .map_err(engine_err)?;
+        let arr = PyArray1::from_vec(py, out);
+        if all {
+            Ok(arr.reshape([n, self.n_vocab])?.into_any())
+        } else {
+            Ok(arr.into_any())
+        }
+    }
+
+    /// Starts generating after `prompt` (token ids); returns a [`Stream`] of text pieces.
+    #[pyo3(signature = (prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, stop))]
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        temperature: f32,
+        top_k: i32,
+        top_p: f32,
+        min_p: f32,
+        repeat_penalty: f32,
+        repeat_last_n: usize,
+        presence_penalty: f32,
+        frequency_penalty: f32,
+        seed: u64,
+        stop: Vec<String>,
+    ) -> PyResult<Stream> {
+        if max_tokens == 0 {
+            return Err(PyValueError::new_err("max_tokens must be at least 1"));
+        }
+        if prompt.is_empty() {
+            return Err(PyValueError::new_err("the prompt has no tokens"));
+        }
+        if prompt.len() >= self.n_ctx {
+            return Err(PyValueError::new_err(format!(
+                "the prompt has {} tokens; the context holds {}",
+                prompt.len(),
+                self.n_ctx
+            )));
+        }
+        if let Some(bad) = prompt
+            .iter()
+            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= self.n_vocab))
+        {
+            return Err(PyValueError::new_err(format!(
+                "token id {bad} is not below n_vocab={}",
+                self.n_vocab
+            )));
+        }
+        let sampler = SamplerParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            repeat_last_n,
+            presence_penalty,
+            frequency_penalty,
+            seed,
+        };
+        sampler
+            .validate()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let params = GenParams {
+            max_tokens,
+            sampler,
+            stop,
+            context_policy: ContextPolicy::Stop,
+        };
+        let (tx, rx) = channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let inner = Arc::clone(&self.inner);
+        let stop_flag = Arc::clone(&cancel);
+        let n_prompt = prompt.len();
+        std::thread::Builder::new()
+            .name("bitnet-generate".into())
+            .spawn(move || {
+                let mut g = lock(&inner);
+                let Inner { engine, session } = &mut *g;
+                let mut tokens = Vec::new();
+                let r = engine.generate(session, &prompt, false, &params, &mut |e| {
+                    match e {
+                        Event::Token(t) => tokens.push(t),
+                        Event::Text(t) => {
+                            if tx.send(Msg::Text(t.to_string())).is_err() {
+                                return false;
+                            }
+                        }
+                    }
+                    !stop_flag.load(Ordering::Relaxed)
+                });
+                let _ = tx.send(Msg::Done(r.map(|s| (s, tokens)).map_err(|e| e.to_string())));
+            })
+            .map_err(|e| BitnetError::new_err(format!("cannot start a generation thread: {e}")))?;
+        Ok(Stream {
+            rx: Mutex::new(Some(rx)),
+            cancel,
+            state: Mutex::new(StreamState {
+                n_prompt,
+                ..StreamState::default()
+            }),
+        })
+    }
+}
+
+enum Msg {
+    Text(String),
+    Done(Result<(::bitnet_engine::GenStats, Vec<u32>), String>),
+}
+
+#[derive(Default)]
+struct StreamState {
+    done: bool,
+    finish: Option<&'static str>,
+    n_prompt: usize,
+    tokens: Vec<u32>,
+    cached: usize,
+    prompt_tok_s: f64,
+    gen_tok_s: f64,
+}
+
+/// Text pieces of a running generation (an iterator). Dropping it, or `close()`, stops
+/// the generation.
+#[pyclass(frozen, module = "bitnet_rs._native")]
+struct Stream {
+    /// Taken out while a `__next__` waits on it (a `Receiver` is `Send` but not `Sync`).
+    rx: Mutex<Option<Receiver<Msg>>>,
+    cancel: Arc<AtomicBool>,
+    state: Mutex<StreamState>,
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+#[pymethods]
+impl Stream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let poisoned = || BitnetError::new_err("the stream is unusable after an earlier panic");
+        if self.state.lock().map_err(|_| poisoned())?.done {
+            return Ok(None);
+        }
+        // No lock is held while waiting (with the GIL released): another Python thread
+        // may use this object meanwhile without deadlocking.
+        let rx = self
+            .rx
+            .lock()
+            .map_err(|_| poisoned())?
+            .take()
+            .ok_or_else(|| BitnetError::new_err("this stream is being read by another thread"))?;
+        let (rx, msg) = py.detach(move || {
+            let m = rx.recv();
+            (rx, m)
+        });
+        *self.rx.lock().map_err(|_| poisoned())? = Some(rx);
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
+        match msg {
+            Ok(Msg::Text(t)) => Ok(Some(t)),
+            Ok(Msg::Done(Ok((stats, tokens)))) => {
+                st.done = true;
+                st.finish = Some(match stats.finish {
+                    FinishReason::Length => "length",
+                    FinishReason::Cancelled => "cancelled",
+                    FinishReason::Eog | FinishReason::StopString => "stop",
+                });
+                st.tokens = tokens;
+                st.cached = stats.cached_tokens;
+                st.prompt_tok_s = stats.prompt_tok_s();
+                st.gen_tok_s = stats.generation_tok_s();
+                Ok(None)
+            }
+            Ok(Msg::Done(Err(e))) => {
+                st.done = true;
+                Err(BitnetError::new_err(e))
+            }
+            Err(_) => {
+                st.done = true;
+                Err(BitnetError::new_err(
+                    "the generation thread stopped unexpectedly",
+                ))
+            }
+        }
+    }
+
+    /// Stop the generation (the iterator then ends).
+    fn close(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// `None` until the iterator is exhausted; then OpenAI's `finish_reason` (`"stop"`,
+    /// `"length"`, or `"cancelled"` after `close()`).
+    #[getter]
+    fn finish_reason(&self) -> Option<&'static str> {
+        self.state.lock().ok().and_then(|s| s.finish)
+    }
+
+    /// The ids of every sampled token (the end-of-generation token included), once done.
+    #[getter]
+    fn tokens(&self) -> Vec<u32> {
+        self.state
+            .lock()
+            .map(|s| s.tokens.clone())
+            .unwrap_or_default()
+    }
+
+    /// Counts and speeds once done: `prompt_tokens`, `cached_tokens`,
+    /// `completion_tokens`, `prompt_tok_per_s`, `gen_tok_per_s`.
+    #[getter]
+    fn stats(&self) -> Option<(usize, usize, usize, f64, f64)> {
+        let s = self.state.lock().ok()?;
+        s.done.then(|| {
+            (
+                s.n_prompt,
+                s.cached,
+                s.tokens.len(),
+                s.prompt_tok_s,
+                s.gen_tok_s,
+            )
+        })
+    }
+}
+
+/// Peak resident memory of this process in bytes (`None` where unknown).
+#[pyfunction]
+fn peak_rss_bytes() -> Option<u64> {
+    ::bitnet_engine::sys::peak_rss_bytes()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeModel>()?;
+    m.add_class::<Stream>()?;
+    m.add("BitnetError", m.py().get_type::<BitnetError>())?;
+    m.add_function(wrap_pyfunction!(peak_rss_bytes, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
