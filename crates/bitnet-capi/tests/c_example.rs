@@ -14,11 +14,19 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The directory holding `libbitnet.so` for this build (the test binary lives in `deps/`
-/// below it).
+/// The directory holding `libbitnet.so`. `cargo test` builds this crate as an rlib only,
+/// so the shared library is built here, into a target directory of the test's own (no
+/// contention with the cargo running the tests).
 fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-target");
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "-p", "bitnet-capi", "--lib", "--target-dir"])
+        .arg(&target)
+        .current_dir(root())
+        .status()
+        .expect("cargo runs");
+    assert!(st.success(), "building libbitnet failed");
+    let dir = target.join("debug");
     assert!(
         dir.join("libbitnet.so").is_file(),
         "libbitnet.so not found in {}",
