@@ -20,7 +20,14 @@ fn root() -> PathBuf {
 fn lib_dir() -> PathBuf {
     let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-target");
     let st = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", "bitnet-capi", "--lib", "--target-dir"])
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "bitnet-capi",
+            "--lib",
+            "--target-dir",
+        ])
         .arg(&target)
         .current_dir(root())
         .status()

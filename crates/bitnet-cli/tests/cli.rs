@@ -407,3 +407,77 @@ fn tokenize_parses_special_tokens_unless_told_not_to() {
     assert!(plain.len() > 1, "{plain:?}");
     assert!(!plain.contains(&serde_json::json!(128009)));
 }
+
+/// The `peak RSS` of `run`'s summary line, in MiB.
+fn peak_rss_mib(stderr: &str) -> f64 {
+    let tail = stderr
+        .rsplit("peak RSS ")
+        .next()
+        .unwrap_or_else(|| panic!("no peak RSS in {stderr}"));
+    let mut it = tail.split_whitespace();
+    let v: f64 = it.next().unwrap().parse().unwrap();
+    match it.next().unwrap() {
+        "KiB" => v / 1024.0,
+        "MiB" => v,
+        "GiB" => v * 1024.0,
+        u => panic!("unit {u}"),
+    }
+}
+
+#[test]
+fn ram_budget_streams_the_model_within_the_budget() {
+    let model = tmp("small.gguf");
+    let out = bitnet(&[
+        "synth",
+        "--preset",
+        "small",
+        "--quiet",
+        "-o",
+        model.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let m = model.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run", "-m", m, "-p", "Hello", "-n", "16", "--temp", "0", "-c", "512", "-t", "2",
+        ];
+        args.extend_from_slice(extra);
+        let out = bitnet(&args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        (out.stdout, err)
+    };
+    let (normal_text, normal_err) = run(&[]);
+    let (text, err) = run(&["--ram-budget", "48M"]);
+    assert_eq!(text, normal_text, "the same greedy text");
+    assert!(
+        err.contains("memory plan for a budget of 48.0 MiB"),
+        "{err}"
+    );
+    assert!(err.contains("weights: 2 of 6 blocks"), "{err}");
+    let (peak, normal_peak) = (peak_rss_mib(&err), peak_rss_mib(&normal_err));
+    assert!(peak < 48.0, "peak RSS {peak} MiB over the 48 MiB budget");
+    assert!(
+        peak < normal_peak,
+        "peak RSS {peak} MiB, normal mode {normal_peak} MiB"
+    );
+
+    // Too small, and an explicit context that cannot fit: errors with the numbers.
+    let out = bitnet(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "Hi",
+        "-c",
+        "512",
+        "--ram-budget",
+        "20M",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("RAM budget of 20 MiB is too small"), "{err}");
+    let out = bitnet(&["run", "-m", m, "-p", "Hi", "--ram-budget", "lots"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a size"));
+}

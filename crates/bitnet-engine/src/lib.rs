@@ -28,6 +28,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod budget;
 mod load;
 mod stop;
 pub mod sys;
@@ -74,6 +75,14 @@ pub enum EngineError {
     Zero { what: &'static str },
     #[error(transparent)]
     Kernel(#[from] bitnet_kernels::KernelError),
+    #[error("RAM budget: {reason}")]
+    Budget { reason: String },
+    #[error("a RAM budget of {} MiB is too small: {detail}", budget >> 20)]
+    BudgetTooSmall {
+        budget: u64,
+        needed: u64,
+        detail: String,
+    },
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -212,7 +221,10 @@ impl Default for EngineOptions {
 pub struct Engine {
     model: OwnedModel,
     pub tokenizer: Tokenizer,
-    pool: Pool,
+    pool: std::sync::Arc<Pool>,
+    /// The low-memory backend, when the engine runs under a RAM budget.
+    streamer: Option<budget::LayerStreamer>,
+    plan: Option<budget::MemoryPlan>,
     opts: EngineOptions,
     /// The forward pass's activation buffers, allocated once and reused by every call.
     scratch: std::sync::Mutex<Scratch>,
@@ -262,14 +274,51 @@ impl Engine {
     /// path). The options are validated here.
     pub fn new(model: OwnedModel, tokenizer: Tokenizer, opts: EngineOptions) -> Result<Self> {
         opts.validate()?;
-        let pool = Pool::new(opts.threads.max(1));
+        let pool = std::sync::Arc::new(Pool::new(opts.threads.max(1)));
         Ok(Engine {
             model,
             tokenizer,
             pool,
+            streamer: None,
+            plan: None,
             opts,
             scratch: std::sync::Mutex::new(Scratch::default()),
         })
+    }
+
+    /// Switch to the low-memory backend with `plan` (see [`budget`]).
+    pub(crate) fn stream(mut self, plan: budget::MemoryPlan) -> Result<Self> {
+        let layers = budget::layer_ranges(self.model.model(), self.model.file())?;
+        self.streamer = Some(budget::LayerStreamer {
+            pool: std::sync::Arc::clone(&self.pool),
+            file: self.model.file_arc(),
+            layers,
+            read_ahead: plan.window_layers >= 2,
+            pinned_layers: plan.pinned_layers,
+            pinned: {
+                let head = self.model.model().lm_head();
+                let len = usize::try_from(plan.pinned_head_bytes).unwrap_or(0);
+                self.model
+                    .file()
+                    .range_of(head.data())
+                    .map_or(0..0, |r| r.start..r.start + len.min(r.len()))
+            },
+        });
+        self.plan = Some(plan);
+        Ok(self)
+    }
+
+    /// The memory plan, when the engine runs under a RAM budget.
+    pub fn plan(&self) -> Option<&budget::MemoryPlan> {
+        self.plan.as_ref()
+    }
+
+    /// Where the forward pass's heavy operations run.
+    pub fn backend(&self) -> &dyn bitnet_model::Backend {
+        match &self.streamer {
+            Some(s) => s,
+            None => &*self.pool,
+        }
     }
 
     pub fn options(&self) -> &EngineOptions {
@@ -318,7 +367,7 @@ impl Engine {
         }
         let mut scratch = self.scratch();
         let mut exec = Exec {
-            backend: &self.pool,
+            backend: self.backend(),
             numerics: self.opts.numerics,
             trace: None,
             scratch: Some(&mut scratch),
@@ -361,7 +410,7 @@ impl Engine {
         }
         let mut scratch = self.scratch();
         let mut exec = Exec {
-            backend: &self.pool,
+            backend: self.backend(),
             numerics: self.opts.numerics,
             trace: None,
             scratch: Some(&mut scratch),

@@ -61,6 +61,9 @@ pub struct LoadOptions {
     /// Repack I2_S weights for the panel GEMM when the CPU's kernel tier has one (default);
     /// `false` keeps the file's layout only (llama.cpp's `--no-repack`).
     pub repack: bool,
+    /// Run within a RAM budget (the low-memory mode, [`crate::budget`]): weights streamed
+    /// through a window of two blocks, the head in chunks, the KV type and context fitted.
+    pub budget: Option<crate::budget::BudgetRequest>,
 }
 
 impl Default for LoadOptions {
@@ -76,6 +79,7 @@ impl Default for LoadOptions {
             n_batch: e.n_batch,
             kv_budget_bytes: e.kv_budget_bytes,
             repack: true,
+            budget: None,
         }
     }
 }
@@ -96,6 +100,22 @@ impl LoadOptions {
         self.engine_options().validate()?;
         if self.numerics == Numerics::Exact && self.lm_head != LmHeadFormat::File {
             return Err(EngineError::ExactNeedsF16Head);
+        }
+        if self.budget.is_some() {
+            if self.in_memory {
+                return Err(EngineError::Budget {
+                    reason: "the low-memory mode streams the weights from the mapped file; \
+                             it cannot read the whole file into memory (drop --in-memory)"
+                        .into(),
+                });
+            }
+            if self.lm_head != LmHeadFormat::File {
+                return Err(EngineError::Budget {
+                    reason: "a quantized LM head built at load is held whole in memory; under a \
+                             budget the file's head is streamed instead (drop --lm-head)"
+                        .into(),
+                });
+            }
         }
         Ok(())
     }
@@ -127,6 +147,8 @@ pub enum LoadEvent<'a> {
         /// Whether the mapped pages of the file's copies were released.
         released: bool,
     },
+    /// The low-memory mode's plan (under a RAM budget).
+    Plan(&'a crate::budget::MemoryPlan),
     /// Something the user should know that does not stop loading.
     Note(String),
 }
@@ -143,6 +165,10 @@ pub fn load(
         path,
         bytes: file.file_size(),
     });
+    if let Some(req) = &opts.budget {
+        let model = OwnedModel::load_releasing(Arc::new(file))?;
+        return load_budgeted(model, opts, req, progress);
+    }
     let mut model = OwnedModel::load(Arc::new(file))?;
     let pool = Pool::new(opts.threads);
     if opts.lm_head != LmHeadFormat::File {
@@ -153,6 +179,35 @@ pub fn load(
     }
     let tokenizer = Tokenizer::from_gguf(model.file().metadata(), opts.pre_tokenizer)?;
     Engine::new(model, tokenizer, opts.engine_options())
+}
+
+/// The low-memory mode: no repacked copy, no head built at load; plan, then stream.
+fn load_budgeted(
+    model: OwnedModel,
+    opts: &LoadOptions,
+    req: &crate::budget::BudgetRequest,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<Engine> {
+    let tokenizer = Tokenizer::from_gguf(model.file().metadata(), opts.pre_tokenizer)?;
+    // Whatever binding touched of the file (metadata, norms, scales) can go: it is read
+    // again when needed.
+    let _ = model.file().release(model.file().as_bytes());
+    let runtime = crate::sys::rss_bytes().unwrap_or(0);
+    let layers = crate::budget::layer_ranges(model.model(), model.file())?;
+    let plan = crate::budget::plan(
+        model.model(),
+        &layers,
+        req,
+        opts.kv_type,
+        opts.numerics,
+        opts.threads,
+        runtime,
+    )?;
+    progress(LoadEvent::Plan(&plan));
+    let mut eo = opts.engine_options();
+    eo.kv_type = plan.kv_type;
+    eo.n_batch = plan.n_batch;
+    Engine::new(model, tokenizer, eo)?.stream(plan)
 }
 
 /// Open a GGUF file, memory-mapped or (`in_memory`) read whole, with the default limits.

@@ -29,10 +29,19 @@ fn physical_cores() -> Option<usize> {
     (!cores.is_empty()).then_some(cores.len())
 }
 
+/// Resident memory of this process now (Linux `VmRSS`), in bytes; `None` elsewhere.
+pub fn rss_bytes() -> Option<u64> {
+    status_kb("VmRSS:")
+}
+
 /// Peak resident memory of this process (Linux `VmHWM`), in bytes; `None` elsewhere.
 pub fn peak_rss_bytes() -> Option<u64> {
+    status_kb("VmHWM:")
+}
+
+fn status_kb(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kb.checked_mul(1024)
 }

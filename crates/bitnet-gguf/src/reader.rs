@@ -239,6 +239,33 @@ impl GgufFile {
         }
     }
 
+    /// Asks the OS to start reading the pages holding `bytes` (a sub-slice of
+    /// [`Self::as_bytes`]) in the background, ahead of their use. Only a hint: the contents
+    /// are not changed and nothing waits. A no-op for a file held in memory. Returns whether
+    /// the hint was given.
+    pub fn will_need(&self, bytes: &[u8]) -> Result<bool, GgufError> {
+        let offset = self
+            .range_of(bytes)
+            .ok_or(GgufError::NotInFile { len: bytes.len() })?
+            .start;
+        match &self.backing {
+            Backing::Owned(_) => Ok(false),
+            Backing::Mmap(_) if bytes.is_empty() => Ok(false),
+            #[cfg(unix)]
+            Backing::Mmap(m) => {
+                m.advise_range(memmap2::Advice::WillNeed, offset, bytes.len())?;
+                Ok(true)
+            }
+            #[cfg(not(unix))]
+            Backing::Mmap(_) => Ok(false),
+        }
+    }
+
+    /// Whether the file is memory-mapped (rather than held in memory).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.backing, Backing::Mmap(_))
+    }
+
     /// Metadata key-value pairs in file order.
     pub fn metadata(&self) -> &Metadata {
         &self.parsed.metadata

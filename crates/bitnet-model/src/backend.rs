@@ -26,6 +26,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Row `r` of the token embedding `embd`, dequantized into `out` (`n_embd` values).
+    fn embedding_row(&self, embd: &RowMatrix<'_>, r: usize, out: &mut [f32]) -> Result<()> {
+        embd.dequantize_row(r, out)?;
+        Ok(())
+    }
+
     /// `out[t][r] = Lin(W, x_t)[r]`: the ternary matmul of `n` int8 activation rows `xq`
     /// (`n × w.n_in()`) with per-row scales `scales` (docs/FORMATS.md §1); `out` is
     /// `n × w.n_out()`.

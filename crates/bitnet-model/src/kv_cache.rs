@@ -28,6 +28,15 @@ pub enum KvType {
 
 impl KvType {
     /// Bytes that `n` values take (`n` a multiple of 32 for Q8_0); None on overflow.
+    /// The name in flags and reports (`f32`, `f16`, `q8_0`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         match self {
             KvType::F32 => n.checked_mul(4),

@@ -233,6 +233,7 @@ fn bind_ternary<'a>(
     name: &str,
     n_in: usize,
     n_out: usize,
+    release: bool,
 ) -> Result<TernaryMatrix<'a>> {
     let t = require(file, name)?;
     check_dims(t, &[n_in as u64, n_out as u64])?;
@@ -284,6 +285,10 @@ fn bind_ternary<'a>(
     // One pass over the codes at load: counts the never-written code 3 (decoded as 0) and
     // lets clean I2_S matrices use the kernel without the code-3 fix-up (~20% faster).
     m.check_codes();
+    if release {
+        // The check read every byte; a streamed model reads them again when it runs.
+        file.release(m.packed_data())?;
+    }
     Ok(m)
 }
 
@@ -325,6 +330,16 @@ impl<'a> Model<'a> {
     /// Validate the config and bind every tensor (no weight is copied or dequantized, only
     /// the small F32 norm vectors are).
     pub fn load(file: &'a GgufFile) -> Result<Self> {
+        Self::load_with(file, false)
+    }
+
+    /// [`Model::load`] that also releases each projection's pages of a mapped file after the
+    /// one pass that checks its codes (for the low-memory mode, which streams them).
+    pub fn load_releasing(file: &'a GgufFile) -> Result<Self> {
+        Self::load_with(file, true)
+    }
+
+    fn load_with(file: &'a GgufFile, release: bool) -> Result<Self> {
         let embd = require(file, names::TOKEN_EMBD)?;
         let vocab_rows = embd.dims.get(1).copied();
         let config = Config::from_metadata(file.metadata(), vocab_rows)?;
@@ -341,16 +356,16 @@ impl<'a> Model<'a> {
             let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
             layers.push(Layer {
                 attn_norm: bind_f32(file, &n(LayerTensor::AttnNorm), e)?,
-                wq: bind_ternary(file, &n(LayerTensor::AttnQ), e, e)?,
-                wk: bind_ternary(file, &n(LayerTensor::AttnK), e, kv)?,
-                wv: bind_ternary(file, &n(LayerTensor::AttnV), e, kv)?,
+                wq: bind_ternary(file, &n(LayerTensor::AttnQ), e, e, release)?,
+                wk: bind_ternary(file, &n(LayerTensor::AttnK), e, kv, release)?,
+                wv: bind_ternary(file, &n(LayerTensor::AttnV), e, kv, release)?,
                 attn_sub_norm: bind_f32(file, &n(LayerTensor::AttnSubNorm), e)?,
-                wo: bind_ternary(file, &n(LayerTensor::AttnOutput), e, e)?,
+                wo: bind_ternary(file, &n(LayerTensor::AttnOutput), e, e, release)?,
                 ffn_norm: bind_f32(file, &n(LayerTensor::FfnNorm), e)?,
-                w_gate: bind_ternary(file, &n(LayerTensor::FfnGate), e, ff)?,
-                w_up: bind_ternary(file, &n(LayerTensor::FfnUp), e, ff)?,
+                w_gate: bind_ternary(file, &n(LayerTensor::FfnGate), e, ff, release)?,
+                w_up: bind_ternary(file, &n(LayerTensor::FfnUp), e, ff, release)?,
                 ffn_sub_norm: bind_f32(file, &n(LayerTensor::FfnSubNorm), ff)?,
-                w_down: bind_ternary(file, &n(LayerTensor::FfnDown), ff, e)?,
+                w_down: bind_ternary(file, &n(LayerTensor::FfnDown), ff, e, release)?,
             });
         }
         // A block beyond block_count means the metadata disagrees with the tensors.
@@ -448,7 +463,7 @@ impl<'a> Model<'a> {
                 id: t,
                 n_vocab: c.n_vocab,
             })?;
-            self.tok_embd.dequantize_row(r, row)?;
+            exec.backend.embedding_row(&self.tok_embd, r, row)?;
         }
         exec.emit("inp_embd", None, &h, n);
 

@@ -27,6 +27,13 @@ impl OwnedModel {
         Ok(OwnedModel(Cell::try_new(file, |f| Model::load(f))?))
     }
 
+    /// [`OwnedModel::load`] with [`Model::load_releasing`] (the low-memory mode).
+    pub fn load_releasing(file: Arc<GgufFile>) -> Result<Self> {
+        Ok(OwnedModel(Cell::try_new(file, |f| {
+            Model::load_releasing(f)
+        })?))
+    }
+
     /// The model.
     pub fn model(&self) -> &Model<'_> {
         self.0.borrow_dependent()
@@ -35,6 +42,11 @@ impl OwnedModel {
     /// The file the weights come from.
     pub fn file(&self) -> &GgufFile {
         self.0.borrow_owner()
+    }
+
+    /// The file, shared.
+    pub fn file_arc(&self) -> Arc<GgufFile> {
+        Arc::clone(self.0.borrow_owner())
     }
 
     /// Change the model with access to its file (for example to install a re-encoded LM head

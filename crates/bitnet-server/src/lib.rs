@@ -314,9 +314,11 @@ where
         }
     };
     let n_ctx_train = engine.model().config.n_ctx_train;
-    let n_ctx = shared
-        .cfg
-        .n_ctx
+    // Under a RAM budget the memory plan chose the context (honouring an explicit one).
+    let n_ctx = engine
+        .plan()
+        .map(|p| p.n_ctx)
+        .or(shared.cfg.n_ctx)
         .unwrap_or(n_ctx_train.min(4096))
         .min(n_ctx_train)
         .max(1);

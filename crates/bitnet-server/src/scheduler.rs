@@ -467,7 +467,7 @@ impl Scheduler {
         let engine = &self.engine;
         let mut scratch = engine.scratch();
         let mut exec = Exec {
-            backend: engine.pool(),
+            backend: engine.backend(),
             numerics: engine.options().numerics,
             trace: None,
             scratch: Some(&mut scratch),

@@ -111,6 +111,12 @@ pub fn run(a: Args) -> Result<()> {
     if a.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
+    if a.model.ram_budget.is_some() {
+        bail!(
+            "bench does not run the low-memory mode yet; measure it with \
+             `bitnet run --ram-budget SIZE` (its summary gives tok/s and peak RSS)"
+        );
+    }
     let path = a.model.path()?;
     let file = open_gguf(&path, a.model.in_memory)?;
     let mut model = Model::load(&file).context("cannot load model")?;
@@ -160,7 +166,7 @@ pub fn run(a: Args) -> Result<()> {
             model.config.n_embd,
             human_bytes(bytes_per_token),
             a.model.numerics,
-            a.model.kv_cache
+            a.model.kv_type()
         );
         println!(
             "{:<14} {:>7} {:>12} {:>20} {:>10} {:>10} {:>8}",
@@ -207,7 +213,7 @@ pub fn run(a: Args) -> Result<()> {
                 String::new()
             };
             // The history every repetition starts from; each one truncates back to it.
-            let mut cache = model.new_cache(depth + n_ctx, a.model.kv_cache, u64::MAX)?;
+            let mut cache = model.new_cache(depth + n_ctx, a.model.kv_type(), u64::MAX)?;
             for chunk in tokens(depth, n_vocab, 3).chunks(512) {
                 model.forward(chunk, &mut cache, Outputs::None, &mut exec)?;
             }
@@ -257,7 +263,7 @@ pub fn run(a: Args) -> Result<()> {
                 let mut caches = Vec::with_capacity(b);
                 let mut next = Vec::with_capacity(b);
                 for i in 0..b {
-                    let mut cache = model.new_cache(n_ctx, a.model.kv_cache, u64::MAX)?;
+                    let mut cache = model.new_cache(n_ctx, a.model.kv_type(), u64::MAX)?;
                     let seed = 2 + u64::try_from(i).unwrap_or(0);
                     let logits = model.forward(
                         &tokens(1, n_vocab, seed),

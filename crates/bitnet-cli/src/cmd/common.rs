@@ -51,8 +51,13 @@ pub struct ModelArgs {
     pub numerics: bitnet_model::Numerics,
     /// KV cache element type: f16 (default), f32, or q8_0 (ggml Q8_0 blocks: 0.56 × the bytes of
     /// f16; fast numerics only).
-    #[arg(long, default_value = "f16")]
-    pub kv_cache: bitnet_model::KvType,
+    #[arg(long)]
+    pub kv_cache: Option<bitnet_model::KvType>,
+    /// Run within this much RAM (e.g. 200M, 1G): the low-memory mode streams the weights
+    /// through a window of two blocks and fits the KV cache and context to the budget,
+    /// printing its plan. Bytes, or a number with K, M or G (powers of 1024).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub ram_budget: Option<u64>,
     /// Read the whole model into memory instead of memory-mapping it.
     #[arg(long)]
     pub in_memory: bool,
@@ -146,6 +151,7 @@ impl LoadProgress {
                 },
                 elapsed.as_secs_f64()
             ),
+            LoadEvent::Plan(p) => eprint!("{}", p.table()),
             LoadEvent::Note(n) => eprintln!("note: {n}"),
         }
     }
@@ -194,14 +200,79 @@ impl ModelArgs {
         Ok(bitnet_engine::LoadOptions {
             threads: self.single_threads()?,
             numerics: self.numerics,
-            kv_type: self.kv_cache,
+            kv_type: self.kv_type(),
             lm_head: self.lm_head.format(),
             in_memory: self.in_memory,
             pre_tokenizer: self.pre_tokenizer()?,
             repack: !self.no_repack,
+            budget: self
+                .ram_budget
+                .map(|bytes| bitnet_engine::budget::BudgetRequest {
+                    bytes,
+                    n_ctx: self.ctx_size,
+                    kv_type_explicit: self.kv_cache.is_some(),
+                }),
             ..Default::default()
         })
     }
+
+    /// The KV cache type (f16 unless given).
+    pub fn kv_type(&self) -> bitnet_model::KvType {
+        self.kv_cache.unwrap_or(bitnet_model::KvType::F16)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("200M"), Ok(200 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("64 kb"), Ok(64 << 10));
+        assert_eq!(parse_size("300000000"), Ok(300_000_000));
+        for bad in ["", "M", "lots", "-5M", "0", "nan", "1e30G", "inf"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+/// A size in bytes: `200M`, `1G`, `1.5G`, `512MiB`, `300000000`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let (num, mult) = [
+        ("gib", 1u64 << 30),
+        ("mib", 1 << 20),
+        ("kib", 1 << 10),
+        ("gb", 1 << 30),
+        ("mb", 1 << 20),
+        ("kb", 1 << 10),
+        ("g", 1 << 30),
+        ("m", 1 << 20),
+        ("k", 1 << 10),
+        ("b", 1),
+    ]
+    .iter()
+    .find_map(|(suf, m)| lower.strip_suffix(suf).map(|n| (n.trim().to_string(), *m)))
+    .unwrap_or((lower.clone(), 1));
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 200M, 1G, 300000000)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format!("`{s}`: a size must be positive"));
+    }
+    // Precision: sizes are far below 2^53.
+    #[allow(clippy::cast_precision_loss)]
+    let bytes = v * mult as f64;
+    if bytes >= 1.8e19 {
+        return Err(format!("`{s}` is too large"));
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(bytes as u64)
 }
 
 /// Resolve the model path (downloading when needed) and load the engine, with progress on
@@ -220,8 +291,12 @@ pub fn load_engine_at(path: &std::path::Path, a: &ModelArgs) -> Result<bitnet_en
     })
 }
 
-/// The session context size: `--ctx-size`, else the training context capped at 4096.
+/// The session context size: the memory plan's under a RAM budget, else `--ctx-size`, else
+/// the training context capped at 4096.
 pub fn ctx_size(a: &ModelArgs, engine: &bitnet_engine::Engine) -> usize {
+    if let Some(p) = engine.plan() {
+        return p.n_ctx;
+    }
     a.ctx_size
         .unwrap_or_else(|| engine.model().config.n_ctx_train.min(4096))
 }

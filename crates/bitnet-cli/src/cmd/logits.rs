@@ -73,6 +73,14 @@ pub fn run(a: Args) -> Result<()> {
     {
         bail!("--then id {bad} is outside the vocabulary (0..{n_vocab})");
     }
+    if let Some(p) = engine.plan() {
+        if n_ctx > p.n_ctx {
+            anyhow::bail!(
+                "{n_ctx} positions do not fit the context the RAM budget allows ({})",
+                p.n_ctx
+            );
+        }
+    }
     let mut session = engine.new_session(n_ctx)?;
     let outputs = if a.all { Outputs::All } else { Outputs::Last };
     let mut logits = engine.eval(&mut session, &ids, outputs)?;

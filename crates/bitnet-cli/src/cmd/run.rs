@@ -59,7 +59,16 @@ pub fn run(a: Args) -> Result<()> {
     if ids.is_empty() {
         bail!("the prompt has no tokens");
     }
-    let n_ctx = ctx_size(&a.model, &engine).max(ids.len() + 1);
+    let n_ctx = match engine.plan() {
+        // Under a RAM budget the context is what the plan fitted.
+        Some(p) if ids.len() >= p.n_ctx => bail!(
+            "the prompt has {} tokens; the context the RAM budget allows holds {}",
+            ids.len(),
+            p.n_ctx
+        ),
+        Some(p) => p.n_ctx,
+        None => ctx_size(&a.model, &engine).max(ids.len() + 1),
+    };
     let mut session = engine.new_session(n_ctx)?;
     let mut out = std::io::stdout().lock();
     if !a.no_echo && !a.chat {

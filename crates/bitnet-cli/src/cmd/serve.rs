@@ -66,6 +66,11 @@ fn model_name(a: &Args) -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.model.ram_budget.is_some() && a.parallel > 1 {
+        anyhow::bail!(
+            "--ram-budget plans for one sequence: use -P 1 (each slot would need its own KV cache)"
+        );
+    }
     let api_key = a
         .api_key
         .clone()
