@@ -112,8 +112,10 @@ typedef struct bitnet_config {
   int32_t lm_head;
   // `BITNET_DEVICE_*`.
   int32_t device;
-  // Largest RAM the engine may use, in bytes; 0 = no limit. A limit needs the
-  // low-memory mode, which this build does not have (`BITNET_ERR_UNSUPPORTED`).
+  // Largest RAM the process may use, in bytes; 0 = no limit. A limit runs the
+  // low-memory mode: weights streamed from the mapped file, the KV cache (when left at
+  // f16) and the context (when `n_ctx` is 0) fitted to it; `BITNET_ERR_ENGINE` with the
+  // numbers when the model cannot fit. `bitnet_info_get` gives the context chosen.
   uint64_t ram_budget;
   // Read the file into memory instead of mapping it.
   bool in_memory;

@@ -92,8 +92,10 @@ pub struct bitnet_config {
     pub lm_head: i32,
     /// `BITNET_DEVICE_*`.
     pub device: i32,
-    /// Largest RAM the engine may use, in bytes; 0 = no limit. A limit needs the
-    /// low-memory mode, which this build does not have (`BITNET_ERR_UNSUPPORTED`).
+    /// Largest RAM the process may use, in bytes; 0 = no limit. A limit runs the
+    /// low-memory mode: weights streamed from the mapped file, the KV cache (when left at
+    /// f16) and the context (when `n_ctx` is 0) fitted to it; `BITNET_ERR_ENGINE` with the
+    /// numbers when the model cannot fit. `bitnet_info_get` gives the context chosen.
     pub ram_budget: u64,
     /// Read the file into memory instead of mapping it.
     pub in_memory: bool,
@@ -396,15 +398,6 @@ fn load_options(c: &bitnet_config) -> Res<LoadOptions> {
         }
         n => return Err(invalid(format!("device = {n} is not a BITNET_DEVICE_* value"))),
     }
-    if c.ram_budget != 0 {
-        return Err(Fail(
-            BITNET_ERR_UNSUPPORTED,
-            format!(
-                "ram_budget = {}: this build has no low-memory mode to keep within a budget (use 0)",
-                c.ram_budget
-            ),
-        ));
-    }
     let threads = match usize::try_from(c.n_threads) {
         Ok(0) => ::bitnet_engine::sys::default_threads(),
         Ok(n) if n <= 1024 => n,
@@ -421,6 +414,11 @@ fn load_options(c: &bitnet_config) -> Res<LoadOptions> {
         kv_type,
         lm_head,
         in_memory: c.in_memory,
+        budget: (c.ram_budget != 0).then(|| ::bitnet_engine::budget::BudgetRequest {
+            bytes: c.ram_budget,
+            n_ctx: usize::try_from(c.n_ctx).ok().filter(|&n| n != 0),
+            kv_type_explicit: kv_type != KvType::F16,
+        }),
         ..LoadOptions::default()
     };
     opts.validate().map_err(|e| invalid(e.to_string()))?;
@@ -461,9 +459,10 @@ pub unsafe extern "C" fn bitnet_load(
             };
             Fail(code, e.to_string())
         })?;
-        let n_ctx = match usize::try_from(cfg.n_ctx) {
-            Ok(0) | Err(_) => engine.model().config.n_ctx_train.min(4096),
-            Ok(n) => n,
+        let n_ctx = match (engine.plan(), usize::try_from(cfg.n_ctx)) {
+            (Some(p), _) => p.n_ctx,
+            (None, Ok(0) | Err(_)) => engine.model().config.n_ctx_train.min(4096),
+            (None, Ok(n)) => n,
         };
         let session = engine.new_session(n_ctx).map_err(engine_err)?;
         let handle = Box::new(bitnet_engine {

@@ -125,11 +125,20 @@ fn bad_load_arguments_are_codes_with_messages() {
         ),
         (
             bitnet_config {
-                ram_budget: 200 << 20,
+                ram_budget: 1 << 20,
                 ..cfg()
             },
-            BITNET_ERR_UNSUPPORTED,
-            "ram_budget",
+            BITNET_ERR_ENGINE,
+            "too small",
+        ),
+        (
+            bitnet_config {
+                ram_budget: 1 << 30,
+                in_memory: true,
+                ..cfg()
+            },
+            BITNET_ERR_INVALID,
+            "in-memory",
         ),
         (
             bitnet_config {
@@ -162,6 +171,31 @@ fn bad_load_arguments_are_codes_with_messages() {
         assert_eq!(rc, code, "{msg}");
         assert!(msg.contains(word), "{msg} lacks {word}");
     }
+    // A budget the model fits: the low-memory mode, the same logits.
+    let streamed = load(&bitnet_config {
+        ram_budget: 1 << 30,
+        n_ctx: 256,
+        ..cfg()
+    })
+    .unwrap();
+    let normal = load(&cfg()).unwrap();
+    let ids = [4000u32, 791, 1217, 1419];
+    let (mut a, mut b) = (vec![0f32; 4256], vec![0f32; 4256]);
+    let mut info = bitnet_info::default();
+    // SAFETY: valid pointers.
+    unsafe {
+        assert_eq!(
+            bitnet_forward(streamed.0, ids.as_ptr(), 4, a.as_mut_ptr(), 4256),
+            BITNET_OK
+        );
+        assert_eq!(
+            bitnet_forward(normal.0, ids.as_ptr(), 4, b.as_mut_ptr(), 4256),
+            BITNET_OK
+        );
+        assert_eq!(bitnet_info_get(streamed.0, &mut info), BITNET_OK);
+    }
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert_eq!(info.n_ctx, 256);
     // AUTO runs on the CPU in this build.
     assert!(load(&bitnet_config {
         device: BITNET_DEVICE_AUTO,

@@ -57,10 +57,12 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn parse_options(
     n_threads: Option<usize>,
+    n_ctx: Option<usize>,
     numerics: &str,
-    kv_cache: &str,
+    kv_cache: Option<&str>,
     lm_head: &str,
     device: &str,
     ram_budget: Option<u64>,
@@ -75,7 +77,7 @@ fn parse_options(
             )))
         }
     };
-    let kv_type = match kv_cache {
+    let kv_type = match kv_cache.unwrap_or("f16") {
         "f16" => KvType::F16,
         "f32" => KvType::F32,
         "q8_0" => KvType::Q8_0,
@@ -109,11 +111,6 @@ fn parse_options(
             )))
         }
     }
-    if let Some(b) = ram_budget {
-        return Err(PyValueError::new_err(format!(
-            "ram_budget={b}: this build has no low-memory mode to keep within a budget (leave it None)"
-        )));
-    }
     let threads = match n_threads {
         None => ::bitnet_engine::sys::default_threads(),
         Some(n) if (1..=1024).contains(&n) => n,
@@ -129,8 +126,18 @@ fn parse_options(
         kv_type,
         lm_head,
         in_memory,
+        budget: ram_budget.map(|bytes| ::bitnet_engine::budget::BudgetRequest {
+            bytes,
+            n_ctx,
+            kv_type_explicit: kv_cache.is_some(),
+        }),
         ..LoadOptions::default()
     };
+    if ram_budget == Some(0) {
+        return Err(PyValueError::new_err(
+            "ram_budget=0: give a size in bytes, or None",
+        ));
+    }
     opts.validate()
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(opts)
@@ -150,7 +157,7 @@ fn chat_role(r: &str) -> PyResult<ChatRole> {
 #[pymethods]
 impl NativeModel {
     #[new]
-    #[pyo3(signature = (path, n_threads=None, n_ctx=None, numerics="fast", kv_cache="f16", lm_head="f16", device="cpu", ram_budget=None, in_memory=false))]
+    #[pyo3(signature = (path, n_threads=None, n_ctx=None, numerics="fast", kv_cache=None, lm_head="f16", device="cpu", ram_budget=None, in_memory=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -158,14 +165,14 @@ impl NativeModel {
         n_threads: Option<usize>,
         n_ctx: Option<usize>,
         numerics: &str,
-        kv_cache: &str,
+        kv_cache: Option<&str>,
         lm_head: &str,
         device: &str,
         ram_budget: Option<u64>,
         in_memory: bool,
     ) -> PyResult<Self> {
         let opts = parse_options(
-            n_threads, numerics, kv_cache, lm_head, device, ram_budget, in_memory,
+            n_threads, n_ctx, numerics, kv_cache, lm_head, device, ram_budget, in_memory,
         )?;
         if n_ctx == Some(0) {
             return Err(PyValueError::new_err("n_ctx=0: must be at least 1"));
@@ -174,7 +181,10 @@ impl NativeModel {
             .detach(|| ::bitnet_engine::load(&path, &opts, &mut |_| {}))
             .map_err(engine_err)?;
         let n_ctx_train = engine.model().config.n_ctx_train;
-        let n_ctx = n_ctx.unwrap_or(n_ctx_train.min(4096)).min(n_ctx_train);
+        let n_ctx = match engine.plan() {
+            Some(p) => p.n_ctx,
+            None => n_ctx.unwrap_or(n_ctx_train.min(4096)).min(n_ctx_train),
+        };
         let session = engine.new_session(n_ctx).map_err(engine_err)?;
         Ok(NativeModel {
             tokenizer: Arc::new(engine.tokenizer.clone()),

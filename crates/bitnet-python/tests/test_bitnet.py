@@ -162,7 +162,8 @@ def test_generation_runs_beside_other_threads(fast):
 @pytest.mark.parametrize("kwargs, exc, word", [
     (dict(device="gpu"), ValueError, "GPU"),
     (dict(device="tpu"), ValueError, "device"),
-    (dict(ram_budget=200 << 20), ValueError, "ram_budget"),
+    (dict(ram_budget=1 << 20), BitnetError, "too small"),
+    (dict(ram_budget=1 << 30, in_memory=True), ValueError, "in-memory"),
     (dict(numerics="fastest"), ValueError, "numerics"),
     (dict(kv_cache="q2"), ValueError, "kv_cache"),
     (dict(lm_head="bf16"), ValueError, "lm_head"),
@@ -173,6 +174,15 @@ def test_generation_runs_beside_other_threads(fast):
 def test_bad_model_arguments_raise(kwargs, exc, word):
     with pytest.raises(exc, match=word):
         Model(MODEL, **kwargs)
+
+
+def test_ram_budget_runs_the_low_memory_mode_with_the_same_logits(fast):
+    m = Model(MODEL, n_threads=1, ram_budget=1 << 30, n_ctx=256)
+    assert m.n_ctx == 256
+    ids = golden("p1_english")["prompt_tokens"]
+    assert m.logits(ids).tobytes() == fast.logits(ids).tobytes()
+    greedy = dict(max_tokens=12, temperature=0)
+    assert m.generate("Once upon a time", **greedy) == fast.generate("Once upon a time", **greedy)
 
 
 def test_bad_files_raise(tmp_path):

@@ -92,8 +92,9 @@ class Model:
         lm_head: "f16" (the file's own head, default), "q8_0", "q6_k" or "q4_0".
         device: "cpu" (default) or "auto"; "gpu" is refused (this build has no GPU
             backend).
-        ram_budget: a RAM limit in bytes; refused for now (no low-memory mode in this
-            build); leave it None.
+        ram_budget: a RAM limit for the process, in bytes (the low-memory mode: weights
+            streamed from the mapped file; the KV type and context, when not given, fitted
+            to it). `n_ctx` then reports the context chosen.
         in_memory: read the file into RAM instead of memory-mapping it.
 
     Raises:
@@ -102,7 +103,7 @@ class Model:
     """
 
     def __init__(self, path, *, n_threads=None, n_ctx=None, numerics="fast",
-                 kv_cache="f16", lm_head="f16", device="cpu", ram_budget=None,
+                 kv_cache=None, lm_head="f16", device="cpu", ram_budget=None,
                  in_memory=False):
         self.path = os.fspath(path)
         self._m = NativeModel(self.path, n_threads, n_ctx, numerics, kv_cache, lm_head,
