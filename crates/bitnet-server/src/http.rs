@@ -308,18 +308,11 @@ async fn tokenize_route(State(s): State<AppState>, req: Request) -> Result<Json<
     let parse_special = opt_bool(&o, "parse_special", true)?;
     let with_pieces = opt_bool(&o, "with_pieces", false)?;
     let tok = Arc::clone(&ready.tokenizer);
-    let ids = tokio::task::spawn_blocking(move || {
+    let ids = tokenize_blocking(move || {
         tok.encode(&content, add_special && tok.add_bos(), parse_special)
+            .map_err(|e| ApiError::invalid("content", e.to_string()))
     })
-    .await
-    .map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            format!("tokenization failed: {e}"),
-        )
-    })?
-    .map_err(|e| ApiError::invalid("content", e.to_string()))?;
+    .await?;
     if !with_pieces {
         return Ok(Json(json!({ "tokens": ids })));
     }
@@ -495,6 +488,19 @@ fn tokenize(tok: &Tokenizer, input: &Input) -> Result<Vec<u32>, ApiError> {
     }
 }
 
+/// Runs a tokenization on a blocking thread: a large text must not stall the runtime.
+async fn tokenize_blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("tokenization failed: {e}"),
+        )
+    })?
+}
+
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A fresh 64-bit value (seeds and ids): std's randomly keyed SipHash of a counter.
@@ -536,17 +542,8 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         Endpoint::Completion => "prompt",
     };
 
-    // Tokenize on a blocking thread: a large prompt must not stall the runtime.
     let tok = Arc::clone(&ready.tokenizer);
-    let prompt = tokio::task::spawn_blocking(move || tokenize(&tok, &input))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                format!("tokenization failed: {e}"),
-            )
-        })??;
+    let prompt = tokenize_blocking(move || tokenize(&tok, &input)).await?;
     if prompt.is_empty() {
         return Err(ApiError::invalid(field, format!("`{field}` has no tokens")));
     }
