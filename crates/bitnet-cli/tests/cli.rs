@@ -462,6 +462,40 @@ fn ram_budget_streams_the_model_within_the_budget() {
         "peak RSS {peak} MiB, normal mode {normal_peak} MiB"
     );
 
+    // bench in the low-memory mode: pp and tg rows, within the budget.
+    let out = bitnet(&[
+        "bench",
+        "-m",
+        m,
+        "-p",
+        "16",
+        "-n",
+        "8",
+        "-r",
+        "1",
+        "-t",
+        "2",
+        "-c",
+        "512",
+        "--json",
+        "--ram-budget",
+        "48M",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(names, ["pp16", "tg8"]);
+    for r in &rows {
+        assert!(r["tok_s_median"].as_f64().unwrap() > 0.0);
+        assert!(r["peak_rss_bytes"].as_u64().unwrap() < 48 << 20, "{r}");
+    }
+    let out = bitnet(&["bench", "-m", m, "--ram-budget", "48M", "--batch", "4"]);
+    assert!(!out.status.success());
+
     // Too small, and an explicit context that cannot fit: errors with the numbers.
     let out = bitnet(&[
         "run",

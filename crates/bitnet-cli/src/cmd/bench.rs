@@ -94,6 +94,118 @@ fn stat(mut v: Vec<f64>) -> Stat {
     }
 }
 
+/// `bench --ram-budget`: pp and tg of one sequence in the low-memory mode (one thread
+/// count; the weights stream from the mapped file, so there is no read-bandwidth column).
+fn run_budgeted(a: &Args) -> Result<()> {
+    if a.threads_list.as_ref().is_some_and(|l| l.len() > 1) || a.model.threads.len() > 1 {
+        bail!("--ram-budget benches one thread count (-t N)");
+    }
+    if !a.batch.is_empty() {
+        bail!("--ram-budget plans for one sequence: drop --batch");
+    }
+    let t = a
+        .threads_list
+        .as_ref()
+        .and_then(|l| l.first().copied())
+        .unwrap_or_else(|| a.model.threads());
+    if t == 0 {
+        bail!("thread counts must be at least 1");
+    }
+    let mut model_args = a.model.clone();
+    model_args.threads = vec![t];
+    let engine = super::common::load_engine(&model_args)?;
+    let n_ctx = engine.plan().map_or(0, |p| p.n_ctx);
+    let n_vocab = engine.model().config.n_vocab;
+    let deepest = a.depth.iter().copied().max().unwrap_or(0);
+    let needed = deepest + a.n_prompt + a.n_gen + 1;
+    if needed > n_ctx {
+        bail!(
+            "the tests need {needed} positions; the context the RAM budget allows holds {n_ctx} \
+             (lower -d/-p/-n, or give -c and a larger budget)"
+        );
+    }
+    if !a.json {
+        println!(
+            "model {} | low-memory mode, budget {} | numerics {:?} | kv {:?}",
+            model_args.path()?.display(),
+            human_bytes(a.model.ram_budget.unwrap_or(0)),
+            a.model.numerics,
+            engine.options().kv_type
+        );
+        println!(
+            "{:<14} {:>7} {:>12} {:>20}",
+            "test", "threads", "tok/s", "(min .. max)"
+        );
+    }
+    let mut session = engine.new_session(n_ctx)?;
+    for &depth in &a.depth {
+        let suffix = if depth > 0 {
+            format!("@d{depth}")
+        } else {
+            String::new()
+        };
+        session.reset();
+        engine.eval(&mut session, &tokens(depth, n_vocab, 3), Outputs::None)?;
+        let mut tests: Vec<(String, Vec<f64>)> = Vec::new();
+        if a.n_prompt > 0 {
+            let prompt = tokens(a.n_prompt, n_vocab, 1);
+            let mut rates = Vec::new();
+            for rep in 0..=a.repetitions {
+                session.truncate(depth);
+                let t0 = Instant::now();
+                engine.eval(&mut session, &prompt, Outputs::Last)?;
+                if rep > 0 {
+                    rates.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
+                }
+            }
+            tests.push((format!("pp{}{suffix}", a.n_prompt), rates));
+        }
+        if a.n_gen > 0 {
+            let mut rates = Vec::new();
+            for rep in 0..=a.repetitions {
+                session.truncate(depth);
+                let mut logits =
+                    engine.eval(&mut session, &tokens(1, n_vocab, 2), Outputs::Last)?;
+                let t0 = Instant::now();
+                for _ in 0..a.n_gen {
+                    let next = bitnet_sampling::argmax(&logits).unwrap_or(0);
+                    logits = engine.eval(&mut session, &[next], Outputs::Last)?;
+                }
+                if rep > 0 {
+                    rates.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+                }
+            }
+            tests.push((format!("tg{}{suffix}", a.n_gen), rates));
+        }
+        for (name, rates) in tests {
+            let s = stat(rates);
+            if a.json {
+                println!(
+                    "{}",
+                    json!({
+                        "test": name, "threads": t, "batch": 1, "tok_s_median": s.median, "tok_s_min": s.min,
+                        "tok_s_max": s.max, "ram_budget": a.model.ram_budget, "peak_rss_bytes": peak_rss_bytes(),
+                        "numerics": format!("{:?}", a.model.numerics),
+                    })
+                );
+            } else {
+                println!(
+                    "{name:<14} {t:>7} {:>12.2} {:>20}",
+                    s.median,
+                    format!("({:.2} .. {:.2})", s.min, s.max)
+                );
+            }
+        }
+    }
+    if !a.json {
+        println!(
+            "peak RSS {}",
+            peak_rss_bytes().map_or_else(|| "?".into(), human_bytes)
+        );
+    }
+    Ok(())
+}
+
 /// Deterministic pseudo-random token ids (a prompt of noise, as llama-bench uses).
 fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     let mut x = seed | 1;
@@ -112,10 +224,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--repetitions must be at least 1");
     }
     if a.model.ram_budget.is_some() {
-        bail!(
-            "bench does not run the low-memory mode yet; measure it with \
-             `bitnet run --ram-budget SIZE` (its summary gives tok/s and peak RSS)"
-        );
+        return run_budgeted(&a);
     }
     let path = a.model.path()?;
     let file = open_gguf(&path, a.model.in_memory)?;
