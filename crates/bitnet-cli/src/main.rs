@@ -32,6 +32,8 @@ enum Command {
     Chat(cmd::chat::Args),
     /// Measure prompt processing and generation speed (llama-bench style).
     Bench(cmd::bench::Args),
+    /// Perplexity of a text (llama-perplexity's method), and KL divergence against a saved base.
+    Perplexity(cmd::perplexity::Args),
     /// Show the token ids and pieces of a text.
     Tokenize(cmd::tokenize::Args),
     /// Serve an OpenAI-compatible HTTP API.
@@ -49,6 +51,7 @@ fn main() -> std::process::ExitCode {
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

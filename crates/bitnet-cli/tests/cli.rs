@@ -515,3 +515,96 @@ fn ram_budget_streams_the_model_within_the_budget() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a size"));
 }
+
+#[test]
+fn perplexity_and_kl_divergence_against_a_saved_base() {
+    let text = tmp("ppl.txt");
+    let mut s = String::new();
+    for p in ["p1_english", "p2_unicode", "p3_digits_punct", "p4_code_ws"] {
+        s.push_str(&std::fs::read_to_string(golden(&format!("tiny/{p}.txt"))).unwrap());
+    }
+    std::fs::write(&text, s.repeat(3)).unwrap();
+    let model = golden("tiny/bitnet-tiny-i2_s.gguf");
+    let base = tmp("base.kl");
+    let (t, b) = (text.to_str().unwrap(), base.to_str().unwrap());
+    let out = bitnet(&[
+        "perplexity",
+        "-m",
+        &model,
+        "-f",
+        t,
+        "-c",
+        "64",
+        "--chunks",
+        "4",
+        "-t",
+        "2",
+        "--numerics",
+        "exact",
+        "--kl-divergence-base",
+        b,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("[4]") && stdout.contains("Final estimate: PPL = "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("(124 tokens scored)"), "{stdout}");
+    // 4 chunks: header + 4 × (64 ids + 31 rows × 4256 f32).
+    assert_eq!(
+        std::fs::metadata(&base).unwrap().len(),
+        24 + 4 * (64 * 4 + 31 * 4256 * 4)
+    );
+    let compare = |extra: &[&str]| {
+        let mut args = vec![
+            "perplexity",
+            "-m",
+            &model,
+            "-t",
+            "2",
+            "--kl-divergence-base",
+            b,
+            "--kl-divergence",
+        ];
+        args.extend_from_slice(extra);
+        let out = bitnet(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let same = compare(&["--numerics", "exact"]);
+    assert!(
+        same.contains("mean KL divergence 0.000000") && same.contains("top-1 agreement 100.000%"),
+        "{same}"
+    );
+    let q = compare(&["--kv-cache", "q8_0"]);
+    assert!(!q.contains("top-1 agreement 100.000%"), "{q}");
+
+    // A truncated base, and a text too short for one chunk, are errors.
+    let bytes = std::fs::read(&base).unwrap();
+    let cut = tmp("cut.kl");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let out = bitnet(&[
+        "perplexity",
+        "-m",
+        &model,
+        "--kl-divergence-base",
+        cut.to_str().unwrap(),
+        "--kl-divergence",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("truncated"));
+    let short = tmp("short.txt");
+    std::fs::write(&short, "Hello").unwrap();
+    let out = bitnet(&["perplexity", "-m", &model, "-f", short.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("need at least 512"));
+}

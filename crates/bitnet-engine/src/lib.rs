@@ -30,6 +30,7 @@
 
 pub mod budget;
 mod load;
+pub mod quality;
 mod stop;
 pub mod sys;
 
@@ -75,6 +76,8 @@ pub enum EngineError {
     Zero { what: &'static str },
     #[error(transparent)]
     Kernel(#[from] bitnet_kernels::KernelError),
+    #[error("KL base file: {0}")]
+    KlBase(String),
     #[error("RAM budget: {reason}")]
     Budget { reason: String },
     #[error("a RAM budget of {} MiB is too small: {detail}", budget >> 20)]

@@ -3,6 +3,7 @@ pub mod chat;
 pub mod common;
 pub mod inspect;
 pub mod logits;
+pub mod perplexity;
 pub mod run;
 pub mod serve;
 pub mod synth;
