@@ -608,3 +608,61 @@ fn perplexity_and_kl_divergence_against_a_saved_base() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("need at least 512"));
 }
+
+#[test]
+fn kv_window_lets_generation_go_past_the_context() {
+    let model = golden("tiny/bitnet-tiny-i2_s.gguf");
+    let gen = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            &model,
+            "-p",
+            "Once upon a time",
+            "-n",
+            "100",
+            "--temp",
+            "0",
+            "-t",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        bitnet(&args)
+    };
+    let out = gen(&["-c", "32"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("finish: Length"), "{err}");
+    let capped: usize = err
+        .split("generated ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(capped < 32, "{err}");
+    let out = gen(&["--kv-window", "32"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let n: usize = err
+        .split("generated ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(n > 32, "{err}");
+    // Refused: exact numerics, a window with -c, a window too small.
+    for extra in [
+        &["--kv-window", "32", "--numerics", "exact"][..],
+        &["--kv-window", "32", "-c", "64"][..],
+        &["--kv-window", "8"][..],
+    ] {
+        let out = gen(extra);
+        assert!(!out.status.success(), "{extra:?}");
+    }
+}

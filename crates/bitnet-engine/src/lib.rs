@@ -76,6 +76,8 @@ pub enum EngineError {
     Zero { what: &'static str },
     #[error(transparent)]
     Kernel(#[from] bitnet_kernels::KernelError),
+    #[error("a sliding context window (context shift) needs fast numerics: its rotation of the cached keys is not bitnet.cpp's")]
+    ShiftNeedsFast,
     #[error("KL base file: {0}")]
     KlBase(String),
     #[error("RAM budget: {reason}")]
@@ -98,6 +100,9 @@ pub enum ContextPolicy {
     Error,
     /// Stop generating and report [`FinishReason::Length`].
     Stop,
+    /// A sliding window: keep the first `keep` positions (attention sinks), drop half of the
+    /// rest, and go on ([`Engine::shift`]). Fast numerics only.
+    Shift { keep: usize },
 }
 
 /// Why a generation ended.
@@ -252,6 +257,14 @@ impl Session {
         self.cache.reset();
         self.tokens.clear();
     }
+    /// Positions `keep..keep + discard` leave the session (cache and tokens); see
+    /// [`KvCache::shift`].
+    fn shift(&mut self, config: &bitnet_model::Config, keep: usize, discard: usize) -> Result<()> {
+        self.cache.shift(config, keep, discard)?;
+        self.tokens.drain(keep..keep + discard);
+        Ok(())
+    }
+
     /// Keep only the first `n` tokens (and their cache entries).
     pub fn truncate(&mut self, n: usize) {
         self.cache.truncate(n);
@@ -435,6 +448,23 @@ impl Engine {
         Ok(logits)
     }
 
+    /// Make room in a full session: keep its first `keep` positions, drop half of the rest
+    /// (llama.cpp's context shift), turning the kept keys back to their new positions.
+    pub fn shift(&self, s: &mut Session, keep: usize) -> Result<()> {
+        if self.opts.numerics == Numerics::Exact {
+            return Err(EngineError::ShiftNeedsFast);
+        }
+        let n = s.tokens.len();
+        let discard = n.saturating_sub(keep) / 2;
+        if discard == 0 {
+            return Err(EngineError::ContextFull {
+                n_past: n + 1,
+                n_ctx: s.cache.n_ctx(),
+            });
+        }
+        s.shift(&self.model().config, keep, discard)
+    }
+
     /// Generate after `prompt` (the full token sequence of the conversation so far, or just
     /// the new part when `append` is true). The cached prefix shared with `prompt` is reused.
     /// `on_event` returns `false` to cancel.
@@ -522,6 +552,7 @@ impl Engine {
                         })
                     }
                     ContextPolicy::Stop => break FinishReason::Length,
+                    ContextPolicy::Shift { keep } => self.shift(s, keep)?,
                 }
             }
             logits = self.eval(s, &[tok], Outputs::Last)?;

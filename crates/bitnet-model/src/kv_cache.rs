@@ -215,6 +215,47 @@ impl KvCache {
         self.len = self.len.min(n);
     }
 
+    /// Context shift: drop positions `keep..keep + discard` and move the later ones down by
+    /// `discard`, turning their keys back by `discard` positions of RoPE so that they read as
+    /// if written at their new positions (llama.cpp's K-shift). Positions `0..keep` (the
+    /// attention sinks) stay. Values are moved as they are; keys are rotated in f32 and
+    /// stored again in the cache's type. Fast numerics only: the rotation is not bitnet.cpp's.
+    pub fn shift(&mut self, config: &Config, keep: usize, discard: usize) -> Result<()> {
+        let from = keep
+            .checked_add(discard)
+            .filter(|&f| f <= self.len && discard > 0)
+            .ok_or(ModelError::BadHparam {
+                key: "context shift".into(),
+                value: format!("keep {keep}, discard {discard} of {} positions", self.len),
+                why: "must drop at least one filled position after the kept ones",
+            })?;
+        let d = self.head_dim;
+        let rope = crate::numerics::rope_row(discard, config.n_rot, config.rope_freq_base);
+        let half = rope.cos.len();
+        let mut row = vec![0.0f32; d];
+        for layer in 0..self.k.len() {
+            for g in 0..self.n_head_kv {
+                for p in from..self.len {
+                    let src = (g * self.n_ctx + p) * d;
+                    let dst = (g * self.n_ctx + p - discard) * d;
+                    self.k[layer].read(src, &mut row);
+                    // Rotate by -discard: (x0, x1) -> (x0 c + x1 s, x1 c - x0 s).
+                    let (lo, hi) = row.split_at_mut(half);
+                    for i in 0..half.min(hi.len()) {
+                        let (x0, x1, c, s) = (lo[i], hi[i], rope.cos[i], rope.sin[i]);
+                        lo[i] = x0 * c + x1 * s;
+                        hi[i] = x1 * c - x0 * s;
+                    }
+                    self.k[layer].write(dst, &row);
+                    self.v[layer].read(src, &mut row);
+                    self.v[layer].write(dst, &row);
+                }
+            }
+        }
+        self.len -= discard;
+        Ok(())
+    }
+
     /// Bytes held.
     pub fn nbytes(&self) -> usize {
         let values = 2 * self.k.len() * self.n_ctx * self.n_embd_kv;
@@ -290,5 +331,96 @@ impl KvCache {
 
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::cast_precision_loss)]
+mod tests {
+    use super::*;
+    use crate::numerics::{rope_neox, rope_row, Numerics};
+
+    fn config() -> Config {
+        let f = bitnet_gguf::GgufFile::open(
+            &bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf"),
+            &bitnet_gguf::Limits::default(),
+        )
+        .unwrap();
+        Config::from_metadata(f.metadata(), None).unwrap()
+    }
+
+    /// A deterministic raw (un-roped) K or V row for position `p`, head `g`.
+    fn raw(p: usize, g: usize, d: usize, salt: f32) -> Vec<f32> {
+        (0..d)
+            .map(|i| ((p * 31 + g * 7 + i) as f32 * 0.37 + salt).sin())
+            .collect()
+    }
+
+    #[test]
+    fn a_shift_moves_values_and_turns_keys_to_their_new_positions() {
+        let c = config();
+        let (d, hk, n_ctx) = (c.head_dim, c.n_head_kv, 48);
+        for (ty, tol) in [
+            (KvType::F32, 1e-5),
+            (KvType::F16, 4e-3),
+            (KvType::Q8_0, 2e-2),
+        ] {
+            let mut cache = KvCache::new(&c, n_ctx, ty, u64::MAX).unwrap();
+            let n = 40;
+            for layer in 0..c.n_layer {
+                for p in 0..n {
+                    let mut k = Vec::new();
+                    let mut v = Vec::new();
+                    for g in 0..hk {
+                        let mut kr = raw(p, g, d, layer as f32);
+                        rope_neox(
+                            &mut kr,
+                            &rope_row(p, c.n_rot, c.rope_freq_base),
+                            Numerics::Fast,
+                        );
+                        k.extend(kr);
+                        v.extend(raw(p, g, d, 10.0 + layer as f32));
+                    }
+                    cache.store(layer, p, &k, &v);
+                }
+            }
+            cache.len = n;
+            let (keep, discard) = (4, 18);
+            cache.shift(&c, keep, discard).unwrap();
+            assert_eq!(cache.len(), n - discard);
+            for layer in 0..c.n_layer {
+                let (mut k, mut v) = (Vec::new(), Vec::new());
+                cache.read(layer, cache.len(), &mut k, &mut v);
+                for q in 0..cache.len() {
+                    // The token now at q was at p.
+                    let p = if q < keep { q } else { q + discard };
+                    for g in 0..hk {
+                        let mut want_k = raw(p, g, d, layer as f32);
+                        rope_neox(
+                            &mut want_k,
+                            &rope_row(q, c.n_rot, c.rope_freq_base),
+                            Numerics::Fast,
+                        );
+                        let want_v = raw(p, g, d, 10.0 + layer as f32);
+                        let at = q * hk * d + g * d;
+                        for i in 0..d {
+                            assert!((k[at + i] - want_k[i]).abs() < tol, "{ty:?} k q{q} i{i}");
+                            assert!((v[at + i] - want_v[i]).abs() < tol, "{ty:?} v q{q} i{i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_shift_must_drop_filled_positions() {
+        let c = config();
+        let mut cache = KvCache::new(&c, 16, KvType::F16, u64::MAX).unwrap();
+        cache.len = 10;
+        assert!(cache.shift(&c, 4, 0).is_err());
+        assert!(cache.shift(&c, 4, 7).is_err());
+        assert!(cache.shift(&c, 4, 6).is_ok());
+        assert_eq!(cache.len(), 4);
     }
 }

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Result;
-use bitnet_engine::{ContextPolicy, Event, FinishReason, GenParams};
+use bitnet_engine::{Event, FinishReason, GenParams};
 use bitnet_tokenizer::{ChatMessage, ChatRole};
 use rustyline::error::ReadlineError;
 
-use super::common::{ctx_size, load_engine_at, ModelArgs, SamplingArgs};
+use super::common::{load_engine_at, ModelArgs, SamplingArgs, WindowArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -22,6 +22,8 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    window: WindowArgs,
     /// System message.
     #[arg(long, default_value = "You are a helpful assistant.")]
     system: String,
@@ -34,12 +36,13 @@ pub fn run(a: Args) -> Result<()> {
     let path = a.model.path()?;
     let engine = load_engine_at(&path, &a.model)?;
     let tok = &engine.tokenizer;
-    let mut session = engine.new_session(ctx_size(&a.model, &engine))?;
+    let (n_ctx, context_policy) = a.window.context(&a.model, &engine)?;
+    let mut session = engine.new_session(n_ctx)?;
     let params = GenParams {
         max_tokens: a.n_predict,
         sampler: a.sampling.params()?,
         stop: Vec::new(),
-        context_policy: ContextPolicy::Stop,
+        context_policy,
     };
     let stop_flag = Arc::new(AtomicBool::new(false));
     {

@@ -301,6 +301,56 @@ pub fn ctx_size(a: &ModelArgs, engine: &bitnet_engine::Engine) -> usize {
         .unwrap_or_else(|| engine.model().config.n_ctx_train.min(4096))
 }
 
+/// The `--kv-window N` flag of run and chat.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WindowArgs {
+    /// A sliding context of N positions: when it is full, the first 4 positions (attention
+    /// sinks) stay, half of the rest is dropped and generation goes on (llama.cpp's context
+    /// shift; the kept keys are rotated to their new positions). Fast numerics only.
+    #[arg(long, value_name = "N", conflicts_with = "ctx_size")]
+    pub kv_window: Option<usize>,
+}
+
+/// Positions kept at the start of a sliding window (attention sinks).
+pub const WINDOW_SINKS: usize = 4;
+
+impl WindowArgs {
+    /// The session's context and the generation's policy at the end of it.
+    pub fn context(
+        &self,
+        a: &ModelArgs,
+        engine: &bitnet_engine::Engine,
+    ) -> Result<(usize, bitnet_engine::ContextPolicy)> {
+        let Some(n) = self.kv_window else {
+            return Ok((ctx_size(a, engine), bitnet_engine::ContextPolicy::Stop));
+        };
+        if a.numerics == bitnet_model::Numerics::Exact {
+            anyhow::bail!("--kv-window needs fast numerics (its rotation of the cached keys is not bitnet.cpp's)");
+        }
+        if n <= 2 * WINDOW_SINKS {
+            anyhow::bail!("--kv-window must be more than {}", 2 * WINDOW_SINKS);
+        }
+        let limit = engine
+            .plan()
+            .map_or(engine.model().config.n_ctx_train, |p| p.n_ctx);
+        if n > limit {
+            anyhow::bail!(
+                "--kv-window {n} is more than the {} positions {}",
+                limit,
+                if engine.plan().is_some() {
+                    "the RAM budget allows"
+                } else {
+                    "the model was trained for"
+                }
+            );
+        }
+        Ok((
+            n,
+            bitnet_engine::ContextPolicy::Shift { keep: WINDOW_SINKS },
+        ))
+    }
+}
+
 /// Sampling flags in llama.cpp's spelling and defaults.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SamplingArgs {

@@ -4,9 +4,11 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use bitnet_engine::{ContextPolicy, Event, GenParams};
+use bitnet_engine::{Event, GenParams};
 
-use super::common::{ctx_size, human_bytes, load_engine, peak_rss_bytes, ModelArgs, SamplingArgs};
+use super::common::{
+    ctx_size, human_bytes, load_engine, peak_rss_bytes, ModelArgs, SamplingArgs, WindowArgs,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -20,6 +22,8 @@ pub struct Args {
     n_predict: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    window: WindowArgs,
     /// Wrap the prompt in the model's chat format (User/Assistant turns).
     #[arg(long)]
     chat: bool,
@@ -38,11 +42,12 @@ pub fn run(a: Args) -> Result<()> {
     let t_load = Instant::now();
     let engine = load_engine(&a.model)?;
     let load_time = t_load.elapsed();
+    let (window_ctx, context_policy) = a.window.context(&a.model, &engine)?;
     let params = GenParams {
         max_tokens: a.n_predict,
         sampler: a.sampling.params()?,
         stop: a.stop.clone(),
-        context_policy: ContextPolicy::Stop,
+        context_policy,
     };
     let tok = &engine.tokenizer;
     let ids = if a.chat {
@@ -60,6 +65,16 @@ pub fn run(a: Args) -> Result<()> {
         bail!("the prompt has no tokens");
     }
     let n_ctx = match engine.plan() {
+        // A sliding window: its size, whatever the prompt (which must fit in it).
+        _ if a.window.kv_window.is_some() => {
+            if ids.len() >= window_ctx {
+                bail!(
+                    "the prompt has {} tokens; the window holds {window_ctx}",
+                    ids.len()
+                );
+            }
+            window_ctx
+        }
         // Under a RAM budget the context is what the plan fitted.
         Some(p) if ids.len() >= p.n_ctx => bail!(
             "the prompt has {} tokens; the context the RAM budget allows holds {}",
