@@ -666,3 +666,27 @@ fn kv_window_lets_generation_go_past_the_context() {
         assert!(!out.status.success(), "{extra:?}");
     }
 }
+
+#[test]
+fn skip_layers_is_reported_and_checked() {
+    let model = golden("tiny/bitnet-tiny-i2_s.gguf");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", &model, "-p", "Hi", "-n", "4", "-t", "1"];
+        args.extend_from_slice(extra);
+        bitnet(&args)
+    };
+    let out = run(&["--skip-layers", "1"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("skipping 1 of 2 blocks: [1]"));
+    // Two blocks: `auto` keeps the first and last two, so nothing.
+    let out = run(&["--skip-layers", "auto"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("skipping 0 of 2 blocks: []"));
+    for bad in [
+        &["--skip-layers", "2"][..],
+        &["--skip-layers", "0,1"][..],
+        &["--skip-layers", "one"][..],
+        &["--skip-layers", "1", "--numerics", "exact"][..],
+    ] {
+        assert!(!run(bad).status.success(), "{bad:?}");
+    }
+}

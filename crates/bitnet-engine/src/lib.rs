@@ -31,6 +31,7 @@
 pub mod budget;
 mod load;
 pub mod quality;
+pub mod skip;
 mod stop;
 pub mod sys;
 
@@ -78,6 +79,8 @@ pub enum EngineError {
     Kernel(#[from] bitnet_kernels::KernelError),
     #[error("a sliding context window (context shift) needs fast numerics: its rotation of the cached keys is not bitnet.cpp's")]
     ShiftNeedsFast,
+    #[error("layer skip: {0}")]
+    Skip(String),
     #[error("KL base file: {0}")]
     KlBase(String),
     #[error("RAM budget: {reason}")]
@@ -322,6 +325,48 @@ impl Engine {
         });
         self.plan = Some(plan);
         Ok(self)
+    }
+
+    /// Skip blocks (see [`skip`]); returns the blocks skipped. Fast numerics only.
+    pub fn set_skip_layers(&mut self, which: &skip::SkipLayers) -> Result<Vec<usize>> {
+        if self.opts.numerics == Numerics::Exact {
+            return Err(EngineError::Skip(
+                "skipping blocks changes the function; exact numerics cannot".into(),
+            ));
+        }
+        let n = self.model().config.n_layer;
+        let list = match which {
+            skip::SkipLayers::List(l) => {
+                if let Some(&bad) = l.iter().find(|&&i| i >= n) {
+                    return Err(EngineError::Skip(format!(
+                        "block {bad} does not exist (the model has {n})"
+                    )));
+                }
+                let mut l = l.clone();
+                l.sort_unstable();
+                l.dedup();
+                if l.len() >= n {
+                    return Err(EngineError::Skip("cannot skip every block".into()));
+                }
+                l
+            }
+            skip::SkipLayers::Auto { fraction } => {
+                if !(*fraction > 0.0 && *fraction < 1.0) {
+                    return Err(EngineError::Skip(format!(
+                        "the fraction {fraction} is not in (0, 1)"
+                    )));
+                }
+                self.model.with_model_mut(|_, m| m.skip.clear());
+                let imp = skip::importance(self)?;
+                skip::choose(&imp, *fraction)
+            }
+        };
+        let mut mask = vec![false; n];
+        for &i in &list {
+            mask[i] = true;
+        }
+        self.model.with_model_mut(|_, m| m.skip = mask);
+        Ok(list)
     }
 
     /// The memory plan, when the engine runs under a RAM budget.

@@ -50,6 +50,9 @@ pub struct Model<'a> {
     /// [n_embd]
     pub output_norm: Vec<f32>,
     pub layers: Vec<Layer<'a>>,
+    /// Blocks to skip (`true` at their index): the residual stream passes them unchanged.
+    /// Empty: none (the default). An approximation, for fast numerics only.
+    pub skip: Vec<bool>,
 }
 
 impl<'a> Layer<'a> {
@@ -379,6 +382,7 @@ impl<'a> Model<'a> {
             output,
             output_norm,
             layers,
+            skip: Vec::new(),
         })
     }
 
@@ -476,6 +480,9 @@ impl<'a> Model<'a> {
             };
             self.layers.iter().enumerate().try_for_each(|(il, layer)| {
                 exec.backend.begin_layer(il)?;
+                if self.skip.get(il).copied().unwrap_or(false) {
+                    return Ok(());
+                }
                 self.block(il, layer, &mut h, &ropes, seqs, exec, sc)
             })
         };

@@ -223,6 +223,9 @@ pub fn run(a: Args) -> Result<()> {
     if a.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
+    if a.model.skip_layers.is_some() {
+        bail!("bench does not skip blocks; measure --skip-layers with `bitnet run` and `bitnet perplexity`");
+    }
     if a.model.ram_budget.is_some() {
         return run_budgeted(&a);
     }

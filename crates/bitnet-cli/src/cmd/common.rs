@@ -58,6 +58,15 @@ pub struct ModelArgs {
     /// printing its plan. Bytes, or a number with K, M or G (powers of 1024).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub ram_budget: Option<u64>,
+    /// Skip these blocks (comma-separated indices), or `auto`: the least important ones
+    /// (1 − cosine of a block's input and output over built-in calibration text), up to
+    /// --skip-fraction of the blocks, never the first or last two. An approximation: check it
+    /// with `bitnet perplexity --kl-divergence`. Fast numerics only.
+    #[arg(long, value_name = "LIST|auto")]
+    pub skip_layers: Option<String>,
+    /// The fraction of blocks `--skip-layers auto` may skip.
+    #[arg(long, default_value_t = 0.1)]
+    pub skip_fraction: f64,
     /// Read the whole model into memory instead of memory-mapping it.
     #[arg(long)]
     pub in_memory: bool,
@@ -216,6 +225,27 @@ impl ModelArgs {
         })
     }
 
+    /// `--skip-layers`, parsed.
+    pub fn skip_layers(&self) -> Result<Option<bitnet_engine::skip::SkipLayers>> {
+        use bitnet_engine::skip::SkipLayers;
+        let Some(s) = self.skip_layers.as_deref() else {
+            return Ok(None);
+        };
+        if s == "auto" {
+            return Ok(Some(SkipLayers::Auto {
+                fraction: self.skip_fraction,
+            }));
+        }
+        let list = s
+            .split(',')
+            .map(|x| x.trim().parse::<usize>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| {
+                anyhow::anyhow!("--skip-layers takes block indices like 5,6,7 or `auto`")
+            })?;
+        Ok(Some(SkipLayers::List(list)))
+    }
+
     /// The KV cache type (f16 unless given).
     pub fn kv_type(&self) -> bitnet_model::KvType {
         self.kv_cache.unwrap_or(bitnet_model::KvType::F16)
@@ -284,11 +314,22 @@ pub fn load_engine(a: &ModelArgs) -> Result<bitnet_engine::Engine> {
 /// Load the engine from `path` with the flags in `a`, with progress on stderr.
 pub fn load_engine_at(path: &std::path::Path, a: &ModelArgs) -> Result<bitnet_engine::Engine> {
     let opts = a.load_options()?;
+    let skip = a.skip_layers()?;
     let mut progress = LoadProgress::new();
-    bitnet_engine::load(path, &opts, &mut |e| progress.event(e)).map_err(|e| match e {
-        bitnet_engine::EngineError::Open { .. } => anyhow::Error::from(e),
-        other => anyhow::Error::from(other).context("cannot load model"),
-    })
+    let mut engine =
+        bitnet_engine::load(path, &opts, &mut |e| progress.event(e)).map_err(|e| match e {
+            bitnet_engine::EngineError::Open { .. } => anyhow::Error::from(e),
+            other => anyhow::Error::from(other).context("cannot load model"),
+        })?;
+    if let Some(s) = skip {
+        let list = engine.set_skip_layers(&s)?;
+        eprintln!(
+            "skipping {} of {} blocks: {list:?}",
+            list.len(),
+            engine.model().config.n_layer
+        );
+    }
+    Ok(engine)
 }
 
 /// The session context size: the memory plan's under a RAM budget, else `--ctx-size`, else
