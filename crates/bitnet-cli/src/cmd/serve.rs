@@ -115,10 +115,17 @@ pub fn run(a: Args) -> Result<()> {
         b.inc(1);
         b.set_message(format!("loading {}", path.display()));
         let opts = model_args.load_options().map_err(|e| format!("{e:#}"))?;
+        let skip = model_args.skip_layers().map_err(|e| format!("{e:#}"))?;
         let mut progress = super::common::LoadProgress::new();
-        let engine = b
+        let mut engine = b
             .suspend(|| bitnet_engine::load(&path, &opts, &mut |e| progress.event(e)))
             .map_err(|e| format!("cannot load model: {e}"))?;
+        if let Some(s) = skip {
+            let list = engine
+                .set_skip_layers(&s)
+                .map_err(|e| format!("cannot skip blocks: {e}"))?;
+            b.suspend(|| eprintln!("skipping {} blocks: {list:?}", list.len()));
+        }
         b.inc(2);
         // One token through every layer: faults the mapped weights in, so the first
         // request does not pay for it.
