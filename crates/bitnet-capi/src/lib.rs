@@ -544,6 +544,19 @@ fn sampler_params(p: &bitnet_gen_params) -> Res<SamplerParams> {
     Ok(s)
 }
 
+/// `*params`, or the defaults when it is null.
+///
+/// # Safety
+/// `params` is null or points to a `bitnet_gen_params`.
+unsafe fn params_or_default(params: *const bitnet_gen_params) -> bitnet_gen_params {
+    if params.is_null() {
+        bitnet_gen_params_default()
+    } else {
+        // SAFETY: non-null and valid (the caller's contract).
+        unsafe { *params }
+    }
+}
+
 /// # Safety
 /// `p.stop` points to `p.n_stop` NUL-terminated strings (or `n_stop` is 0).
 unsafe fn gen_params(p: &bitnet_gen_params) -> Res<GenParams> {
@@ -617,12 +630,8 @@ pub unsafe extern "C" fn bitnet_generate(
         let mut g = unsafe { lock(engine) }?;
         // SAFETY: NUL-terminated (the caller's contract).
         let prompt = unsafe { c_str(prompt, "prompt") }?;
-        let p = if params.is_null() {
-            bitnet_gen_params_default()
-        } else {
-            // SAFETY: non-null and valid (the caller's contract).
-            unsafe { *params }
-        };
+        // SAFETY: null or valid (the caller's contract).
+        let p = unsafe { params_or_default(params) };
         // SAFETY: `p.stop` as documented (the caller's contract).
         let gp = unsafe { gen_params(&p) }?;
         if out_tokens.is_null() && out_capacity != 0 {
@@ -884,12 +893,8 @@ pub unsafe extern "C" fn bitnet_sampler_new(
         let out = not_null(out, "out")?.cast_mut();
         // SAFETY: writable (the caller's contract).
         unsafe { out.write(std::ptr::null_mut()) };
-        let p = if params.is_null() {
-            bitnet_gen_params_default()
-        } else {
-            // SAFETY: non-null and valid (the caller's contract).
-            unsafe { *params }
-        };
+        // SAFETY: null or valid (the caller's contract).
+        let p = unsafe { params_or_default(params) };
         let s = Sampler::new(sampler_params(&p)?).map_err(|e| invalid(e.to_string()))?;
         // SAFETY: writable (the caller's contract).
         unsafe { out.write(Box::into_raw(Box::new(bitnet_sampler { inner: s }))) };

@@ -2,22 +2,14 @@
 //! from the engine's raw logits.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use bitnet_engine::quality::{self, Divergence, KlHeader, Nll};
-use bitnet_engine::{load, EngineError, LoadOptions};
+use bitnet_engine::EngineError;
 use bitnet_model::{KvType, Numerics, Outputs};
 
 fn engine(numerics: Numerics, kv_type: KvType) -> bitnet_engine::Engine {
-    load(
-        &bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf"),
-        &LoadOptions {
-            threads: 2,
-            numerics,
-            kv_type,
-            ..LoadOptions::default()
-        },
-        &mut |_| {},
-    )
-    .unwrap()
+    common::tiny_engine(numerics, kv_type)
 }
 
 fn text_tokens(e: &bitnet_engine::Engine) -> Vec<u32> {

@@ -2,22 +2,14 @@
 //! model sees what a fresh evaluation of the kept tokens at their new positions sees.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use bitnet_engine::{load, ContextPolicy, EngineError, Event, GenParams, LoadOptions};
+mod common;
+
+use bitnet_engine::{ContextPolicy, EngineError, Event, GenParams};
 use bitnet_model::{KvType, Numerics, Outputs};
 use bitnet_sampling::SamplerParams;
 
 fn engine(numerics: Numerics, kv_type: KvType) -> bitnet_engine::Engine {
-    load(
-        &bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf"),
-        &LoadOptions {
-            threads: 2,
-            numerics,
-            kv_type,
-            ..LoadOptions::default()
-        },
-        &mut |_| {},
-    )
-    .unwrap()
+    common::tiny_engine(numerics, kv_type)
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -211,15 +211,10 @@ impl GgufFile {
     /// Pages are whole: the first and last page of the range may also hold bytes of a
     /// neighbouring tensor, which are then read back in when next used.
     pub fn release(&self, bytes: &[u8]) -> Result<bool, GgufError> {
-        let offset = self
-            .range_of(bytes)
-            .ok_or(GgufError::NotInFile { len: bytes.len() })?
-            .start;
-        match &self.backing {
-            Backing::Owned(_) => Ok(false),
-            Backing::Mmap(_) if bytes.is_empty() => Ok(false),
+        match self.mapped_range(bytes)? {
+            None => Ok(false),
             #[cfg(unix)]
-            Backing::Mmap(m) => {
+            Some((m, offset)) => {
                 // SAFETY: the map is a shared, read-only mapping of a file (see `open`).
                 // MADV_DONTNEED on such a mapping only drops this process's page-table
                 // entries; the next access reads the same bytes back from the page cache or
@@ -235,8 +230,21 @@ impl GgufFile {
                 Ok(true)
             }
             #[cfg(not(unix))]
-            Backing::Mmap(_) => Ok(false),
+            Some(_) => Ok(false),
         }
+    }
+
+    /// The map and the offset of `bytes` in it, when `bytes` is a non-empty sub-slice of a
+    /// memory-mapped file; `None` for a file held in memory or an empty slice.
+    fn mapped_range(&self, bytes: &[u8]) -> Result<Option<(&memmap2::Mmap, usize)>, GgufError> {
+        let offset = self
+            .range_of(bytes)
+            .ok_or(GgufError::NotInFile { len: bytes.len() })?
+            .start;
+        Ok(match &self.backing {
+            Backing::Mmap(m) if !bytes.is_empty() => Some((m, offset)),
+            _ => None,
+        })
     }
 
     /// Asks the OS to start reading the pages holding `bytes` (a sub-slice of
@@ -244,20 +252,15 @@ impl GgufFile {
     /// are not changed and nothing waits. A no-op for a file held in memory. Returns whether
     /// the hint was given.
     pub fn will_need(&self, bytes: &[u8]) -> Result<bool, GgufError> {
-        let offset = self
-            .range_of(bytes)
-            .ok_or(GgufError::NotInFile { len: bytes.len() })?
-            .start;
-        match &self.backing {
-            Backing::Owned(_) => Ok(false),
-            Backing::Mmap(_) if bytes.is_empty() => Ok(false),
+        match self.mapped_range(bytes)? {
+            None => Ok(false),
             #[cfg(unix)]
-            Backing::Mmap(m) => {
+            Some((m, offset)) => {
                 m.advise_range(memmap2::Advice::WillNeed, offset, bytes.len())?;
                 Ok(true)
             }
             #[cfg(not(unix))]
-            Backing::Mmap(_) => Ok(false),
+            Some(_) => Ok(false),
         }
     }
 
