@@ -38,6 +38,8 @@ enum Command {
     Tokenize(cmd::tokenize::Args),
     /// Serve an OpenAI-compatible HTTP API.
     Serve(cmd::serve::Args),
+    /// Convert a Hugging Face checkpoint to GGUF, or a GGUF to another ternary layout.
+    Convert(cmd::convert::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,6 +54,7 @@ fn main() -> std::process::ExitCode {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

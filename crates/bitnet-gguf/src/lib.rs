@@ -30,6 +30,7 @@
 
 mod error;
 mod limits;
+mod mapped;
 mod reader;
 mod types;
 mod value;
@@ -37,6 +38,7 @@ mod writer;
 
 pub use error::GgufError;
 pub use limits::Limits;
+pub use mapped::MappedFile;
 pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, KEY_ALIGNMENT};
 pub use types::GgmlType;
 pub use value::{type_id as value_type, Array, Metadata, Value};

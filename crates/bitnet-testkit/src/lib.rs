@@ -2,6 +2,7 @@
 //! tensor names, types and shapes, written in any ternary layout.
 #![forbid(unsafe_code)]
 
+pub mod hf;
 pub mod reference;
 pub mod rewrite;
 pub mod synth;

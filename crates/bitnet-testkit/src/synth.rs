@@ -294,7 +294,7 @@ fn mix(mut z: u64) -> u64 {
 
 /// FNV-1a of a tensor name: streams are keyed by name, so every layout (with or without
 /// sibling scale tensors) draws the same values for the same tensor.
-fn name_key(name: &str) -> u64 {
+pub(crate) fn name_key(name: &str) -> u64 {
     name.bytes().fold(0xCBF2_9CE4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
     })
@@ -308,7 +308,7 @@ fn rng_for(seed: u64, tensor: u64, chunk: usize) -> ChaCha8Rng {
 const CHUNK: usize = 1 << 16;
 
 /// Ternary values in {−1, 0, +1}, about a third each (or ±1 for QK256).
-fn ternary_values(seed: u64, tensor: u64, n: usize, binary: bool) -> Vec<i8> {
+pub(crate) fn ternary_values(seed: u64, tensor: u64, n: usize, binary: bool) -> Vec<i8> {
     let mut v = vec![0i8; n];
     v.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, chunk)| {
         let mut rng = rng_for(seed, tensor, ci);
@@ -328,7 +328,7 @@ fn ternary_values(seed: u64, tensor: u64, n: usize, binary: bool) -> Vec<i8> {
     v
 }
 
-fn norm_values(seed: u64, tensor: u64, n: usize) -> Vec<u8> {
+pub(crate) fn norm_values(seed: u64, tensor: u64, n: usize) -> Vec<u8> {
     let mut rng = rng_for(seed, tensor, 0);
     (0..n)
         .flat_map(|_| (1.0f32 + 0.1 * rng.random_range(-1.0f32..1.0)).to_le_bytes())
@@ -336,7 +336,7 @@ fn norm_values(seed: u64, tensor: u64, n: usize) -> Vec<u8> {
 }
 
 /// 0.02·N(0, 1) as F16 (Box–Muller).
-fn embedding_values(seed: u64, tensor: u64, n: usize) -> Vec<u8> {
+pub(crate) fn embedding_values(seed: u64, tensor: u64, n: usize) -> Vec<u8> {
     let mut out = vec![0u8; n * 2];
     out.par_chunks_mut(CHUNK * 2)
         .enumerate()
@@ -425,6 +425,18 @@ pub fn write<W: Write>(
     vocab: &[(String, Value)],
     w: W,
     progress: &mut dyn FnMut(u64, u64),
+) -> Result<W, SynthError> {
+    write_with(spec, vocab, w, progress, &mut |_| None)
+}
+
+/// [`write`], with the bytes of some tensors given by `given(name)` (exactly the size the
+/// spec's layout needs) instead of generated.
+pub(crate) fn write_with<W: Write>(
+    spec: &SynthSpec,
+    vocab: &[(String, Value)],
+    w: W,
+    progress: &mut dyn FnMut(u64, u64),
+    given: &mut dyn FnMut(&str) -> Option<Vec<u8>>,
 ) -> Result<W, SynthError> {
     spec.validate()?;
     let n_vocab = n_vocab_of(vocab)?;
@@ -526,7 +538,12 @@ pub fn write<W: Write>(
     for p in &plan {
         let ti = name_key(&p.name);
         let n: usize = p.dims.iter().map(|&d| d as usize).product();
+        let supplied = match p.kind {
+            Kind::Scales => None,
+            _ => given(&p.name),
+        };
         let bytes = match p.kind {
+            _ if supplied.is_some() => supplied.unwrap_or_default(),
             Kind::Embedding => embedding_values(spec.seed, ti, n),
             Kind::Norm => norm_values(spec.seed, ti, n),
             Kind::Projection { n_in, .. } => {

@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod chat;
 pub mod common;
+pub mod convert;
 pub mod inspect;
 pub mod logits;
 pub mod perplexity;

@@ -1,0 +1,115 @@
+//! `bitnet convert`: a Hugging Face checkpoint to GGUF, or a GGUF file to another ternary
+//! layout or to upstream llama.cpp's `bitnet` architecture.
+
+use std::io::BufWriter;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use bitnet_convert::{Flavor, Options, Target};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::common::human_bytes;
+use crate::output::AtomicFile;
+
+/// Who reads the output.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum For {
+    /// bitnet-rs and bitnet.cpp (architecture bitnet-b1.58).
+    #[value(name = "bitnet")]
+    Bitnet,
+    /// Upstream llama.cpp, Ollama and LM Studio (architecture bitnet, TQ2_0/TQ1_0).
+    #[value(name = "llama.cpp")]
+    LlamaCpp,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// A GGUF file, or a Hugging Face model directory (config.json, model.safetensors or
+    /// shards, tokenizer.json, tokenizer_config.json).
+    input: PathBuf,
+    /// Output GGUF file (written to a temporary file and renamed when complete).
+    #[arg(short, long)]
+    out: PathBuf,
+    /// Ternary layout: i2_s (default; bitnet.cpp's), tq2_0 or tq1_0 (upstream llama.cpp's).
+    #[arg(long)]
+    to: Option<Target>,
+    /// Who will read the file: bitnet (default) or llama.cpp (upstream's `bitnet`
+    /// architecture; TQ2_0 unless --to tq1_0).
+    #[arg(long = "for", value_enum, default_value = "bitnet")]
+    target_for: For,
+    /// With --for llama.cpp: write the file even though upstream's graph applies SiLU where
+    /// the model was trained with ReLU² (it loads there and computes another function).
+    #[arg(long)]
+    allow_activation_mismatch: bool,
+    /// general.name of the output (default: the input's).
+    #[arg(long)]
+    name: Option<String>,
+    /// Hide the progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let opts = Options {
+        to: a.to,
+        flavor: match a.target_for {
+            For::Bitnet => Flavor::Native,
+            For::LlamaCpp => Flavor::LlamaCpp,
+        },
+        allow_activation_mismatch: a.allow_activation_mismatch,
+        name: a.name.clone(),
+    };
+    if a.out == a.input {
+        anyhow::bail!("the output would replace the input: choose another -o");
+    }
+    // Ctrl-C stops after the tensor being written; the temporary file is then removed.
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let s = Arc::clone(&stop);
+        ctrlc::set_handler(move || s.store(true, Ordering::SeqCst))?;
+    }
+    let out = AtomicFile::create(&a.out)?;
+    let bar = if a.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg:28!} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )?
+        .progress_chars("=> "),
+    );
+    let start = std::time::Instant::now();
+    let (w, summary) = bitnet_convert::convert(
+        &a.input,
+        &opts,
+        BufWriter::with_capacity(1 << 22, out.file()),
+        &mut |p| {
+            bar.set_length(p.bytes_total);
+            bar.set_position(p.bytes_done);
+            bar.set_message(p.tensor.to_string());
+            !stop.load(Ordering::SeqCst)
+        },
+    )
+    .with_context(|| format!("cannot convert {}", a.input.display()))?;
+    w.into_inner().map_err(|e| e.into_error())?;
+    out.commit()?;
+    bar.finish_and_clear();
+    let size = std::fs::metadata(&a.out)?.len();
+    eprintln!(
+        "wrote {} ({}) in {:.1} s: {} → {} ({} tensors, {} ternary in {}), FFN {:?}",
+        a.out.display(),
+        human_bytes(size),
+        start.elapsed().as_secs_f64(),
+        summary.source,
+        summary.arch,
+        summary.tensors,
+        summary.ternary_tensors,
+        summary.target.name(),
+        summary.activation,
+    );
+    Ok(())
+}

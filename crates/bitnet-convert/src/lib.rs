@@ -1,0 +1,780 @@
+//! `bitnet convert`: Hugging Face checkpoints to GGUF, and GGUF files between ternary layouts.
+//!
+//! Inputs:
+//! - a **Hugging Face model directory** (`config.json`, `model.safetensors` or shards with
+//!   `model.safetensors.index.json`, `tokenizer.json`, `tokenizer_config.json`) holding either
+//!   the bf16 master weights (ternarized with the absmean rule) or the packed release (U8
+//!   weights with a `weight_scale`; decoded exactly), see [`ternary`];
+//! - a **GGUF** file whose projections are I2_S (bitnet.cpp), TQ2_0 or TQ1_0.
+//!
+//! Outputs: GGUF with the official file's metadata keys, tensor names and types (F16 embedding,
+//! F32 norms, ternary projections in the chosen [`Target`]), or, with [`Flavor::LlamaCpp`], the
+//! `bitnet` architecture of upstream llama.cpp with TQ2_0/TQ1_0 weights.
+//!
+//! Nothing is held whole: tensors are read, converted and written one at a time.
+#![forbid(unsafe_code)]
+
+mod error;
+pub mod hf;
+pub mod ternary;
+mod tokjson;
+
+use std::io::Write;
+use std::path::Path;
+
+use bitnet_gguf::{GgmlType, GgufFile, GgufWriter, Limits, Metadata, Value};
+use bitnet_model::names::{LayerTensor, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
+use bitnet_model::{Activation, Config};
+use safetensors::tensor::Dtype;
+
+pub use error::ConvertError;
+pub use hf::{HfConfig, HfDir};
+pub use ternary::{Scale, Target, Ternary};
+
+/// The architecture name of bitnet.cpp's 2B-4T files.
+pub const ARCH_B158: &str = "bitnet-b1.58";
+/// Upstream llama.cpp's architecture for BitNet models.
+pub const ARCH_UPSTREAM: &str = "bitnet";
+
+/// Who will read the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Flavor {
+    /// bitnet-rs and bitnet.cpp: architecture `bitnet-b1.58`, any layout.
+    #[default]
+    Native,
+    /// Upstream llama.cpp and Ollama: architecture `bitnet`, TQ2_0 or TQ1_0.
+    LlamaCpp,
+}
+
+/// What to write.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// The ternary layout (default: I2_S, or TQ2_0 for [`Flavor::LlamaCpp`]).
+    pub to: Option<Target>,
+    pub flavor: Flavor,
+    /// Write a llama.cpp file even when its graph applies another FFN activation.
+    pub allow_activation_mismatch: bool,
+    /// `general.name` (default: the source's).
+    pub name: Option<String>,
+}
+
+/// Progress after each tensor.
+#[derive(Debug, Clone)]
+pub struct Progress<'a> {
+    pub tensor: &'a str,
+    pub index: usize,
+    pub count: usize,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+/// What was written.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub source: &'static str,
+    pub target: Target,
+    pub arch: String,
+    pub tensors: usize,
+    pub ternary_tensors: usize,
+    pub data_bytes: u64,
+    pub activation: Activation,
+}
+
+/// Where a tensor's bytes come from.
+#[derive(Debug, Clone)]
+enum Source {
+    /// A float tensor of the checkpoint, written as F16 or F32.
+    HfFloat { hf: String, to: GgmlType },
+    /// A projection of the checkpoint (bf16 master or packed), `[n_out, n_in]`.
+    HfTernary {
+        hf: String,
+        n_out: usize,
+        n_in: usize,
+    },
+    /// A tensor of the input GGUF copied as it is.
+    Copy { name: String },
+    /// A ternary tensor of the input GGUF, re-encoded.
+    GgufTernary {
+        name: String,
+        n_out: usize,
+        n_in: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Planned {
+    name: String,
+    dims: Vec<u64>,
+    ty: u32,
+    size: u64,
+    source: Source,
+}
+
+enum Input {
+    Hf(Box<HfDir>),
+    Gguf(Box<GgufFile>),
+}
+
+fn u64_of(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+fn usize_of(name: &str, n: u64) -> Result<usize, ConvertError> {
+    usize::try_from(n).map_err(|_| ConvertError::Unsupported {
+        name: name.to_string(),
+        what: format!("dimension {n} does not fit in memory"),
+    })
+}
+
+/// Convert `input` (a GGUF file or a Hugging Face directory) and write GGUF to `out`.
+/// `progress` is called after every tensor; returning `false` cancels with
+/// [`ConvertError::Cancelled`].
+pub fn convert<W: Write>(
+    input: &Path,
+    opts: &Options,
+    out: W,
+    progress: &mut dyn FnMut(&Progress<'_>) -> bool,
+) -> Result<(W, Summary), ConvertError> {
+    let target = match (opts.flavor, opts.to) {
+        (Flavor::LlamaCpp, Some(Target::I2S)) => {
+            return Err(ConvertError::Options(
+                "upstream llama.cpp cannot read I2_S (type 36): use --to tq2_0 or tq1_0 with --for llama.cpp"
+                    .into(),
+            ))
+        }
+        (Flavor::LlamaCpp, None) => Target::Tq2_0,
+        (_, Some(t)) => t,
+        (Flavor::Native, None) => Target::I2S,
+    };
+    let src = if hf::is_hf_dir(input) {
+        Input::Hf(Box::new(HfDir::open(input)?))
+    } else if input.is_dir() {
+        return Err(ConvertError::UnknownInput {
+            path: input.to_path_buf(),
+        });
+    } else {
+        Input::Gguf(Box::new(
+            GgufFile::open(input, &Limits::default()).map_err(|e| match e {
+                bitnet_gguf::GgufError::Io(source) => ConvertError::Io {
+                    path: input.to_path_buf(),
+                    source,
+                },
+                other => ConvertError::Gguf(other),
+            })?,
+        ))
+    };
+    let (mut kv, plan, source_name) = match &src {
+        Input::Hf(d) => {
+            let (kv, plan) = plan_hf(d, target)?;
+            (kv, plan, "Hugging Face checkpoint")
+        }
+        Input::Gguf(f) => {
+            let (kv, plan) = plan_gguf(f, target)?;
+            (kv, plan, "GGUF")
+        }
+    };
+    if let Some(name) = &opts.name {
+        set_kv(&mut kv, "general.name", Value::String(name.clone()));
+    }
+
+    // Validate the hyperparameters as the loader will.
+    let n_vocab = plan
+        .iter()
+        .find(|p| p.name == TOKEN_EMBD)
+        .and_then(|p| p.dims.get(1).copied());
+    let md = Metadata::from_entries(kv.clone())?;
+    let config = Config::from_metadata(&md, n_vocab)?;
+    if opts.flavor == Flavor::LlamaCpp {
+        kv = to_upstream(kv, &config, &md, opts.allow_activation_mismatch)?;
+    }
+    let arch = kv
+        .iter()
+        .find(|(k, _)| k == "general.architecture")
+        .and_then(|(_, v)| v.as_str())
+        .unwrap_or_default()
+        .to_string();
+
+    let mut gw = GgufWriter::new(out, 32)?;
+    for (k, v) in &kv {
+        gw.add_kv(k, v.clone())?;
+    }
+    let mut total = 0u64;
+    for p in &plan {
+        gw.add_tensor(&p.name, &p.dims, p.ty, p.size)?;
+        total = total.saturating_add(p.size);
+    }
+    gw.write_header()?;
+    let mut done = 0u64;
+    let count = plan.len();
+    for (index, p) in plan.iter().enumerate() {
+        let bytes = produce(&src, p, target)?;
+        if u64_of(bytes.len()) != p.size {
+            return Err(ConvertError::Unsupported {
+                name: p.name.clone(),
+                what: format!("produced {} bytes, planned {}", bytes.len(), p.size),
+            });
+        }
+        gw.write_tensor_data(&p.name, &bytes)?;
+        done += p.size;
+        let go_on = progress(&Progress {
+            tensor: &p.name,
+            index,
+            count,
+            bytes_done: done,
+            bytes_total: total,
+        });
+        if !go_on {
+            return Err(ConvertError::Cancelled);
+        }
+    }
+    let w = gw.finish()?;
+    Ok((
+        w,
+        Summary {
+            source: source_name,
+            target,
+            arch,
+            tensors: plan.len(),
+            ternary_tensors: plan
+                .iter()
+                .filter(|p| {
+                    matches!(
+                        p.source,
+                        Source::HfTernary { .. } | Source::GgufTernary { .. }
+                    )
+                })
+                .count(),
+            data_bytes: total,
+            activation: config.activation,
+        },
+    ))
+}
+
+fn set_kv(kv: &mut Vec<(String, Value)>, key: &str, v: Value) {
+    match kv.iter_mut().find(|(k, _)| k == key) {
+        Some(slot) => slot.1 = v,
+        None => kv.push((key.to_string(), v)),
+    }
+}
+
+/// The bytes of one planned tensor.
+fn produce(src: &Input, p: &Planned, target: Target) -> Result<Vec<u8>, ConvertError> {
+    match (&p.source, src) {
+        (Source::HfFloat { hf, to }, Input::Hf(d)) => {
+            let t = d.require(hf)?;
+            let v = d.floats(hf, &t.shape.clone())?;
+            Ok(match to {
+                GgmlType::F16 => v
+                    .iter()
+                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                    .collect(),
+                _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            })
+        }
+        (Source::HfTernary { hf, n_out, n_in }, Input::Hf(d)) => {
+            let t = hf_ternary(d, hf, *n_out, *n_in)?;
+            ternary::encode(&p.name, &t, target)
+        }
+        (Source::Copy { name }, Input::Gguf(f)) => {
+            let t = f
+                .tensor(name)
+                .ok_or_else(|| ConvertError::MissingTensor(name.clone()))?;
+            Ok(f.tensor_data(t)?.to_vec())
+        }
+        (Source::GgufTernary { name, n_out, n_in }, Input::Gguf(f)) => {
+            let t = gguf_ternary(f, name, *n_out, *n_in)?;
+            ternary::encode(name, &t, target)
+        }
+        _ => Err(ConvertError::Unsupported {
+            name: p.name.clone(),
+            what: "source and plan disagree".into(),
+        }),
+    }
+}
+
+/// A projection of a Hugging Face checkpoint as ternary values.
+fn hf_ternary(d: &HfDir, hf: &str, n_out: usize, n_in: usize) -> Result<Ternary, ConvertError> {
+    let t = d.require(hf)?;
+    if t.dtype == Dtype::U8 {
+        hf::check_shape(hf, &t.shape, &[n_out / 4, n_in])?;
+        let stem = hf.strip_suffix(".weight").unwrap_or(hf);
+        let scale_name = format!("{stem}.weight_scale");
+        let s = d.require(&scale_name)?;
+        let n: usize = s.shape.iter().product();
+        if n != 1 {
+            return Err(ConvertError::Shape {
+                name: scale_name,
+                expected: vec![1],
+                found: s.shape.clone(),
+            });
+        }
+        let ws = d.floats(&scale_name, &s.shape.clone())?;
+        ternary::unpack_hf(hf, d.data(hf)?, n_out, n_in, ws[0])
+    } else {
+        let w = d.floats(hf, &[n_out, n_in])?;
+        Ok(ternary::absmean(&w))
+    }
+}
+
+/// A ternary tensor of a GGUF file (I2_S, TQ2_0, TQ1_0) as values.
+fn gguf_ternary(
+    f: &GgufFile,
+    name: &str,
+    n_out: usize,
+    n_in: usize,
+) -> Result<Ternary, ConvertError> {
+    use bitnet_kernels::{TernaryLayout, TernaryMatrix};
+    let t = f
+        .tensor(name)
+        .ok_or_else(|| ConvertError::MissingTensor(name.to_string()))?;
+    let n = n_out
+        .checked_mul(n_in)
+        .ok_or_else(|| ConvertError::Unsupported {
+            name: name.to_string(),
+            what: "element count overflows".into(),
+        })?;
+    match t.ggml_type {
+        GgmlType::I2S => {
+            let align = usize::try_from(f.alignment()).unwrap_or(32);
+            let m =
+                TernaryMatrix::detect_type36(name, n_out, n_in, f.tensor_bytes(t)?, align, None)?;
+            if m.layout() != TernaryLayout::I2S {
+                return Err(ConvertError::Unsupported {
+                    name: name.to_string(),
+                    what: format!(
+                        "type-36 flavor {:?}: the converter reads bitnet.cpp's I2_S, TQ2_0 and TQ1_0",
+                        m.layout()
+                    ),
+                });
+            }
+            let exact = TernaryLayout::I2S.tensor_bytes(n_out, n_in)?;
+            let bytes = f.tensor_bytes(t)?;
+            let data = bytes
+                .get(..exact)
+                .ok_or_else(|| ConvertError::Unsupported {
+                    name: name.to_string(),
+                    what: "I2_S tensor shorter than its size".into(),
+                })?;
+            ternary::decode(name, TernaryLayout::I2S, data, n)
+        }
+        GgmlType::TQ2_0 | GgmlType::TQ1_0 => {
+            let layout = if t.ggml_type == GgmlType::TQ2_0 {
+                TernaryLayout::Tq2_0
+            } else {
+                TernaryLayout::Tq1_0
+            };
+            layout.check_k(n_in)?;
+            ternary::decode(name, layout, f.tensor_data(t)?, n)
+        }
+        other => Err(ConvertError::Unsupported {
+            name: name.to_string(),
+            what: format!("type {}: not a ternary layout", other.name()),
+        }),
+    }
+}
+
+/// A ternary output tensor's entry.
+fn ternary_entry(
+    name: String,
+    n_out: usize,
+    n_in: usize,
+    target: Target,
+    source: Source,
+) -> Result<Planned, ConvertError> {
+    let size = target.layout().tensor_bytes(n_out, n_in)?;
+    Ok(Planned {
+        name,
+        dims: vec![u64_of(n_in), u64_of(n_out)],
+        ty: target.type_id(),
+        size: u64_of(size),
+        source,
+    })
+}
+
+/// A layer's tensors in the official file's order.
+const FILE_ORDER: [LayerTensor; 11] = [
+    LayerTensor::AttnNorm,
+    LayerTensor::AttnQ,
+    LayerTensor::AttnK,
+    LayerTensor::AttnV,
+    LayerTensor::AttnOutput,
+    LayerTensor::AttnSubNorm,
+    LayerTensor::FfnNorm,
+    LayerTensor::FfnGate,
+    LayerTensor::FfnUp,
+    LayerTensor::FfnDown,
+    LayerTensor::FfnSubNorm,
+];
+
+/// Hugging Face name of a layer tensor (`BitNetForCausalLM`).
+fn hf_layer_name(role: LayerTensor, il: usize) -> String {
+    let stem = match role {
+        LayerTensor::AttnNorm => "input_layernorm",
+        LayerTensor::AttnQ => "self_attn.q_proj",
+        LayerTensor::AttnK => "self_attn.k_proj",
+        LayerTensor::AttnV => "self_attn.v_proj",
+        LayerTensor::AttnOutput => "self_attn.o_proj",
+        LayerTensor::AttnSubNorm => "self_attn.attn_sub_norm",
+        LayerTensor::FfnNorm => "post_attention_layernorm",
+        LayerTensor::FfnGate => "mlp.gate_proj",
+        LayerTensor::FfnUp => "mlp.up_proj",
+        LayerTensor::FfnDown => "mlp.down_proj",
+        LayerTensor::FfnSubNorm => "mlp.ffn_sub_norm",
+    };
+    format!("model.layers.{il}.{stem}.weight")
+}
+
+fn cfg_err(key: &str, why: impl Into<String>) -> ConvertError {
+    ConvertError::Config {
+        key: key.to_string(),
+        why: why.into(),
+    }
+}
+
+fn cfg_usize(key: &str, v: u64) -> Result<usize, ConvertError> {
+    let n = usize::try_from(v).map_err(|_| cfg_err(key, format!("{v} is too large")))?;
+    if n == 0 {
+        return Err(cfg_err(key, "must be at least 1"));
+    }
+    Ok(n)
+}
+
+fn cfg_u32(key: &str, v: usize) -> Result<Value, ConvertError> {
+    u32::try_from(v)
+        .map(Value::U32)
+        .map_err(|_| cfg_err(key, format!("{v} does not fit in 32 bits")))
+}
+
+/// Metadata and tensor plan for a Hugging Face checkpoint.
+fn plan_hf(
+    d: &HfDir,
+    target: Target,
+) -> Result<(Vec<(String, Value)>, Vec<Planned>), ConvertError> {
+    let c = &d.config;
+    if let Some(a) = c.architectures.first() {
+        if !matches!(a.as_str(), "BitNetForCausalLM" | "BitnetForCausalLM") {
+            return Err(cfg_err(
+                "architectures",
+                format!("{a:?}: the converter reads BitNetForCausalLM checkpoints"),
+            ));
+        }
+    }
+    if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(cfg_err("rope_scaling", "RoPE scaling is not supported"));
+    }
+    let n_embd = cfg_usize("hidden_size", c.hidden_size)?;
+    let n_ff = cfg_usize("intermediate_size", c.intermediate_size)?;
+    let n_layer = cfg_usize("num_hidden_layers", c.num_hidden_layers)?;
+    let n_head = cfg_usize("num_attention_heads", c.num_attention_heads)?;
+    let n_head_kv = cfg_usize(
+        "num_key_value_heads",
+        c.num_key_value_heads.unwrap_or(c.num_attention_heads),
+    )?;
+    let n_ctx = cfg_usize("max_position_embeddings", c.max_position_embeddings)?;
+    let n_vocab = cfg_usize("vocab_size", c.vocab_size)?;
+    if n_layer > bitnet_model::config::MAX_LAYERS
+        || n_embd > bitnet_model::config::MAX_EMBD
+        || n_ff > bitnet_model::config::MAX_FF
+        || n_head > bitnet_model::config::MAX_HEADS
+        || n_vocab > bitnet_model::config::MAX_VOCAB
+        || n_ctx > bitnet_model::config::MAX_CTX
+    {
+        return Err(cfg_err(
+            "config",
+            "a dimension exceeds the supported maximum",
+        ));
+    }
+    if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
+        return Err(cfg_err(
+            "num_attention_heads",
+            "hidden_size must be a multiple of the heads, and the heads of the KV heads",
+        ));
+    }
+    let head_dim = n_embd / n_head;
+    if let Some(h) = c.head_dim {
+        if u64_of(head_dim) != h {
+            return Err(cfg_err(
+                "head_dim",
+                format!("{h}, but hidden_size / heads is {head_dim}"),
+            ));
+        }
+    }
+    let activation = match c
+        .hidden_act
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("relu2" | "relu_squared" | "squared_relu") => Activation::Relu2,
+        Some("silu" | "swish") => Activation::Silu,
+        Some(other) => return Err(cfg_err("hidden_act", format!("{other:?} is not supported"))),
+    };
+    let eps = c.rms_norm_eps;
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(cfg_err(
+            "rms_norm_eps",
+            format!("{eps} must be finite and > 0"),
+        ));
+    }
+    let theta = c.rope_theta.unwrap_or(10_000.0);
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(cfg_err(
+            "rope_theta",
+            format!("{theta} must be finite and > 0"),
+        ));
+    }
+    let n_kv = n_head_kv * head_dim;
+    let k = |s: &str| format!("{ARCH_B158}.{s}");
+    let name = c
+        .name_or_path
+        .clone()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            d.dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "bitnet".into());
+    let tok = tokjson::tokenizer_kv(&d.dir, c, n_vocab)?;
+    let tok_get = |key: &str| tok.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+
+    // Key order of the official 2B-4T file.
+    #[allow(clippy::cast_possible_truncation)]
+    let mut kv: Vec<(String, Value)> = vec![
+        (
+            "general.architecture".into(),
+            Value::String(ARCH_B158.into()),
+        ),
+        ("general.name".into(), Value::String(name)),
+        (k("vocab_size"), cfg_u32("vocab_size", n_vocab)?),
+        (
+            k("context_length"),
+            cfg_u32("max_position_embeddings", n_ctx)?,
+        ),
+        (k("embedding_length"), cfg_u32("hidden_size", n_embd)?),
+        (k("block_count"), cfg_u32("num_hidden_layers", n_layer)?),
+        (
+            k("feed_forward_length"),
+            cfg_u32("intermediate_size", n_ff)?,
+        ),
+        (k("rope.dimension_count"), cfg_u32("head_dim", head_dim)?),
+        (
+            k("attention.head_count"),
+            cfg_u32("num_attention_heads", n_head)?,
+        ),
+        (
+            k("attention.head_count_kv"),
+            cfg_u32("num_key_value_heads", n_head_kv)?,
+        ),
+        (
+            "tokenizer.ggml.add_bos_token".into(),
+            tok_get("tokenizer.ggml.add_bos_token").unwrap_or(Value::Bool(true)),
+        ),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(eps as f32),
+        ),
+        (k("rope.freq_base"), Value::F32(theta as f32)),
+        ("general.file_type".into(), Value::U32(target.file_type())),
+    ];
+    if activation == Activation::Silu {
+        // The 2B-4T default (ReLU²) needs no key; bitnet-rs honours this one.
+        kv.push((k("hidden_act"), Value::String("silu".into())));
+    }
+    kv.extend(
+        tok.into_iter()
+            .filter(|(k, _)| k != "tokenizer.ggml.add_bos_token"),
+    );
+    kv.push(("general.quantization_version".into(), Value::U32(2)));
+
+    // Tensors, in the official file's order.
+    let embd_hf = "model.embed_tokens.weight";
+    let e = d.require(embd_hf)?;
+    hf::check_shape(embd_hf, &e.shape, &[n_vocab, n_embd])?;
+    let mut plan = vec![Planned {
+        name: TOKEN_EMBD.into(),
+        dims: vec![u64_of(n_embd), u64_of(n_vocab)],
+        ty: GgmlType::F16.id(),
+        size: u64_of(n_vocab * n_embd * 2),
+        source: Source::HfFloat {
+            hf: embd_hf.into(),
+            to: GgmlType::F16,
+        },
+    }];
+    for il in 0..n_layer {
+        for role in FILE_ORDER {
+            let hf = hf_layer_name(role, il);
+            let name = role.name(il);
+            let (n_in, n_out) = match role {
+                LayerTensor::AttnQ | LayerTensor::AttnOutput => (n_embd, n_embd),
+                LayerTensor::AttnK | LayerTensor::AttnV => (n_embd, n_kv),
+                LayerTensor::FfnGate | LayerTensor::FfnUp => (n_embd, n_ff),
+                LayerTensor::FfnDown => (n_ff, n_embd),
+                LayerTensor::FfnSubNorm => (n_ff, 1),
+                _ => (n_embd, 1),
+            };
+            if role.is_projection() {
+                target.layout().check_k(n_in)?;
+                let t = d.require(&hf)?;
+                if n_out % 4 != 0 && t.dtype == Dtype::U8 {
+                    return Err(ConvertError::Shape {
+                        name: hf.clone(),
+                        expected: vec![n_out, n_in],
+                        found: t.shape.clone(),
+                    });
+                }
+                plan.push(ternary_entry(
+                    name,
+                    n_out,
+                    n_in,
+                    target,
+                    Source::HfTernary { hf, n_out, n_in },
+                )?);
+            } else {
+                hf::check_shape(&hf, &d.require(&hf)?.shape, &[n_in])?;
+                plan.push(Planned {
+                    name,
+                    dims: vec![u64_of(n_in)],
+                    ty: GgmlType::F32.id(),
+                    size: u64_of(n_in * 4),
+                    source: Source::HfFloat {
+                        hf,
+                        to: GgmlType::F32,
+                    },
+                });
+            }
+        }
+    }
+    let norm_hf = "model.norm.weight";
+    hf::check_shape(norm_hf, &d.require(norm_hf)?.shape, &[n_embd])?;
+    plan.push(Planned {
+        name: OUTPUT_NORM.into(),
+        dims: vec![u64_of(n_embd)],
+        ty: GgmlType::F32.id(),
+        size: u64_of(n_embd * 4),
+        source: Source::HfFloat {
+            hf: norm_hf.into(),
+            to: GgmlType::F32,
+        },
+    });
+    // An untied head of its own (tie_word_embeddings false).
+    if c.tie_word_embeddings == Some(false) {
+        let head = "lm_head.weight";
+        hf::check_shape(head, &d.require(head)?.shape, &[n_vocab, n_embd])?;
+        plan.push(Planned {
+            name: OUTPUT.into(),
+            dims: vec![u64_of(n_embd), u64_of(n_vocab)],
+            ty: GgmlType::F16.id(),
+            size: u64_of(n_vocab * n_embd * 2),
+            source: Source::HfFloat {
+                hf: head.into(),
+                to: GgmlType::F16,
+            },
+        });
+    }
+    Ok((kv, plan))
+}
+
+/// Metadata and tensor plan for a GGUF input: every tensor is kept in place, projections are
+/// re-encoded, `general.file_type` follows the target.
+fn plan_gguf(
+    f: &GgufFile,
+    target: Target,
+) -> Result<(Vec<(String, Value)>, Vec<Planned>), ConvertError> {
+    let mut kv: Vec<(String, Value)> = f
+        .metadata()
+        .iter()
+        .filter(|(k, _)| *k != bitnet_gguf::KEY_ALIGNMENT)
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    set_kv(&mut kv, "general.file_type", Value::U32(target.file_type()));
+    let projection = |name: &str| {
+        name.strip_prefix("blk.").is_some_and(|rest| {
+            LayerTensor::ALL
+                .iter()
+                .filter(|r| r.is_projection())
+                .any(|r| rest.ends_with(&format!(".{}.weight", r.stem())))
+        })
+    };
+    let mut plan = Vec::with_capacity(f.tensors().len());
+    for t in f.tensors() {
+        if projection(&t.name) && t.dims.len() == 2 {
+            let n_in = usize_of(&t.name, t.dims[0])?;
+            let n_out = usize_of(&t.name, t.dims[1])?;
+            target.layout().check_k(n_in)?;
+            plan.push(ternary_entry(
+                t.name.clone(),
+                n_out,
+                n_in,
+                target,
+                Source::GgufTernary {
+                    name: t.name.clone(),
+                    n_out,
+                    n_in,
+                },
+            )?);
+        } else {
+            let size = u64_of(f.tensor_data(t)?.len());
+            plan.push(Planned {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ty: t.ggml_type.id(),
+                size,
+                source: Source::Copy {
+                    name: t.name.clone(),
+                },
+            });
+        }
+    }
+    Ok((kv, plan))
+}
+
+/// Rename the architecture to upstream llama.cpp's `bitnet`, refusing (unless allowed) when
+/// its graph would apply another FFN activation than the model's.
+fn to_upstream(
+    kv: Vec<(String, Value)>,
+    config: &Config,
+    md: &Metadata,
+    allow_mismatch: bool,
+) -> Result<Vec<(String, Value)>, ConvertError> {
+    // Upstream's `bitnet` graph (src/models/bitnet.cpp) builds its FFN with LLM_FFN_SILU.
+    if config.activation != Activation::Silu && !allow_mismatch {
+        return Err(ConvertError::ActivationMismatch {
+            model: "ReLU²",
+            upstream: "SiLU",
+        });
+    }
+    let old = format!("{}.", config.arch);
+    let mut out: Vec<(String, Value)> = kv
+        .into_iter()
+        .filter(|(k, _)| {
+            // The old activation key is replaced below.
+            !(k.starts_with(&old)
+                && (k.ends_with(".hidden_act") || k.ends_with(".feed_forward_activation")))
+        })
+        .map(|(k, v)| match k.strip_prefix(&old) {
+            Some(rest) => (format!("{ARCH_UPSTREAM}.{rest}"), v),
+            None if k == "general.architecture" => (k, Value::String(ARCH_UPSTREAM.into())),
+            None => (k, v),
+        })
+        .collect();
+    if config.activation == Activation::Relu2 {
+        // Upstream ignores this key; bitnet-rs reads it and keeps computing ReLU².
+        out.push((
+            format!("{ARCH_UPSTREAM}.hidden_act"),
+            Value::String("relu2".into()),
+        ));
+    }
+    // Upstream warns and falls back to a generic split without a pre-tokenizer name.
+    if md.get("tokenizer.ggml.pre").is_none() {
+        let tok = bitnet_tokenizer::Tokenizer::from_gguf(md, None)?;
+        if tok.is_llama3_vocab() {
+            out.push((
+                "tokenizer.ggml.pre".into(),
+                Value::String("llama-bpe".into()),
+            ));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,266 @@
+//! Ternary matrices between their sources and the GGUF layouts.
+//!
+//! A [`Ternary`] is the values (−1, 0, +1, row-major, `n_out` rows of `n_in`) and their scale:
+//! one per tensor (I2_S, and every Hugging Face source) or one per 256-element block (TQ2_0,
+//! TQ1_0). Encoding to I2_S needs one scale: blocks that hold a non-zero value must agree.
+//!
+//! Sources:
+//! - **bf16 master weights**: the b1.58 absmean rule of the reference (`weight_quant`),
+//!   `scale = max(mean|W|, 1e-5)`, `W_q = clamp(round(W / scale), −1, 1)` with round half to
+//!   even; β = scale. The mean is summed in f64 and rounded to f32 once.
+//! - **the packed release** (`microsoft/bitnet-b1.58-2B-4T`): `weight` is U8 of shape
+//!   `[n_out/4, n_in]` and `weight_scale` one number. Byte `[p][k]` holds rows
+//!   `p + i·n_out/4` (i = 0..4) of column k at bits `2i..2i+1`, least significant pair first,
+//!   code = value + 1. Hugging Face transformers' `BitLinear` computes
+//!   `y = (x_q · W) / (s_x · weight_scale)`, so β = 1 / weight_scale.
+
+use bitnet_kernels::layout::{i2s, tq1_0, tq2_0};
+
+use crate::error::ConvertError;
+
+/// The ternary layouts the converter writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// bitnet.cpp's I2_S (type 36): the official file's layout.
+    I2S,
+    /// upstream llama.cpp's TQ2_0 (type 35): 2.06 bits per weight, f16 scale per 256.
+    Tq2_0,
+    /// upstream llama.cpp's TQ1_0 (type 34): 1.69 bits per weight, f16 scale per 256.
+    Tq1_0,
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "i2_s" | "i2s" => Ok(Target::I2S),
+            "tq2_0" => Ok(Target::Tq2_0),
+            "tq1_0" => Ok(Target::Tq1_0),
+            _ => Err(format!("unknown layout '{s}' (i2_s, tq2_0, tq1_0)")),
+        }
+    }
+}
+
+impl Target {
+    /// The GGUF tensor type id.
+    pub fn type_id(self) -> u32 {
+        match self {
+            Target::I2S => 36,
+            Target::Tq2_0 => 35,
+            Target::Tq1_0 => 34,
+        }
+    }
+
+    /// `general.file_type`: llama.cpp's MOSTLY_TQ1_0 = 36, MOSTLY_TQ2_0 = 37; the BitNet fork's
+    /// MOSTLY_I2_S = 40.
+    pub fn file_type(self) -> u32 {
+        match self {
+            Target::I2S => 40,
+            Target::Tq2_0 => 37,
+            Target::Tq1_0 => 36,
+        }
+    }
+
+    /// The kernel layout.
+    pub fn layout(self) -> bitnet_kernels::TernaryLayout {
+        match self {
+            Target::I2S => bitnet_kernels::TernaryLayout::I2S,
+            Target::Tq2_0 => bitnet_kernels::TernaryLayout::Tq2_0,
+            Target::Tq1_0 => bitnet_kernels::TernaryLayout::Tq1_0,
+        }
+    }
+
+    /// Lower-case name (`i2_s`, `tq2_0`, `tq1_0`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::I2S => "i2_s",
+            Target::Tq2_0 => "tq2_0",
+            Target::Tq1_0 => "tq1_0",
+        }
+    }
+}
+
+/// How a ternary matrix is scaled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scale {
+    /// One β for the whole tensor.
+    Tensor(f32),
+    /// One scale per 256-element block, in order.
+    Blocks(Vec<f32>),
+}
+
+/// Ternary values with their scale.
+#[derive(Debug, Clone)]
+pub struct Ternary {
+    pub values: Vec<i8>,
+    pub scale: Scale,
+}
+
+/// The reference's epsilon in the absmean rule.
+const ABSMEAN_EPS: f32 = 1e-5;
+
+/// Ternarize float weights with the absmean rule (module docs).
+pub fn absmean(w: &[f32]) -> Ternary {
+    let sum: f64 = w.iter().map(|x| f64::from(x.abs())).sum();
+    // Element counts of real tensors are far below 2^52: the conversion is exact.
+    #[allow(clippy::cast_precision_loss)]
+    let n = w.len().max(1) as f64;
+    #[allow(clippy::cast_possible_truncation)]
+    let mean = (sum / n) as f32;
+    let scale = mean.max(ABSMEAN_EPS);
+    let values = w
+        .iter()
+        .map(|&x| {
+            let q = (x / scale).round_ties_even().clamp(-1.0, 1.0);
+            // q is exactly −1, 0 or +1 here.
+            if q > 0.5 {
+                1
+            } else if q < -0.5 {
+                -1
+            } else {
+                0
+            }
+        })
+        .collect();
+    Ternary {
+        values,
+        scale: Scale::Tensor(scale),
+    }
+}
+
+/// Decode the packed release's U8 weight (`[n_out/4, n_in]`) and its `weight_scale`.
+pub fn unpack_hf(
+    name: &str,
+    packed: &[u8],
+    n_out: usize,
+    n_in: usize,
+    weight_scale: f32,
+) -> Result<Ternary, ConvertError> {
+    let rows = n_out / 4;
+    let mut values = vec![0i8; n_out * n_in];
+    for (p, prow) in packed.chunks_exact(n_in).enumerate().take(rows) {
+        for (k, &byte) in prow.iter().enumerate() {
+            for i in 0..4 {
+                let code = (byte >> (2 * i)) & 3;
+                let r = p + i * rows;
+                let idx = r * n_in + k;
+                if code == 3 {
+                    return Err(ConvertError::InvalidCode {
+                        name: name.to_string(),
+                        index: idx,
+                    });
+                }
+                values[idx] = i8::try_from(code).unwrap_or(1) - 1;
+            }
+        }
+    }
+    if !(weight_scale.is_finite() && weight_scale != 0.0) {
+        return Err(ConvertError::NonFinite {
+            name: format!("{name} (weight_scale {weight_scale})"),
+            index: 0,
+        });
+    }
+    Ok(Ternary {
+        values,
+        scale: Scale::Tensor(1.0 / weight_scale),
+    })
+}
+
+/// Read a ternary GGUF tensor in I2_S (bitnet.cpp), TQ2_0 or TQ1_0.
+pub fn decode(
+    name: &str,
+    layout: bitnet_kernels::TernaryLayout,
+    data: &[u8],
+    n: usize,
+) -> Result<Ternary, ConvertError> {
+    use bitnet_kernels::TernaryLayout as L;
+    let invalid = |index| ConvertError::InvalidCode {
+        name: name.to_string(),
+        index,
+    };
+    match layout {
+        L::I2S => {
+            let codes = i2s::unpack_codes(data, n);
+            if let Some(index) = codes.iter().position(|&c| c == 3) {
+                return Err(invalid(index));
+            }
+            let beta = i2s::tensor_scale(data, n).ok_or_else(|| ConvertError::Unsupported {
+                name: name.to_string(),
+                what: "I2_S tensor without its scale".into(),
+            })?;
+            Ok(Ternary {
+                values: codes.iter().map(|&c| i2s::value_of_code(c)).collect(),
+                scale: Scale::Tensor(beta),
+            })
+        }
+        L::Tq2_0 | L::Tq1_0 => {
+            let (codes, block_bytes, scale_at) = if layout == L::Tq2_0 {
+                (tq2_0::unpack_codes(data), tq2_0::BLOCK_BYTES, 64)
+            } else {
+                (tq1_0::unpack_codes(data), tq1_0::BLOCK_BYTES, 52)
+            };
+            if let Some(index) = codes.iter().position(|&c| c > 2) {
+                return Err(invalid(index));
+            }
+            let scales = data
+                .chunks_exact(block_bytes)
+                .map(|b| half::f16::from_le_bytes([b[scale_at], b[scale_at + 1]]).to_f32())
+                .collect();
+            Ok(Ternary {
+                values: codes
+                    .iter()
+                    .map(|&c| i8::try_from(c).unwrap_or(1) - 1)
+                    .collect(),
+                scale: Scale::Blocks(scales),
+            })
+        }
+        other => Err(ConvertError::Unsupported {
+            name: name.to_string(),
+            what: format!("layout {other:?}: the converter reads I2_S, TQ2_0 and TQ1_0"),
+        }),
+    }
+}
+
+/// The one scale of a tensor: its β, or the scale every block with a non-zero value shares.
+fn tensor_scale(name: &str, t: &Ternary) -> Result<f32, ConvertError> {
+    match &t.scale {
+        Scale::Tensor(b) => Ok(*b),
+        Scale::Blocks(d) => {
+            let mut distinct: Vec<f32> = Vec::new();
+            for (blk, &s) in t.values.chunks(256).zip(d) {
+                if blk.iter().any(|&v| v != 0)
+                    && !distinct.iter().any(|x| x.to_bits() == s.to_bits())
+                {
+                    distinct.push(s);
+                }
+            }
+            match distinct.as_slice() {
+                [] => Ok(d.first().copied().unwrap_or(0.0)),
+                [one] => Ok(*one),
+                [first, other, ..] => Err(ConvertError::MixedScales {
+                    name: name.to_string(),
+                    count: distinct.len(),
+                    first: *first,
+                    other: *other,
+                }),
+            }
+        }
+    }
+}
+
+/// Encode in the target layout. Per-block layouts take a tensor's β as every block's scale
+/// (rounded to f16: the only rounding of any conversion).
+pub fn encode(name: &str, t: &Ternary, target: Target) -> Result<Vec<u8>, ConvertError> {
+    let n = t.values.len();
+    let blocks = |t: &Ternary| -> Vec<f32> {
+        match &t.scale {
+            Scale::Tensor(b) => vec![*b; n / 256],
+            Scale::Blocks(d) => d.clone(),
+        }
+    };
+    Ok(match target {
+        Target::I2S => i2s::pack_values(&t.values, tensor_scale(name, t)?)?,
+        Target::Tq2_0 => tq2_0::pack(&t.values, &blocks(t))?,
+        Target::Tq1_0 => tq1_0::pack(&t.values, &blocks(t))?,
+    })
+}

@@ -1,0 +1,556 @@
+//! The converter end to end: Hugging Face directories (bf16 and packed, one file and shards)
+//! against the same weights written directly as GGUF; layout round trips; the llama.cpp flavor;
+//! hostile checkpoints.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
+
+use std::path::Path;
+
+use bitnet_convert::{convert, ConvertError, Flavor, Options, Target};
+use bitnet_gguf::{GgmlType, GgufFile, Limits, Value};
+use bitnet_kernels::Pool;
+use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
+use bitnet_testkit::hf::{write_dir, HfWeights};
+use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
+
+fn tiny_spec(layout: WeightLayout) -> SynthSpec {
+    let mut s = SynthSpec::preset(Preset::Tiny);
+    s.layout = layout;
+    s
+}
+
+fn vocab() -> Vec<(String, Value)> {
+    synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap()
+}
+
+fn synth_bytes(spec: &SynthSpec) -> Vec<u8> {
+    synth::write(spec, &vocab(), Vec::new(), &mut |_, _| {}).unwrap()
+}
+
+fn run(input: &Path, opts: &Options) -> Result<Vec<u8>, ConvertError> {
+    convert(input, opts, Vec::new(), &mut |_| true).map(|(w, _)| w)
+}
+
+fn to(t: Target) -> Options {
+    Options {
+        to: Some(t),
+        ..Options::default()
+    }
+}
+
+fn parse(bytes: Vec<u8>) -> GgufFile {
+    GgufFile::from_bytes(bytes, &Limits::default()).unwrap()
+}
+
+/// All-position logits of a fixed prompt, then four single steps.
+fn logits(file: &GgufFile, numerics: Numerics) -> Vec<f32> {
+    let model = Model::load(file).unwrap();
+    let pool = Pool::new(2);
+    let mut exec = Exec {
+        backend: &pool,
+        numerics,
+        trace: None,
+        scratch: None,
+    };
+    let prompt = [4000u32, 17, 300, 1200, 5, 99, 2048, 7, 4100];
+    let mut cache = model.new_cache(32, KvType::F16, u64::MAX).unwrap();
+    let mut out = model
+        .forward(&prompt, &mut cache, Outputs::All, &mut exec)
+        .unwrap();
+    for t in [11u32, 12, 13, 14] {
+        out.extend(
+            model
+                .forward(&[t], &mut cache, Outputs::Last, &mut exec)
+                .unwrap(),
+        );
+    }
+    out
+}
+
+fn assert_bits_equal(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    if let Some(i) = a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+    {
+        panic!("{what}: first difference at {i}: {} vs {}", a[i], b[i]);
+    }
+}
+
+fn tensor_data<'a>(f: &'a GgufFile, name: &str) -> &'a [u8] {
+    f.tensor_data(f.tensor(name).unwrap()).unwrap()
+}
+
+fn projections(f: &GgufFile) -> Vec<String> {
+    f.tensors()
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.ggml_type,
+                GgmlType::I2S | GgmlType::TQ2_0 | GgmlType::TQ1_0
+            )
+        })
+        .map(|t| t.name.clone())
+        .collect()
+}
+
+#[test]
+fn hf_checkpoints_give_the_same_logits_as_the_same_weights_written_directly() {
+    let spec = tiny_spec(WeightLayout::I2S);
+    for (weights, shards) in [
+        (HfWeights::Bf16, 1),
+        (HfWeights::Packed, 1),
+        (HfWeights::Bf16, 3),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let expected = parse(write_dir(&spec, &vocab(), weights, shards, dir.path()).unwrap());
+        let got = parse(run(dir.path(), &Options::default()).unwrap());
+        let what = format!("{weights:?}, {shards} shard(s)");
+
+        // Every tensor: same name, type, shape and bytes (I2_S tails hold β and zeros).
+        assert_eq!(got.tensors().len(), expected.tensors().len(), "{what}");
+        for (g, e) in got.tensors().iter().zip(expected.tensors()) {
+            assert_eq!(
+                (&g.name, g.ggml_type, &g.dims),
+                (&e.name, e.ggml_type, &e.dims),
+                "{what}"
+            );
+            assert!(
+                got.tensor_data(g).unwrap() == expected.tensor_data(e).unwrap(),
+                "{what}: {} differs",
+                g.name
+            );
+        }
+        for numerics in [Numerics::Exact, Numerics::Fast] {
+            assert_bits_equal(
+                &logits(&got, numerics),
+                &logits(&expected, numerics),
+                &format!("{what}, {numerics:?}"),
+            );
+        }
+
+        // Metadata: the official key set and order, the tokenizer round-tripped.
+        let md = got.metadata();
+        let keys: Vec<&str> = md.iter().map(|(k, _)| k).collect();
+        let want: Vec<&str> = expected
+            .metadata()
+            .iter()
+            .map(|(k, _)| k)
+            .chain(["tokenizer.ggml.pre"])
+            .filter(|k| *k != "general.quantization_version")
+            .chain(["general.quantization_version"])
+            .collect();
+        assert_eq!(keys, want, "{what}");
+        for key in [
+            "tokenizer.ggml.tokens",
+            "tokenizer.ggml.token_type",
+            "tokenizer.ggml.merges",
+            "tokenizer.ggml.scores",
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.padding_token_id",
+            "tokenizer.chat_template",
+            "tokenizer.ggml.add_bos_token",
+            "bitnet-b1.58.rope.freq_base",
+            "bitnet-b1.58.attention.layer_norm_rms_epsilon",
+        ] {
+            assert_eq!(md.get(key), expected.metadata().get(key), "{what}: {key}");
+        }
+        assert_eq!(md.get_str("tokenizer.ggml.pre").unwrap(), "llama-bpe");
+    }
+}
+
+#[test]
+fn layout_round_trips_keep_every_ternary_code() {
+    let i2s = synth_bytes(&tiny_spec(WeightLayout::I2S));
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    std::fs::write(p("i2s.gguf"), &i2s).unwrap();
+
+    // I2_S → TQ2_0 → I2_S: the packed codes byte for byte; β rounded to f16 once.
+    let tq2 = run(&p("i2s.gguf"), &to(Target::Tq2_0)).unwrap();
+    std::fs::write(p("tq2.gguf"), &tq2).unwrap();
+    let back = parse(run(&p("tq2.gguf"), &to(Target::I2S)).unwrap());
+    let orig = parse(i2s.clone());
+    for name in projections(&orig) {
+        let (a, b) = (tensor_data(&orig, &name), tensor_data(&back, &name));
+        let n4 = a.len() - 32;
+        assert!(a[..n4] == b[..n4], "{name}: codes changed");
+        let beta = f32::from_le_bytes(a[n4..n4 + 4].try_into().unwrap());
+        let beta16 = half::f16::from_f32(beta).to_f32();
+        assert_eq!(b[n4..n4 + 4], beta16.to_le_bytes(), "{name}: scale");
+    }
+    // I2_S → TQ2_0 gives the bytes the synthetic TQ2_0 writer gives (same values, β per block).
+    let direct_tq2 = parse(synth_bytes(&tiny_spec(WeightLayout::Tq2_0)));
+    let tq2f = parse(tq2.clone());
+    for name in projections(&direct_tq2) {
+        assert!(
+            tensor_data(&tq2f, &name) == tensor_data(&direct_tq2, &name),
+            "{name}"
+        );
+    }
+
+    // TQ2_0 → I2_S → TQ2_0, TQ1_0 → I2_S → TQ1_0, TQ2_0 → TQ1_0 → TQ2_0: byte-identical.
+    for (start, via) in [
+        (WeightLayout::Tq2_0, Target::I2S),
+        (WeightLayout::Tq1_0, Target::I2S),
+        (WeightLayout::Tq2_0, Target::Tq1_0),
+        (WeightLayout::Tq1_0, Target::Tq2_0),
+    ] {
+        let src = synth_bytes(&tiny_spec(start));
+        std::fs::write(p("src.gguf"), &src).unwrap();
+        let mid = run(&p("src.gguf"), &to(via)).unwrap();
+        std::fs::write(p("mid.gguf"), &mid).unwrap();
+        let back_to = if start == WeightLayout::Tq2_0 {
+            Target::Tq2_0
+        } else {
+            Target::Tq1_0
+        };
+        let back = parse(run(&p("mid.gguf"), &to(back_to)).unwrap());
+        let src = parse(src);
+        for t in src.tensors() {
+            assert!(
+                src.tensor_data(t).unwrap() == tensor_data(&back, &t.name),
+                "{start:?} via {via:?}: {}",
+                t.name
+            );
+        }
+        // And the logits of every layout agree where the scales agree: the values are the same.
+        let mid = parse(mid);
+        assert_eq!(
+            mid.tensor(&projections(&mid)[0]).unwrap().ggml_type.id(),
+            via.type_id()
+        );
+    }
+}
+
+#[test]
+fn per_block_f16_scales_keep_the_fast_gates_on_the_golden_model() {
+    // The golden model (bitnet.cpp's I2_S, per-tensor f32 β) converted to TQ2_0 and TQ1_0:
+    // every β becomes an f16 per block. Fast numerics must stay within the golden gates.
+    let golden = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    for target in [Target::Tq2_0, Target::Tq1_0] {
+        let out = dir.path().join(format!("{}.gguf", target.name()));
+        std::fs::write(&out, run(&golden, &to(target)).unwrap()).unwrap();
+        let file = GgufFile::open(&out, &Limits::default()).unwrap();
+        let model = Model::load(&file).unwrap();
+        let n_vocab = model.config.n_vocab;
+        let pool = Pool::new(2);
+        for stem in bitnet_testdata::PROMPTS {
+            let meta: serde_json::Value =
+                serde_json::from_slice(&bitnet_testdata::read(&format!("tiny/{stem}.tokens.json")))
+                    .unwrap();
+            let prompt: Vec<u32> = meta["prompt_tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let golden_all = bitnet_testdata::read_f32(&format!("tiny/{stem}.all_logits.f32"));
+            let mut exec = Exec {
+                backend: &pool,
+                numerics: Numerics::Fast,
+                trace: None,
+                scratch: None,
+            };
+            let mut cache = model
+                .new_cache(prompt.len(), KvType::F16, u64::MAX)
+                .unwrap();
+            let all = model
+                .forward(&prompt, &mut cache, Outputs::All, &mut exec)
+                .unwrap();
+            let g = bitnet_testdata::compare_logits(&all, &golden_all, n_vocab, 0.08);
+            eprintln!(
+                "{} {stem}: max |Δ| {:.4}, min cos {:.6}",
+                target.name(),
+                g.max_abs,
+                g.min_cos
+            );
+            assert!(g.max_abs <= 0.25, "{stem}: max |Δ| {}", g.max_abs);
+            assert!(g.min_cos >= 0.995, "{stem}: cosine {}", g.min_cos);
+            assert_eq!(g.top1_misses_above_margin, 0, "{stem}: top-1");
+        }
+    }
+}
+
+#[test]
+fn llama_cpp_flavor_refuses_relu2_unless_allowed_and_stays_loadable_here() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.gguf");
+    std::fs::write(&src, synth_bytes(&tiny_spec(WeightLayout::I2S))).unwrap();
+    let mut opts = Options {
+        flavor: Flavor::LlamaCpp,
+        ..Options::default()
+    };
+    match run(&src, &opts) {
+        Err(ConvertError::ActivationMismatch { model, upstream }) => {
+            assert_eq!((model, upstream), ("ReLU²", "SiLU"));
+        }
+        other => panic!(
+            "expected an activation mismatch, got {:?}",
+            other.map(|b| b.len())
+        ),
+    }
+    // I2_S is not an upstream type.
+    opts.to = Some(Target::I2S);
+    opts.allow_activation_mismatch = true;
+    assert!(matches!(run(&src, &opts), Err(ConvertError::Options(_))));
+
+    opts.to = None;
+    let up = parse(run(&src, &opts).unwrap());
+    let md = up.metadata();
+    assert_eq!(md.get_str("general.architecture").unwrap(), "bitnet");
+    assert_eq!(md.get_uint("bitnet.block_count").unwrap(), 2);
+    assert!(md.iter().all(|(k, _)| !k.starts_with("bitnet-b1.58.")));
+    assert_eq!(md.get_str("bitnet.hidden_act").unwrap(), "relu2");
+    assert_eq!(md.get_uint("general.file_type").unwrap(), 37);
+    for name in projections(&up) {
+        assert_eq!(up.tensor(&name).unwrap().ggml_type, GgmlType::TQ2_0);
+    }
+    // The tiny vocabulary carries LLaMA-3's control tokens: upstream gets its pre-tokenizer.
+    assert_eq!(md.get_str("tokenizer.ggml.pre").unwrap(), "llama-bpe");
+    // Our reader computes ReLU² from it: same logits as the native TQ2_0 conversion.
+    let native = parse(run(&src, &to(Target::Tq2_0)).unwrap());
+    assert_bits_equal(
+        &logits(&up, Numerics::Fast),
+        &logits(&native, Numerics::Fast),
+        "llama.cpp flavor vs native TQ2_0",
+    );
+
+    // A SiLU model converts without the flag, and reads back as SiLU.
+    let silu = bitnet_testkit::rewrite(
+        &parse(synth_bytes(&tiny_spec(WeightLayout::I2S))),
+        |kv, _| {
+            kv.push((
+                "bitnet-b1.58.hidden_act".into(),
+                Value::String("silu".into()),
+            ))
+        },
+    )
+    .unwrap();
+    std::fs::write(&src, &silu).unwrap();
+    let up = parse(
+        run(
+            &src,
+            &Options {
+                flavor: Flavor::LlamaCpp,
+                to: Some(Target::Tq1_0),
+                ..Options::default()
+            },
+        )
+        .unwrap(),
+    );
+    assert!(up.metadata().get("bitnet.hidden_act").is_none());
+    let cfg = Model::load(&up).unwrap().config;
+    assert_eq!(cfg.activation, bitnet_model::Activation::Silu);
+}
+
+#[test]
+fn cancelling_stops_with_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.gguf");
+    std::fs::write(&src, synth_bytes(&tiny_spec(WeightLayout::I2S))).unwrap();
+    let mut calls = 0;
+    let r = convert(&src, &to(Target::Tq2_0), Vec::new(), &mut |_| {
+        calls += 1;
+        calls < 3
+    });
+    assert!(matches!(r, Err(ConvertError::Cancelled)));
+    assert_eq!(calls, 3);
+}
+
+// ---- hostile checkpoints -------------------------------------------------------------------
+
+/// A valid bf16 directory to damage.
+fn hf_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write_dir(
+        &tiny_spec(WeightLayout::I2S),
+        &vocab(),
+        HfWeights::Bf16,
+        1,
+        dir.path(),
+    )
+    .unwrap();
+    dir
+}
+
+/// Replace model.safetensors by a hand-written file: header JSON + data.
+fn write_raw_safetensors(dir: &Path, header: &str, data: &[u8], declared_len: Option<u64>) {
+    let mut b = declared_len
+        .unwrap_or(header.len() as u64)
+        .to_le_bytes()
+        .to_vec();
+    b.extend_from_slice(header.as_bytes());
+    b.extend_from_slice(data);
+    std::fs::write(dir.join("model.safetensors"), b).unwrap();
+}
+
+#[test]
+fn hostile_safetensors_are_typed_errors() {
+    let dir = hf_dir();
+    let d = dir.path();
+    let opts = Options::default();
+    let safetensors_err = |r: Result<Vec<u8>, ConvertError>, what: &str| match r {
+        Err(ConvertError::Safetensors { .. }) => {}
+        other => panic!(
+            "{what}: expected a safetensors error, got {:?}",
+            other.map(|b| b.len())
+        ),
+    };
+
+    // Header length past the end of the file.
+    write_raw_safetensors(d, "{}", &[], Some(1 << 40));
+    safetensors_err(run(d, &opts), "huge header length");
+    // Header length pointing inside the JSON.
+    write_raw_safetensors(
+        d,
+        r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+        &[0; 4],
+        Some(5),
+    );
+    safetensors_err(run(d, &opts), "short header length");
+    // Overlapping offsets.
+    write_raw_safetensors(
+        d,
+        r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
+        &[0; 12],
+        None,
+    );
+    safetensors_err(run(d, &opts), "overlapping offsets");
+    // Bytes that do not match dtype × shape.
+    write_raw_safetensors(
+        d,
+        r#"{"a":{"dtype":"BF16","shape":[3],"data_offsets":[0,8]}}"#,
+        &[0; 8],
+        None,
+    );
+    safetensors_err(run(d, &opts), "dtype/shape mismatch");
+    // Not JSON.
+    write_raw_safetensors(d, "{nope", &[], None);
+    safetensors_err(run(d, &opts), "bad JSON");
+
+    // A valid file that lacks the model's tensors.
+    write_raw_safetensors(
+        d,
+        r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+        &[0; 4],
+        None,
+    );
+    match run(d, &opts) {
+        Err(ConvertError::MissingTensor(name)) => assert_eq!(name, "model.embed_tokens.weight"),
+        other => panic!(
+            "expected a missing tensor, got {:?}",
+            other.map(|b| b.len())
+        ),
+    }
+}
+
+#[test]
+fn wrong_shapes_dtypes_and_configs_are_typed_errors() {
+    // A projection with the wrong shape: change the config's FFN width.
+    let dir = hf_dir();
+    let cfg_path = dir.path().join("config.json");
+    let orig: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let with = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = orig.clone();
+        f(&mut c);
+        std::fs::write(&cfg_path, serde_json::to_string(&c).unwrap()).unwrap();
+        run(dir.path(), &Options::default())
+    };
+    match with(&|c| c["intermediate_size"] = serde_json::json!(768)) {
+        Err(ConvertError::Shape { name, .. }) => assert!(name.contains("layers.0"), "{name}"),
+        other => panic!("expected a shape error, got {:?}", other.map(|b| b.len())),
+    }
+    for (key, value) in [
+        ("hidden_act", serde_json::json!("gelu")),
+        ("num_attention_heads", serde_json::json!(3)),
+        ("hidden_size", serde_json::json!(0)),
+        ("rms_norm_eps", serde_json::json!(-1.0)),
+        ("architectures", serde_json::json!(["LlamaForCausalLM"])),
+        (
+            "rope_scaling",
+            serde_json::json!({"type": "linear", "factor": 2.0}),
+        ),
+    ] {
+        match with(&|c| c[key] = value.clone()) {
+            Err(ConvertError::Config { .. }) => {}
+            other => panic!(
+                "{key}: expected a config error, got {:?}",
+                other.map(|b| b.len())
+            ),
+        }
+    }
+    match with(&|c| {
+        c.as_object_mut().unwrap().remove("vocab_size");
+    }) {
+        Err(ConvertError::Json { .. }) => {}
+        other => panic!("expected a JSON error, got {:?}", other.map(|b| b.len())),
+    }
+    with(&|_| {}).unwrap();
+
+    // A projection stored as I32: a dtype error naming it.
+    let dir2 = tempfile::tempdir().unwrap();
+    write_dir(
+        &tiny_spec(WeightLayout::I2S),
+        &vocab(),
+        HfWeights::Packed,
+        1,
+        dir2.path(),
+    )
+    .unwrap();
+    let st = dir2.path().join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap();
+    let mut h: serde_json::Value = serde_json::from_str(header).unwrap();
+    let name = "model.layers.1.self_attn.q_proj.weight_scale";
+    h[name]["dtype"] = serde_json::json!("I16");
+    let new_header = serde_json::to_string(&h).unwrap();
+    let mut out = (new_header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(new_header.as_bytes());
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&st, out).unwrap();
+    match run(dir2.path(), &Options::default()) {
+        Err(ConvertError::Dtype { name: n, .. }) => assert_eq!(n, name),
+        other => panic!("expected a dtype error, got {:?}", other.map(|b| b.len())),
+    }
+
+    // A shard index naming a missing shard, and a directory without a checkpoint.
+    let dir3 = tempfile::tempdir().unwrap();
+    write_dir(
+        &tiny_spec(WeightLayout::I2S),
+        &vocab(),
+        HfWeights::Bf16,
+        2,
+        dir3.path(),
+    )
+    .unwrap();
+    std::fs::remove_file(dir3.path().join("model-00002-of-00002.safetensors")).unwrap();
+    assert!(matches!(
+        run(dir3.path(), &Options::default()),
+        Err(ConvertError::Io { .. })
+    ));
+    std::fs::write(
+        dir3.path().join("model.safetensors.index.json"),
+        r#"{"weight_map": {"x": "../../etc/passwd"}}"#,
+    )
+    .unwrap();
+    assert!(matches!(
+        run(dir3.path(), &Options::default()),
+        Err(ConvertError::Index { .. })
+    ));
+    std::fs::remove_file(dir3.path().join("model.safetensors.index.json")).unwrap();
+    assert!(matches!(
+        run(dir3.path(), &Options::default()),
+        Err(ConvertError::UnknownInput { .. })
+    ));
+}

@@ -1,0 +1,42 @@
+//! A read-only memory map of any file, for readers of other containers (the converter maps
+//! safetensors shards with it) so that `unsafe` stays in this I/O layer.
+
+use std::fs::File;
+use std::path::Path;
+
+use crate::GgufError;
+
+/// The bytes of a file, memory-mapped read-only (an empty file holds no map).
+#[derive(Debug)]
+pub struct MappedFile {
+    map: Option<memmap2::Mmap>,
+}
+
+impl MappedFile {
+    /// Map `path` read-only.
+    ///
+    /// As with [`crate::GgufFile::open`], another process truncating the file while it is
+    /// mapped makes a later read of the lost pages raise SIGBUS.
+    pub fn open(path: &Path) -> Result<Self, GgufError> {
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
+        if len == 0 {
+            return Ok(MappedFile { map: None });
+        }
+        // SAFETY: the map is read-only and private to this value; undefined behaviour needs
+        // another process to modify the file while it is mapped (documented above).
+        let map = unsafe { memmap2::MmapOptions::new().map(&file)? };
+        if u64::try_from(map.len()).ok() != Some(len) {
+            return Err(GgufError::Truncated {
+                what: "file (changed while opening)",
+                offset: u64::try_from(map.len()).unwrap_or(u64::MAX),
+            });
+        }
+        Ok(MappedFile { map: Some(map) })
+    }
+
+    /// The file's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+}
