@@ -14,6 +14,8 @@ pub enum ConvertError {
     Model(#[from] bitnet_model::ModelError),
     #[error(transparent)]
     Tokenizer(#[from] bitnet_tokenizer::TokenizerError),
+    #[error(transparent)]
+    Qsf(#[from] bitnet_qsf::QsfError),
 
     /// A file could not be read or written.
     #[error("{}: {source}", path.display())]

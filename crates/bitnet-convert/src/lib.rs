@@ -101,6 +101,9 @@ enum Source {
     },
 }
 
+/// Metadata in order, and the tensors to write.
+type PlanOut = (Vec<(String, Value)>, Vec<Planned>);
+
 #[derive(Debug, Clone)]
 struct Planned {
     name: String,
@@ -135,6 +138,7 @@ pub fn convert<W: Write>(
     out: W,
     progress: &mut dyn FnMut(&Progress<'_>) -> bool,
 ) -> Result<(W, Summary), ConvertError> {
+    let src = open_input(input)?;
     let target = match (opts.flavor, opts.to) {
         (Flavor::LlamaCpp, Some(Target::I2S)) => {
             return Err(ConvertError::Options(
@@ -144,24 +148,11 @@ pub fn convert<W: Write>(
         }
         (Flavor::LlamaCpp, None) => Target::Tq2_0,
         (_, Some(t)) => t,
-        (Flavor::Native, None) => Target::I2S,
-    };
-    let src = if hf::is_hf_dir(input) {
-        Input::Hf(Box::new(HfDir::open(input)?))
-    } else if input.is_dir() {
-        return Err(ConvertError::UnknownInput {
-            path: input.to_path_buf(),
-        });
-    } else {
-        Input::Gguf(Box::new(
-            GgufFile::open(input, &Limits::default()).map_err(|e| match e {
-                bitnet_gguf::GgufError::Io(source) => ConvertError::Io {
-                    path: input.to_path_buf(),
-                    source,
-                },
-                other => ConvertError::Gguf(other),
-            })?,
-        ))
+        // A GGUF keeps its layout; a checkpoint becomes the official file's I2_S.
+        (Flavor::Native, None) => match &src {
+            Input::Gguf(f) => layout_of(f),
+            Input::Hf(_) => Target::I2S,
+        },
     };
     let (mut kv, plan, source_name) = match &src {
         Input::Hf(d) => {
@@ -248,6 +239,77 @@ pub fn convert<W: Write>(
             activation: config.activation,
         },
     ))
+}
+
+fn open_input(input: &Path) -> Result<Input, ConvertError> {
+    if hf::is_hf_dir(input) {
+        return Ok(Input::Hf(Box::new(HfDir::open(input)?)));
+    }
+    if input.is_dir() {
+        return Err(ConvertError::UnknownInput {
+            path: input.to_path_buf(),
+        });
+    }
+    if bitnet_qsf::is_qsf(input) {
+        return Ok(Input::Gguf(Box::new(
+            bitnet_qsf::QsfFile::open(input)?.to_gguf()?,
+        )));
+    }
+    let f = GgufFile::open(input, &Limits::default()).map_err(|e| match e {
+        bitnet_gguf::GgufError::Io(source) => ConvertError::Io {
+            path: input.to_path_buf(),
+            source,
+        },
+        other => ConvertError::Gguf(other),
+    })?;
+    Ok(Input::Gguf(Box::new(f)))
+}
+
+/// The layout of a GGUF's first ternary projection (I2_S when it has none we write).
+fn layout_of(f: &GgufFile) -> Target {
+    f.tensors()
+        .iter()
+        .find_map(|t| match t.ggml_type {
+            GgmlType::TQ2_0 => Some(Target::Tq2_0),
+            GgmlType::TQ1_0 => Some(Target::Tq1_0),
+            GgmlType::I2S => Some(Target::I2S),
+            _ => None,
+        })
+        .unwrap_or(Target::I2S)
+}
+
+/// Write `input` as QSF ([`bitnet_qsf`]): a GGUF or QSF input keeps its tensors unless
+/// `opts` asks for a change; a Hugging Face checkpoint is converted first (in memory).
+pub fn convert_to_qsf<W: Write>(
+    input: &Path,
+    opts: &Options,
+    compression: bitnet_qsf::Compression,
+    out: W,
+    progress: &mut dyn FnMut(&Progress<'_>) -> bool,
+) -> Result<W, ConvertError> {
+    let plain = opts.to.is_none() && opts.flavor == Flavor::Native && opts.name.is_none();
+    let gguf = match open_input(input)? {
+        Input::Gguf(f) if plain => *f,
+        _ => {
+            let (bytes, _) = convert(input, opts, Vec::new(), progress)?;
+            GgufFile::from_bytes(bytes, &Limits::default())?
+        }
+    };
+    let name = "layers";
+    let out = bitnet_qsf::write_from_gguf(&gguf, compression, out, &mut |done, total| {
+        progress(&Progress {
+            tensor: name,
+            index: done,
+            count: total,
+            bytes_done: u64_of(done),
+            bytes_total: u64_of(total),
+        })
+    })
+    .map_err(|e| match e {
+        bitnet_qsf::QsfError::Cancelled => ConvertError::Cancelled,
+        other => ConvertError::Qsf(other),
+    })?;
+    Ok(out)
 }
 
 fn set_kv(kv: &mut Vec<(String, Value)>, key: &str, v: Value) {
@@ -446,10 +508,7 @@ fn cfg_u32(key: &str, v: usize) -> Result<Value, ConvertError> {
 }
 
 /// Metadata and tensor plan for a Hugging Face checkpoint.
-fn plan_hf(
-    d: &HfDir,
-    target: Target,
-) -> Result<(Vec<(String, Value)>, Vec<Planned>), ConvertError> {
+fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
     let c = &d.config;
     if let Some(a) = c.architectures.first() {
         if !matches!(a.as_str(), "BitNetForCausalLM" | "BitnetForCausalLM") {
@@ -678,10 +737,7 @@ fn plan_hf(
 
 /// Metadata and tensor plan for a GGUF input: every tensor is kept in place, projections are
 /// re-encoded, `general.file_type` follows the target.
-fn plan_gguf(
-    f: &GgufFile,
-    target: Target,
-) -> Result<(Vec<(String, Value)>, Vec<Planned>), ConvertError> {
+fn plan_gguf(f: &GgufFile, target: Target) -> Result<PlanOut, ConvertError> {
     let mut kv: Vec<(String, Value)> = f
         .metadata()
         .iter()

@@ -73,6 +73,16 @@ pub enum EngineError {
         path: std::path::PathBuf,
         error: bitnet_gguf::GgufError,
     },
+    #[error("cannot open model {}: {error}", path.display())]
+    OpenQsf {
+        path: std::path::PathBuf,
+        error: bitnet_qsf::QsfError,
+    },
+    #[error(
+        "the low-memory mode streams GGUF files; a QSF file is read whole. \
+         Convert it back with `bitnet convert FILE.qsf -o FILE.gguf`, or drop --ram-budget"
+    )]
+    QsfStreaming,
     #[error("{what} must be at least 1")]
     Zero { what: &'static str },
     #[error(transparent)]

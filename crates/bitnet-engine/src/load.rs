@@ -160,6 +160,9 @@ pub fn load(
     progress: &mut dyn FnMut(LoadEvent<'_>),
 ) -> Result<Engine> {
     opts.validate()?;
+    if opts.budget.is_some() && bitnet_qsf::is_qsf(path) {
+        return Err(EngineError::QsfStreaming);
+    }
     let file = open_file(path, opts.in_memory)?;
     progress(LoadEvent::Opened {
         path,
@@ -211,7 +214,17 @@ fn load_budgeted(
 }
 
 /// Open a GGUF file, memory-mapped or (`in_memory`) read whole, with the default limits.
+/// A QSF file is read whole: every section's CRC is checked and the model is rebuilt as a GGUF
+/// image in memory.
 pub fn open_file(path: &Path, in_memory: bool) -> Result<GgufFile> {
+    if bitnet_qsf::is_qsf(path) {
+        return bitnet_qsf::QsfFile::open(path)
+            .and_then(|q| q.to_gguf())
+            .map_err(|error| EngineError::OpenQsf {
+                path: PathBuf::from(path),
+                error,
+            });
+    }
     let limits = Limits::default();
     let opened = if in_memory {
         GgufFile::open_in_memory(path, &limits)

@@ -276,7 +276,7 @@ fn write_config(
         "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0,
         "vocab_size": n_vocab,
-        "hidden_act": "relu2",
+        "hidden_act": if spec.silu { "silu" } else { "relu2" },
         "tie_word_embeddings": true,
         "torch_dtype": "bfloat16",
         "bos_token_id": vocab_u32(vocab, "tokenizer.ggml.bos_token_id"),

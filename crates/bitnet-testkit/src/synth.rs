@@ -111,6 +111,8 @@ pub struct SynthSpec {
     pub seed: u64,
     /// `β = beta_c / sqrt(in_features)`
     pub beta_c: f32,
+    /// A SiLU-gated FFN (`{arch}.hidden_act = silu`) instead of 2B-4T's ReLU².
+    pub silu: bool,
 }
 
 impl SynthSpec {
@@ -131,6 +133,7 @@ impl SynthSpec {
             layout: WeightLayout::I2S,
             seed: 42,
             beta_c: 1.0,
+            silu: false,
         }
     }
 
@@ -490,6 +493,9 @@ pub(crate) fn write_with<W: Write>(
     )?;
     gw.add_kv(&format!("{ARCH}.rope.freq_base"), Value::F32(500_000.0))?;
     gw.add_kv("general.file_type", Value::U32(40))?;
+    if spec.silu {
+        gw.add_kv(&format!("{ARCH}.hidden_act"), Value::String("silu".into()))?;
+    }
     for key in [
         "tokenizer.ggml.model",
         "tokenizer.ggml.tokens",

@@ -32,9 +32,14 @@ pub struct Args {
     /// Output GGUF file (written to a temporary file and renamed when complete).
     #[arg(short, long)]
     out: PathBuf,
-    /// Ternary layout: i2_s (default; bitnet.cpp's), tq2_0 or tq1_0 (upstream llama.cpp's).
-    #[arg(long)]
-    to: Option<Target>,
+    /// Ternary layout: i2_s (bitnet.cpp's; the default for a checkpoint), tq2_0 or tq1_0
+    /// (upstream llama.cpp's); or qsf, the layer-streaming container (the layout is kept).
+    /// A GGUF input keeps its layout unless told.
+    #[arg(long, value_parser = parse_to)]
+    to: Option<To>,
+    /// With --to qsf: compress each layer with LZ4 (none, the default, or lz4).
+    #[arg(long, default_value = "none", value_parser = ["none", "lz4"])]
+    compress: String,
     /// Who will read the file: bitnet (default) or llama.cpp (upstream's `bitnet`
     /// architecture; TQ2_0 unless --to tq1_0).
     #[arg(long = "for", value_enum, default_value = "bitnet")]
@@ -51,9 +56,29 @@ pub struct Args {
     quiet: bool,
 }
 
+/// `--to`: a ternary layout, or the QSF container.
+#[derive(Debug, Clone, Copy)]
+enum To {
+    Layout(Target),
+    Qsf,
+}
+
+fn parse_to(s: &str) -> Result<To, String> {
+    if s.eq_ignore_ascii_case("qsf") {
+        Ok(To::Qsf)
+    } else {
+        s.parse::<Target>()
+            .map(To::Layout)
+            .map_err(|e| format!("{e}, or qsf"))
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     let opts = Options {
-        to: a.to,
+        to: match a.to {
+            Some(To::Layout(t)) => Some(t),
+            _ => None,
+        },
         flavor: match a.target_for {
             For::Bitnet => Flavor::Native,
             For::LlamaCpp => Flavor::LlamaCpp,
@@ -82,17 +107,46 @@ pub fn run(a: Args) -> Result<()> {
         )?
         .progress_chars("=> "),
     );
+    // The bar follows the bytes written; returning false stops the conversion (Ctrl-C).
+    let mut report = |p: &bitnet_convert::Progress<'_>| {
+        bar.set_length(p.bytes_total);
+        bar.set_position(p.bytes_done);
+        bar.set_message(p.tensor.to_string());
+        !stop.load(Ordering::SeqCst)
+    };
     let start = std::time::Instant::now();
+    if matches!(a.to, Some(To::Qsf)) {
+        let compression = if a.compress == "lz4" {
+            bitnet_qsf::Compression::Lz4
+        } else {
+            bitnet_qsf::Compression::None
+        };
+        let w = bitnet_convert::convert_to_qsf(
+            &a.input,
+            &opts,
+            compression,
+            BufWriter::with_capacity(1 << 22, out.file()),
+            &mut report,
+        )
+        .with_context(|| format!("cannot convert {}", a.input.display()))?;
+        w.into_inner().map_err(|e| e.into_error())?;
+        out.commit()?;
+        bar.finish_and_clear();
+        let size = std::fs::metadata(&a.out)?.len();
+        eprintln!(
+            "wrote {} ({}) in {:.1} s: QSF, layers {}",
+            a.out.display(),
+            human_bytes(size),
+            start.elapsed().as_secs_f64(),
+            a.compress,
+        );
+        return Ok(());
+    }
     let (w, summary) = bitnet_convert::convert(
         &a.input,
         &opts,
         BufWriter::with_capacity(1 << 22, out.file()),
-        &mut |p| {
-            bar.set_length(p.bytes_total);
-            bar.set_position(p.bytes_done);
-            bar.set_message(p.tensor.to_string());
-            !stop.load(Ordering::SeqCst)
-        },
+        &mut report,
     )
     .with_context(|| format!("cannot convert {}", a.input.display()))?;
     w.into_inner().map_err(|e| e.into_error())?;

@@ -12,9 +12,16 @@ use crate::output::AtomicFile;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Output file.
+    /// Output file (a directory with --hf).
     #[arg(short, long)]
     out: PathBuf,
+    /// Write a Hugging Face model directory instead of a GGUF (for `bitnet convert`): bf16
+    /// master weights, or the packed release's U8 weights with a weight_scale.
+    #[arg(long, value_parser = ["bf16", "packed"])]
+    hf: Option<String>,
+    /// FFN activation: relu2 (2B-4T) or silu (written as `<arch>.hidden_act`).
+    #[arg(long, default_value = "relu2", value_parser = ["relu2", "silu"])]
+    activation: String,
     /// Shape preset: tiny, small or 2b (the full 2B-4T shapes).
     #[arg(long, default_value = "tiny")]
     preset: Preset,
@@ -49,6 +56,7 @@ pub fn run(a: Args) -> Result<()> {
     let mut spec = SynthSpec::preset(a.preset);
     spec.layout = a.layout;
     spec.seed = a.seed;
+    spec.silu = a.activation == "silu";
     for (dst, src) in [
         (&mut spec.n_embd, a.n_embd),
         (&mut spec.n_layer, a.n_layer),
@@ -65,6 +73,21 @@ pub fn run(a: Args) -> Result<()> {
         Some(p) => synth::vocab_from_gguf(&open_gguf(p, false)?)?,
         None => synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF)?,
     };
+    if let Some(kind) = &a.hf {
+        let weights = if kind == "packed" {
+            bitnet_testkit::hf::HfWeights::Packed
+        } else {
+            bitnet_testkit::hf::HfWeights::Bf16
+        };
+        let start = std::time::Instant::now();
+        bitnet_testkit::hf::write_dir(&spec, &vocab, weights, 1, &a.out)?;
+        eprintln!(
+            "wrote {} ({kind} Hugging Face checkpoint) in {:.1} s",
+            a.out.display(),
+            start.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     let out = AtomicFile::create(&a.out)?;
     let bar = if a.quiet {
         ProgressBar::hidden()
