@@ -122,6 +122,17 @@ fn u64_of(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
+/// `a · b · c` bytes, or an error naming the tensor when it overflows.
+fn bytes_of(name: &str, a: usize, b: usize, c: usize) -> Result<u64, ConvertError> {
+    a.checked_mul(b)
+        .and_then(|x| x.checked_mul(c))
+        .map(u64_of)
+        .ok_or_else(|| ConvertError::Unsupported {
+            name: name.to_string(),
+            what: "size overflows".into(),
+        })
+}
+
 fn usize_of(name: &str, n: u64) -> Result<usize, ConvertError> {
     usize::try_from(n).map_err(|_| ConvertError::Unsupported {
         name: name.to_string(),
@@ -655,7 +666,7 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
         name: TOKEN_EMBD.into(),
         dims: vec![u64_of(n_embd), u64_of(n_vocab)],
         ty: GgmlType::F16.id(),
-        size: u64_of(n_vocab * n_embd * 2),
+        size: bytes_of(TOKEN_EMBD, n_vocab, n_embd, 2)?,
         source: Source::HfFloat {
             hf: embd_hf.into(),
             to: GgmlType::F16,
@@ -725,7 +736,7 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
             name: OUTPUT.into(),
             dims: vec![u64_of(n_embd), u64_of(n_vocab)],
             ty: GgmlType::F16.id(),
-            size: u64_of(n_vocab * n_embd * 2),
+            size: bytes_of(OUTPUT, n_vocab, n_embd, 2)?,
             source: Source::HfFloat {
                 hf: head.into(),
                 to: GgmlType::F16,

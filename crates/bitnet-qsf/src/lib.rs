@@ -725,6 +725,13 @@ impl QsfFile {
         match s.compression {
             Compression::None => Ok(data.to_vec()),
             Compression::Lz4 => {
+                // LZ4 expands at most 255:1; a larger claim is a lie that would only cost memory.
+                if s.raw > s.stored.saturating_mul(255) {
+                    return Err(QsfError::Lz4 {
+                        section: name.to_string(),
+                        why: format!("{} bytes cannot hold {} raw bytes", s.stored, s.raw),
+                    });
+                }
                 let raw = usize::try_from(s.raw).map_err(|_| layout(name, "raw size"))?;
                 let out = lz4_flex::block::decompress(data, raw).map_err(|e| QsfError::Lz4 {
                     section: name.to_string(),
