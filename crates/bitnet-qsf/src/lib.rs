@@ -484,6 +484,27 @@ impl std::fmt::Debug for QsfFile {
     }
 }
 
+/// A section's stored bytes, after checking that they lie in the file and match their CRC.
+fn checked<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<&'a [u8]> {
+    let past = || QsfError::Truncated(format!("{name} runs past the end of the file"));
+    let start = usize::try_from(s.offset).map_err(|_| past())?;
+    let end = s
+        .offset
+        .checked_add(s.stored)
+        .and_then(|e| usize::try_from(e).ok())
+        .ok_or_else(past)?;
+    let data = b.get(start..end).ok_or_else(past)?;
+    let computed = crc32fast::hash(data);
+    if computed != s.crc {
+        return Err(QsfError::Crc {
+            section: name.to_string(),
+            stored: s.crc,
+            computed,
+        });
+    }
+    Ok(data)
+}
+
 /// Whether the file at `path` starts with the QSF magic.
 pub fn is_qsf(path: &Path) -> bool {
     use std::io::Read;
@@ -610,26 +631,8 @@ impl QsfFile {
                     QsfError::Truncated(format!("{name} runs past the end of the file"))
                 })?;
         }
-        let check = |name: &str, s: &Section| -> Result<&[u8]> {
-            let (start, end) = (
-                usize::try_from(s.offset).map_err(|_| layout(name, "offset"))?,
-                usize::try_from(s.offset + s.stored).map_err(|_| layout(name, "size"))?,
-            );
-            let data = b.get(start..end).ok_or_else(|| {
-                QsfError::Truncated(format!("{name} runs past the end of the file"))
-            })?;
-            let computed = crc32fast::hash(data);
-            if computed != s.crc {
-                return Err(QsfError::Crc {
-                    section: name.to_string(),
-                    stored: s.crc,
-                    computed,
-                });
-            }
-            Ok(data)
-        };
-        let index_bytes = check("index", &index)?;
-        let meta_bytes = check("meta", &meta)?;
+        let index_bytes = checked(b, "index", &index)?;
+        checked(b, "meta", &meta)?;
         let mut layers = Vec::with_capacity(n_layers);
         let mut ic = Cursor::new(index_bytes, "index");
         for i in 0..n_layers {
@@ -681,7 +684,6 @@ impl QsfFile {
                 format!("{} bytes after the last layer", file_size - expect),
             ));
         }
-        let _ = meta_bytes;
         Ok(QsfFile {
             bytes,
             hparams,
@@ -708,20 +710,7 @@ impl QsfFile {
     }
 
     fn read_section(&self, name: &str, s: &Section) -> Result<Vec<u8>> {
-        let b = self.bytes();
-        let start = usize::try_from(s.offset).map_err(|_| layout(name, "offset"))?;
-        let end = usize::try_from(s.offset + s.stored).map_err(|_| layout(name, "size"))?;
-        let data = b
-            .get(start..end)
-            .ok_or_else(|| QsfError::Truncated(format!("{name} runs past the end of the file")))?;
-        let computed = crc32fast::hash(data);
-        if computed != s.crc {
-            return Err(QsfError::Crc {
-                section: name.to_string(),
-                stored: s.crc,
-                computed,
-            });
-        }
+        let data = checked(self.bytes(), name, s)?;
         match s.compression {
             Compression::None => Ok(data.to_vec()),
             Compression::Lz4 => {

@@ -115,55 +115,43 @@ pub fn run(a: Args) -> Result<()> {
         !stop.load(Ordering::SeqCst)
     };
     let start = std::time::Instant::now();
-    if matches!(a.to, Some(To::Qsf)) {
-        let compression = if a.compress == "lz4" {
-            bitnet_qsf::Compression::Lz4
-        } else {
-            bitnet_qsf::Compression::None
-        };
-        let w = bitnet_convert::convert_to_qsf(
-            &a.input,
-            &opts,
-            compression,
-            BufWriter::with_capacity(1 << 22, out.file()),
-            &mut report,
-        )
-        .with_context(|| format!("cannot convert {}", a.input.display()))?;
-        w.into_inner().map_err(|e| e.into_error())?;
-        out.commit()?;
-        bar.finish_and_clear();
-        let size = std::fs::metadata(&a.out)?.len();
-        eprintln!(
-            "wrote {} ({}) in {:.1} s: QSF, layers {}",
-            a.out.display(),
-            human_bytes(size),
-            start.elapsed().as_secs_f64(),
-            a.compress,
-        );
-        return Ok(());
-    }
-    let (w, summary) = bitnet_convert::convert(
-        &a.input,
-        &opts,
-        BufWriter::with_capacity(1 << 22, out.file()),
-        &mut report,
-    )
-    .with_context(|| format!("cannot convert {}", a.input.display()))?;
+    let writer = BufWriter::with_capacity(1 << 22, out.file());
+    let (w, what) = match a.to {
+        Some(To::Qsf) => {
+            let compression = if a.compress == "lz4" {
+                bitnet_qsf::Compression::Lz4
+            } else {
+                bitnet_qsf::Compression::None
+            };
+            let w =
+                bitnet_convert::convert_to_qsf(&a.input, &opts, compression, writer, &mut report)
+                    .with_context(|| format!("cannot convert {}", a.input.display()))?;
+            (w, format!("QSF, layers {}", a.compress))
+        }
+        _ => {
+            let (w, summary) = bitnet_convert::convert(&a.input, &opts, writer, &mut report)
+                .with_context(|| format!("cannot convert {}", a.input.display()))?;
+            let what = format!(
+                "{} → {} ({} tensors, {} ternary in {}), FFN {:?}",
+                summary.source,
+                summary.arch,
+                summary.tensors,
+                summary.ternary_tensors,
+                summary.target.name(),
+                summary.activation,
+            );
+            (w, what)
+        }
+    };
     w.into_inner().map_err(|e| e.into_error())?;
     out.commit()?;
     bar.finish_and_clear();
     let size = std::fs::metadata(&a.out)?.len();
     eprintln!(
-        "wrote {} ({}) in {:.1} s: {} → {} ({} tensors, {} ternary in {}), FFN {:?}",
+        "wrote {} ({}) in {:.1} s: {what}",
         a.out.display(),
         human_bytes(size),
         start.elapsed().as_secs_f64(),
-        summary.source,
-        summary.arch,
-        summary.tensors,
-        summary.ternary_tensors,
-        summary.target.name(),
-        summary.activation,
     );
     Ok(())
 }
