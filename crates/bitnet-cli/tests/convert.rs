@@ -51,6 +51,33 @@ fn converts_a_hf_directory_and_runs_it() {
     ok(&out);
     assert_eq!(names(dir.path()), ["hf", "out.gguf"]);
 
+    // A stored Q8_0 head: `run` uses it as the file's head.
+    let q8 = dir.path().join("q8.gguf");
+    ok(&bitnet(&[
+        "convert",
+        &s(&gguf),
+        "-o",
+        &s(&q8),
+        "--lm-head",
+        "q8_0",
+        "--quiet",
+    ]));
+    let out = bitnet(&["inspect", "--json", &s(&q8)]);
+    ok(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("output.weight"));
+    ok(&bitnet(&[
+        "run",
+        "-m",
+        &s(&q8),
+        "-p",
+        "Hello",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+    ]));
+    std::fs::remove_file(&q8).unwrap();
+
     // To TQ1_0 and back; and the llama.cpp flavor's refusal, naming the flag.
     let tq1 = dir.path().join("tq1.gguf");
     ok(&bitnet(&[

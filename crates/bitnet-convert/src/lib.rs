@@ -56,6 +56,11 @@ pub struct Options {
     pub allow_activation_mismatch: bool,
     /// `general.name` (default: the source's).
     pub name: Option<String>,
+    /// Store a quantized LM head as `output.weight` (Q8_0, Q6_K or Q4_0), built from the
+    /// file's head (the tied embedding, or its `output.weight`) with the quantizers
+    /// `--lm-head` uses at load: loading it then costs no build time, and no F16 head is read
+    /// per token.
+    pub lm_head: Option<bitnet_kernels::RowType>,
 }
 
 /// Progress after each tensor.
@@ -93,6 +98,13 @@ enum Source {
     },
     /// A tensor of the input GGUF copied as it is.
     Copy { name: String },
+    /// The LM head re-encoded from `from` (a tensor of the output plan) as `ty`.
+    Head {
+        from: Box<Source>,
+        ty: bitnet_kernels::RowType,
+        rows: usize,
+        cols: usize,
+    },
     /// A ternary tensor of the input GGUF, re-encoded.
     GgufTernary {
         name: String,
@@ -177,6 +189,10 @@ pub fn convert<W: Write>(
     };
     if let Some(name) = &opts.name {
         set_kv(&mut kv, "general.name", Value::String(name.clone()));
+    }
+    let mut plan = plan;
+    if let Some(ty) = opts.lm_head {
+        plan_lm_head(&mut plan, ty)?;
     }
 
     // Validate the hyperparameters as the loader will.
@@ -298,7 +314,10 @@ pub fn convert_to_qsf<W: Write>(
     out: W,
     progress: &mut dyn FnMut(&Progress<'_>) -> bool,
 ) -> Result<W, ConvertError> {
-    let plain = opts.to.is_none() && opts.flavor == Flavor::Native && opts.name.is_none();
+    let plain = opts.to.is_none()
+        && opts.flavor == Flavor::Native
+        && opts.name.is_none()
+        && opts.lm_head.is_none();
     let gguf = match open_input(input)? {
         Input::Gguf(f) if plain => *f,
         _ => {
@@ -332,7 +351,67 @@ fn set_kv(kv: &mut Vec<(String, Value)>, key: &str, v: Value) {
 
 /// The bytes of one planned tensor.
 fn produce(src: &Input, p: &Planned, target: Target) -> Result<Vec<u8>, ConvertError> {
-    match (&p.source, src) {
+    produce_from(src, &p.source, &p.name, target)
+}
+
+fn produce_from(
+    src: &Input,
+    source: &Source,
+    name: &str,
+    target: Target,
+) -> Result<Vec<u8>, ConvertError> {
+    use bitnet_kernels::{Pool, RowMatrix, RowType};
+    if let Source::Head {
+        from,
+        ty,
+        rows,
+        cols,
+    } = source
+    {
+        // The source head as rows: the file's own type, or f32 from a checkpoint.
+        let (row_ty, bytes) = match (&**from, src) {
+            (Source::Copy { name }, Input::Gguf(f)) => {
+                let t = f
+                    .tensor(name)
+                    .ok_or_else(|| ConvertError::MissingTensor(name.clone()))?;
+                let ty = match t.ggml_type {
+                    GgmlType::F32 => RowType::F32,
+                    GgmlType::F16 => RowType::F16,
+                    GgmlType::BF16 => RowType::BF16,
+                    GgmlType::Q8_0 => RowType::Q8_0,
+                    GgmlType::Q6K => RowType::Q6K,
+                    GgmlType::Q4_0 => RowType::Q4_0,
+                    other => {
+                        return Err(ConvertError::Unsupported {
+                            name: name.clone(),
+                            what: format!("an LM head of type {}", other.name()),
+                        })
+                    }
+                };
+                (ty, std::borrow::Cow::Borrowed(f.tensor_data(t)?))
+            }
+            // From the F16 values the file stores, so the head equals one built at load.
+            (Source::HfFloat { hf, .. }, Input::Hf(d)) => {
+                let v = d.floats(hf, &[*rows, *cols])?;
+                let b: Vec<u8> = v
+                    .iter()
+                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                    .collect();
+                (RowType::F16, std::borrow::Cow::Owned(b))
+            }
+            _ => {
+                return Err(ConvertError::Unsupported {
+                    name: name.to_string(),
+                    what: "LM head source".into(),
+                })
+            }
+        };
+        let head = RowMatrix::new(row_ty, *rows, *cols, bytes)?;
+        let pool = Pool::new(std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let q = RowMatrix::quantize_from(&head, *ty, &pool)?;
+        return Ok(q.data().to_vec());
+    }
+    match (source, src) {
         (Source::HfFloat { hf, to }, Input::Hf(d)) => {
             let t = d.require(hf)?;
             let v = d.floats(hf, &t.shape.clone())?;
@@ -346,7 +425,7 @@ fn produce(src: &Input, p: &Planned, target: Target) -> Result<Vec<u8>, ConvertE
         }
         (Source::HfTernary { hf, n_out, n_in }, Input::Hf(d)) => {
             let t = hf_ternary(d, hf, *n_out, *n_in)?;
-            ternary::encode(&p.name, &t, target)
+            ternary::encode(name, &t, target)
         }
         (Source::Copy { name }, Input::Gguf(f)) => {
             let t = f
@@ -359,7 +438,7 @@ fn produce(src: &Input, p: &Planned, target: Target) -> Result<Vec<u8>, ConvertE
             ternary::encode(name, &t, target)
         }
         _ => Err(ConvertError::Unsupported {
-            name: p.name.clone(),
+            name: name.to_string(),
             what: "source and plan disagree".into(),
         }),
     }
@@ -444,6 +523,54 @@ fn gguf_ternary(
             what: format!("type {}: not a ternary layout", other.name()),
         }),
     }
+}
+
+/// Make `output.weight` a `ty` copy of the head: of `output.weight` when the plan has one,
+/// else of the tied embedding (added after the other tensors).
+fn plan_lm_head(plan: &mut Vec<Planned>, ty: bitnet_kernels::RowType) -> Result<(), ConvertError> {
+    let from = plan
+        .iter()
+        .position(|p| p.name == OUTPUT)
+        .or_else(|| plan.iter().position(|p| p.name == TOKEN_EMBD))
+        .ok_or_else(|| ConvertError::MissingTensor(TOKEN_EMBD.into()))?;
+    let src = plan[from].clone();
+    let (cols, rows) = match src.dims.as_slice() {
+        [c, r] => (usize_of(&src.name, *c)?, usize_of(&src.name, *r)?),
+        _ => {
+            return Err(ConvertError::Unsupported {
+                name: src.name.clone(),
+                what: format!("dims {:?}", src.dims),
+            })
+        }
+    };
+    let row_bytes = ty.row_bytes(cols)?;
+    let entry = Planned {
+        name: OUTPUT.into(),
+        dims: src.dims.clone(),
+        ty: match ty {
+            bitnet_kernels::RowType::Q8_0 => GgmlType::Q8_0.id(),
+            bitnet_kernels::RowType::Q6K => GgmlType::Q6K.id(),
+            bitnet_kernels::RowType::Q4_0 => GgmlType::Q4_0.id(),
+            other => {
+                return Err(ConvertError::Options(format!(
+                    "--lm-head takes q8_0, q6_k or q4_0, not {other:?}"
+                )))
+            }
+        },
+        size: bytes_of(OUTPUT, rows, row_bytes, 1)?,
+        source: Source::Head {
+            from: Box::new(src.source.clone()),
+            ty,
+            rows,
+            cols,
+        },
+    };
+    if src.name == OUTPUT {
+        plan[from] = entry;
+    } else {
+        plan.push(entry);
+    }
+    Ok(())
 }
 
 /// A ternary output tensor's entry.

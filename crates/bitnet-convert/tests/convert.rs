@@ -554,3 +554,61 @@ fn wrong_shapes_dtypes_and_configs_are_typed_errors() {
         Err(ConvertError::UnknownInput { .. })
     ));
 }
+
+#[test]
+fn a_stored_quantized_head_gives_the_logits_of_the_head_built_at_load() {
+    use bitnet_kernels::{RowMatrix, RowType};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.gguf");
+    std::fs::write(&src, synth_bytes(&tiny_spec(WeightLayout::I2S))).unwrap();
+    let hf = tempfile::tempdir().unwrap();
+    write_dir(
+        &tiny_spec(WeightLayout::I2S),
+        &vocab(),
+        HfWeights::Bf16,
+        1,
+        hf.path(),
+    )
+    .unwrap();
+    for ty in [RowType::Q8_0, RowType::Q6K, RowType::Q4_0] {
+        let opts = Options {
+            lm_head: Some(ty),
+            ..Options::default()
+        };
+        for input in [src.as_path(), hf.path()] {
+            let with_head = parse(run(input, &opts).unwrap());
+            let t = with_head.tensor("output.weight").unwrap();
+            assert_eq!(t.dims, [256, 4256]);
+            // The same model without the stored head, its head built at load.
+            let plain = parse(run(input, &Options::default()).unwrap());
+            assert!(plain.tensor("output.weight").is_none());
+            let mut model = Model::load(&plain).unwrap();
+            let q = RowMatrix::quantize_from(model.lm_head(), ty, &Pool::new(2)).unwrap();
+            model.set_lm_head(q);
+            let stored = Model::load(&with_head).unwrap();
+            assert_eq!(stored.lm_head().row_type(), ty);
+            let run_model = |m: &Model<'_>| {
+                let pool = Pool::new(2);
+                let mut exec = Exec {
+                    backend: &pool,
+                    numerics: Numerics::Fast,
+                    trace: None,
+                    scratch: None,
+                };
+                let mut cache = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
+                m.forward(
+                    &[4000, 17, 300, 1200, 5],
+                    &mut cache,
+                    Outputs::All,
+                    &mut exec,
+                )
+                .unwrap()
+            };
+            assert_bits_equal(
+                &run_model(&stored),
+                &run_model(&model),
+                &format!("{ty:?} from {}", input.display()),
+            );
+        }
+    }
+}

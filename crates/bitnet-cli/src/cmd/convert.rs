@@ -51,6 +51,10 @@ pub struct Args {
     /// general.name of the output (default: the input's).
     #[arg(long)]
     name: Option<String>,
+    /// Store a quantized LM head as output.weight (q8_0, q6_k or q4_0), the same one
+    /// `run --lm-head` builds at load: no build at load, less to read per token.
+    #[arg(long, value_parser = ["q8_0", "q6_k", "q4_0"])]
+    lm_head: Option<String>,
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
@@ -85,6 +89,11 @@ pub fn run(a: Args) -> Result<()> {
         },
         allow_activation_mismatch: a.allow_activation_mismatch,
         name: a.name.clone(),
+        lm_head: a.lm_head.as_deref().map(|h| match h {
+            "q6_k" => bitnet_kernels::RowType::Q6K,
+            "q4_0" => bitnet_kernels::RowType::Q4_0,
+            _ => bitnet_kernels::RowType::Q8_0,
+        }),
     };
     if a.out == a.input {
         anyhow::bail!("the output would replace the input: choose another -o");
