@@ -162,22 +162,33 @@ fn qsf_runs_like_the_gguf_it_came_from() {
         ok(&bitnet(&["convert", &s(&qsf), "-o", &s(&back), "--quiet"]));
         assert_eq!(logits(&back), logits(&gguf), "{compress}");
     }
-    // The low-memory mode does not stream QSF yet, and says so.
-    let qsf = dir.path().join("m-none.qsf");
-    let out = bitnet(&[
-        "run",
-        "-m",
-        &s(&qsf),
-        "-p",
-        "Hi",
-        "-n",
-        "2",
-        "--ram-budget",
-        "200M",
-    ]);
+    // The low-memory mode streams an uncompressed QSF like the GGUF (same logits); an LZ4 one
+    // is decompressed whole, so the mode refuses it.
+    let budget_logits = |m: &Path| {
+        bitnet(&[
+            "logits",
+            "-m",
+            &s(m),
+            "-p",
+            "Once upon a time",
+            "--all",
+            "--ram-budget",
+            "200M",
+            "-o",
+            "-",
+        ])
+    };
+    let (a, b) = (
+        budget_logits(&dir.path().join("m-none.qsf")),
+        budget_logits(&gguf),
+    );
+    ok(&a);
+    ok(&b);
+    assert_eq!(a.stdout, b.stdout);
+    let out = budget_logits(&dir.path().join("m-lz4.qsf"));
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("QSF"),
+        String::from_utf8_lossy(&out.stderr).contains("LZ4"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -79,8 +79,8 @@ pub enum EngineError {
         error: bitnet_qsf::QsfError,
     },
     #[error(
-        "the low-memory mode streams GGUF files; a QSF file is read whole. \
-         Convert it back with `bitnet convert FILE.qsf -o FILE.gguf`, or drop --ram-budget"
+        "the low-memory mode streams a mapped file; an LZ4-compressed QSF is decompressed \
+         whole. Write it without --compress lz4, or drop --ram-budget"
     )]
     QsfStreaming,
     #[error("{what} must be at least 1")]

@@ -160,10 +160,11 @@ pub fn load(
     progress: &mut dyn FnMut(LoadEvent<'_>),
 ) -> Result<Engine> {
     opts.validate()?;
-    if opts.budget.is_some() && bitnet_qsf::is_qsf(path) {
+    let file = open_file(path, opts.in_memory)?;
+    if opts.budget.is_some() && !file.is_mapped() {
+        // Only a compressed QSF gets here (--in-memory is refused with a budget).
         return Err(EngineError::QsfStreaming);
     }
-    let file = open_file(path, opts.in_memory)?;
     progress(LoadEvent::Opened {
         path,
         bytes: file.file_size(),
@@ -214,12 +215,18 @@ fn load_budgeted(
 }
 
 /// Open a GGUF file, memory-mapped or (`in_memory`) read whole, with the default limits.
-/// A QSF file is read whole: every section's CRC is checked and the model is rebuilt as a GGUF
-/// image in memory.
+/// A QSF file has every section's CRC checked; an uncompressed one is then used in place
+/// (mapped, like a GGUF), a compressed one (or `in_memory`) is rebuilt in memory.
 pub fn open_file(path: &Path, in_memory: bool) -> Result<GgufFile> {
     if bitnet_qsf::is_qsf(path) {
         return bitnet_qsf::QsfFile::open(path)
-            .and_then(|q| q.to_gguf())
+            .and_then(|q| {
+                if in_memory {
+                    q.to_gguf()
+                } else {
+                    q.into_gguf()
+                }
+            })
             .map_err(|error| EngineError::OpenQsf {
                 path: PathBuf::from(path),
                 error,

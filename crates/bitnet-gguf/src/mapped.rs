@@ -39,4 +39,46 @@ impl MappedFile {
     pub fn as_bytes(&self) -> &[u8] {
         self.map.as_deref().unwrap_or(&[])
     }
+
+    /// The file's length.
+    pub fn len(&self) -> u64 {
+        u64::try_from(self.as_bytes().len()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_none()
+    }
+
+    /// Drops the pages of `bytes[range]` from this process's resident set (see
+    /// [`crate::GgufFile::release`]); a later read faults them back in unchanged. Returns
+    /// whether pages were released (false off Unix, or for an empty range).
+    pub fn release(&self, range: std::ops::Range<usize>) -> Result<bool, GgufError> {
+        let Some(m) = &self.map else {
+            return Ok(false);
+        };
+        if range.start >= range.end || range.end > m.len() {
+            return Ok(false);
+        }
+        #[cfg(unix)]
+        {
+            // SAFETY: a read-only mapping of a file; MADV_DONTNEED drops only page-table
+            // entries, and the next access reads the same bytes back from the page cache or the
+            // file. The range lies inside the map (checked above).
+            unsafe {
+                m.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    range.start,
+                    range.end - range.start,
+                )?;
+            }
+            Ok(true)
+        }
+        #[cfg(not(unix))]
+        Ok(false)
+    }
+
+    pub(crate) fn into_map(self) -> Option<memmap2::Mmap> {
+        self.map
+    }
 }

@@ -18,6 +18,7 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::value::type_id as vt;
+use crate::MappedFile;
 use crate::{Array, GgmlType, GgufError, Limits, Metadata, Value};
 
 /// The GGUF magic, "GGUF" as bytes.
@@ -26,6 +27,20 @@ pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// Key holding the data alignment.
 pub const KEY_ALIGNMENT: &str = "general.alignment";
+
+/// A tensor placed in another container's file, for [`GgufFile::from_mapped_table`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableEntry {
+    pub name: String,
+    /// ggml `ne` order.
+    pub dims: Vec<u64>,
+    /// GGUF type id.
+    pub type_id: u32,
+    /// Absolute byte offset in the file.
+    pub offset: u64,
+    /// Exact byte size.
+    pub size: u64,
+}
 
 /// One entry of the tensor table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,6 +175,115 @@ impl GgufFile {
         })
     }
 
+    /// A model held in another container's file (QSF): `metadata` and a tensor table whose
+    /// entries give each tensor's absolute byte offset in `data` and its exact size. Every
+    /// tensor is checked as a GGUF tensor would be (name, dims, type, bounds, overlap); its
+    /// available bytes are its size. The bytes stay memory-mapped, so [`Self::release`] and
+    /// [`Self::will_need`] work on them as on a GGUF file.
+    pub fn from_mapped_table(
+        data: MappedFile,
+        metadata: Metadata,
+        table: Vec<TableEntry>,
+        limits: &Limits,
+    ) -> Result<Self, GgufError> {
+        let data_len = data.len();
+        check_file_size(data_len, limits)?;
+        let bitnet_context = is_bitnet_context(&metadata);
+        let mut tensors = Vec::with_capacity(table.len());
+        let mut sizes = Vec::with_capacity(table.len());
+        for e in table {
+            if e.name.is_empty() {
+                return Err(GgufError::NameEmpty);
+            }
+            if e.name.len() >= limits.max_name_len {
+                return Err(GgufError::NameTooLong {
+                    len: to_u64(e.name.len()),
+                    limit: limits.max_name_len,
+                });
+            }
+            if e.dims.is_empty() || e.dims.len() > limits.max_dims {
+                return Err(GgufError::BadDims {
+                    tensor: e.name,
+                    reason: format!("{} dims, must be 1..={}", e.dims.len(), limits.max_dims),
+                });
+            }
+            if let Some(axis) = e.dims.iter().position(|&d| d == 0) {
+                return Err(GgufError::ZeroDim {
+                    tensor: e.name,
+                    axis,
+                });
+            }
+            let n = e
+                .dims
+                .iter()
+                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+                .filter(|&n| i64::try_from(n).is_ok() && usize::try_from(n).is_ok());
+            let Some(n) = n else {
+                return Err(GgufError::ShapeOverflow {
+                    tensor: e.name,
+                    dims: e.dims,
+                });
+            };
+            sizes.push(e.size);
+            tensors.push(check_tensor(
+                e.name,
+                e.dims,
+                n,
+                e.type_id,
+                e.offset,
+                bitnet_context,
+            )?);
+        }
+        // Bounds and overlap, by offset; each tensor's available bytes are its own size.
+        let mut order: Vec<usize> = (0..tensors.len()).collect();
+        order.sort_by_key(|&i| tensors[i].offset);
+        for (k, &i) in order.iter().enumerate() {
+            let t = &tensors[i];
+            let min = t.ggml_type.min_bytes(t.n_elements()).unwrap_or(u64::MAX);
+            let end = t.offset.checked_add(sizes[i]);
+            if sizes[i] < min || end.is_none_or(|e| e > data_len) {
+                return Err(GgufError::TensorOutOfBounds {
+                    tensor: t.name.clone(),
+                    offset: t.offset,
+                    needed: min.max(sizes[i]),
+                    data_len,
+                });
+            }
+            if let Some(&j) = order.get(k + 1) {
+                let n = &tensors[j];
+                if end.is_none_or(|e| e > n.offset) {
+                    return Err(GgufError::OverlappingTensors {
+                        tensor: t.name.clone(),
+                        offset: t.offset,
+                        needed: sizes[i],
+                        next: n.name.clone(),
+                        next_offset: n.offset,
+                    });
+                }
+            }
+        }
+        for (t, &size) in tensors.iter_mut().zip(&sizes) {
+            t.available = size;
+        }
+        let by_name = index_by_name(&tensors)?;
+        let backing = match data.into_map() {
+            Some(m) => Backing::Mmap(m),
+            None => Backing::Owned(Vec::new()),
+        };
+        Ok(GgufFile {
+            backing,
+            parsed: Parsed {
+                version: 3,
+                alignment: DEFAULT_ALIGNMENT,
+                data_offset: 0,
+                metadata,
+                tensors,
+                by_name,
+                bitnet_context,
+            },
+        })
+    }
+
     fn bytes(&self) -> &[u8] {
         match &self.backing {
             Backing::Mmap(m) => m,
@@ -272,6 +396,18 @@ impl GgufFile {
     /// Metadata key-value pairs in file order.
     pub fn metadata(&self) -> &Metadata {
         &self.parsed.metadata
+    }
+
+    /// Parses the metadata of a GGUF held in `bytes` (borrowed, not copied) and returns it
+    /// with the number of tensors the file declares.
+    pub fn metadata_of(bytes: &[u8], limits: &Limits) -> Result<(Metadata, usize), GgufError> {
+        let parsed = parse(bytes, limits)?;
+        Ok((parsed.metadata, parsed.tensors.len()))
+    }
+
+    /// The metadata, keeping nothing else of the file.
+    pub fn into_metadata(self) -> Metadata {
+        self.parsed.metadata
     }
 
     /// Tensor table in file order.
@@ -663,12 +799,7 @@ fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, GgufError> {
     }
     let metadata = Metadata::from_entries(entries)?;
 
-    let bitnet_context = metadata
-        .get_str("general.architecture")
-        .is_ok_and(|a| a.starts_with("bitnet"))
-        || metadata
-            .get_uint("general.file_type")
-            .is_ok_and(|t| t == 40);
+    let bitnet_context = is_bitnet_context(&metadata);
 
     let alignment = match metadata.get(KEY_ALIGNMENT) {
         None => DEFAULT_ALIGNMENT,
@@ -713,18 +844,7 @@ fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, GgufError> {
         tensors.push(read_tensor_info(&mut r, bitnet_context)?);
     }
 
-    let mut by_name: Vec<usize> = (0..tensors.len()).collect();
-    // A stable sort keeps equal names in file order, so a duplicate names its first two uses.
-    by_name.sort_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name));
-    for w in by_name.windows(2) {
-        if tensors[w[0]].name == tensors[w[1]].name {
-            return Err(GgufError::DuplicateTensor {
-                name: tensors[w[0]].name.clone(),
-                first: w[0],
-                second: w[1],
-            });
-        }
-    }
+    let by_name = index_by_name(&tensors)?;
 
     // --- data section ---
     let data_offset =
@@ -755,6 +875,34 @@ fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, GgufError> {
         by_name,
         bitnet_context,
     })
+}
+
+/// Type ids are read in bitnet.cpp's numbering when the architecture starts with "bitnet" or
+/// `general.file_type` is 40.
+fn is_bitnet_context(metadata: &Metadata) -> bool {
+    metadata
+        .get_str("general.architecture")
+        .is_ok_and(|a| a.starts_with("bitnet"))
+        || metadata
+            .get_uint("general.file_type")
+            .is_ok_and(|t| t == 40)
+}
+
+/// Sorted indices by name; a duplicate name is an error naming its first two uses.
+fn index_by_name(tensors: &[TensorInfo]) -> Result<Vec<usize>, GgufError> {
+    let mut by_name: Vec<usize> = (0..tensors.len()).collect();
+    // A stable sort keeps equal names in file order, so a duplicate names its first two uses.
+    by_name.sort_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name));
+    for w in by_name.windows(2) {
+        if tensors[w[0]].name == tensors[w[1]].name {
+            return Err(GgufError::DuplicateTensor {
+                name: tensors[w[0]].name.clone(),
+                first: w[0],
+                second: w[1],
+            });
+        }
+    }
+    Ok(by_name)
 }
 
 fn read_tensor_info(r: &mut Reader<'_>, bitnet_context: bool) -> Result<TensorInfo, GgufError> {
@@ -816,12 +964,24 @@ fn read_tensor_info(r: &mut Reader<'_>, bitnet_context: bool) -> Result<TensorIn
     };
 
     let type_id = r.u32("tensor type")?;
-    let ggml_type = GgmlType::from_id(type_id, bitnet_context);
     let offset = r.u64("tensor offset")?;
+    check_tensor(name, dims, n_elements, type_id, offset, bitnet_context)
+}
 
+/// The checks of a tensor's shape against its type, shared by the GGUF parser and
+/// [`GgufFile::from_mapped_table`].
+fn check_tensor(
+    name: String,
+    dims: Vec<u64>,
+    n_elements: u64,
+    type_id: u32,
+    offset: u64,
+    bitnet_context: bool,
+) -> Result<TensorInfo, GgufError> {
+    let ggml_type = GgmlType::from_id(type_id, bitnet_context);
     // Shape must suit the type: whole blocks per row, as ggml requires.
     if let Some(block) = ggml_type.block_elems() {
-        if dims[0] % block != 0 {
+        if !dims[0].is_multiple_of(block) {
             return Err(GgufError::BadDims {
                 tensor: name,
                 reason: format!(
@@ -832,7 +992,7 @@ fn read_tensor_info(r: &mut Reader<'_>, bitnet_context: bool) -> Result<TensorIn
             });
         }
     }
-    if ggml_type == GgmlType::I2S && n_elements % 4 != 0 {
+    if ggml_type == GgmlType::I2S && !n_elements.is_multiple_of(4) {
         return Err(GgufError::BadDims {
             tensor: name,
             reason: format!("{n_elements} elements is not a multiple of 4 (I2_S packs 4 per byte)"),

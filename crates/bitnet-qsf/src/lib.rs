@@ -22,7 +22,9 @@
 //!   head       every other tensor outside the layers (output_norm, output), in file order
 //!   layer 0 .. layer n-1   the layer's tensors, contiguous (after decompression)
 //! tensor record: name_len u32 | name | ggml_type u32 | n_dims u32 | dims u64 × n_dims |
-//!                data_len u64 | data
+//!                data_len u64 | pad u32 | pad zero bytes | data
+//!   (in a stored section the padding puts each tensor's data at a file offset that is a
+//!    multiple of 32, so an uncompressed file can be memory-mapped and used in place)
 //! ```
 //!
 //! Opening checks the header CRC, the layout of every section and the CRCs of the meta and
@@ -41,6 +43,8 @@ pub const MAGIC: &[u8; 4] = b"QSF1";
 pub const VERSION: u32 = 1;
 /// Bytes of the fixed header.
 pub const HEADER_BYTES: usize = 192;
+/// Alignment of tensor data in the file (uncompressed sections).
+pub const DATA_ALIGNMENT: u64 = 32;
 const ENTRY_BYTES: usize = 48;
 
 /// Errors of reading or writing QSF.
@@ -207,7 +211,16 @@ fn put_section(out: &mut Vec<u8>, s: &Section) {
     out.extend_from_slice(&s.compression.id().to_le_bytes());
 }
 
-fn put_record(out: &mut Vec<u8>, name: &str, ty: u32, dims: &[u64], data: &[u8]) -> Result<()> {
+/// Append a tensor record to a section that starts at file offset `base`: the data lands on a
+/// multiple of [`DATA_ALIGNMENT`] in the file.
+fn put_record(
+    out: &mut Vec<u8>,
+    base: u64,
+    name: &str,
+    ty: u32,
+    dims: &[u64],
+    data: &[u8],
+) -> Result<()> {
     let len =
         |n: usize| u32::try_from(n).map_err(|_| QsfError::Unsupported(format!("{name}: too long")));
     out.extend_from_slice(&len(name.len())?.to_le_bytes());
@@ -218,11 +231,22 @@ fn put_record(out: &mut Vec<u8>, name: &str, ty: u32, dims: &[u64], data: &[u8])
         out.extend_from_slice(&d.to_le_bytes());
     }
     out.extend_from_slice(&u64_of(data.len()).to_le_bytes());
+    let at = base + u64_of(out.len()) + 4;
+    let pad = (DATA_ALIGNMENT - at % DATA_ALIGNMENT) % DATA_ALIGNMENT;
+    out.extend_from_slice(&u32::try_from(pad).unwrap_or(0).to_le_bytes());
+    out.resize(out.len() + usize::try_from(pad).unwrap_or(0), 0);
     out.extend_from_slice(data);
     Ok(())
 }
+/// A record located in a section's raw bytes: the data is `raw[data.clone()]`.
+struct Located {
+    name: String,
+    ggml_type: u32,
+    dims: Vec<u64>,
+    data: std::ops::Range<usize>,
+}
 
-fn parse_records(raw: &[u8], section: &str) -> Result<Vec<Tensor>> {
+fn locate_records(raw: &[u8], section: &str) -> Result<Vec<Located>> {
     let mut c = Cursor::new(raw, section);
     let mut out = Vec::new();
     while c.at < raw.len() {
@@ -240,15 +264,38 @@ fn parse_records(raw: &[u8], section: &str) -> Result<Vec<Tensor>> {
         }
         let dims = (0..n_dims).map(|_| c.u64()).collect::<Result<Vec<u64>>>()?;
         let data_len = usize::try_from(c.u64()?).map_err(|_| layout(section, "data length"))?;
-        let data = c.take(data_len)?.to_vec();
-        out.push(Tensor {
+        let pad = c.u32()?;
+        if u64::from(pad) >= DATA_ALIGNMENT {
+            return Err(layout(section, format!("{name}: padding {pad}")));
+        }
+        if c.take(usize::try_from(pad).unwrap_or(usize::MAX))?
+            .iter()
+            .any(|&b| b != 0)
+        {
+            return Err(layout(section, format!("{name}: non-zero padding")));
+        }
+        let start = c.at;
+        c.take(data_len)?;
+        out.push(Located {
             name,
             ggml_type,
             dims,
-            data,
+            data: start..c.at,
         });
     }
     Ok(out)
+}
+
+fn parse_records(raw: &[u8], section: &str) -> Result<Vec<Tensor>> {
+    Ok(locate_records(raw, section)?
+        .into_iter()
+        .map(|l| Tensor {
+            data: raw[l.data.clone()].to_vec(),
+            name: l.name,
+            ggml_type: l.ggml_type,
+            dims: l.dims,
+        })
+        .collect())
 }
 
 /// The layer a GGUF tensor belongs to (`blk.N.…`), if any.
@@ -316,11 +363,13 @@ pub fn write_from_gguf<W: Write>(
     mw.write_header()?;
     let meta = mw.finish()?;
 
-    let record = |ts: &[&bitnet_gguf::TensorInfo]| -> Result<Vec<u8>> {
+    // A section's records, for a section starting at file offset `base`.
+    let record = |ts: &[&bitnet_gguf::TensorInfo], base: u64| -> Result<Vec<u8>> {
         let mut raw = Vec::new();
         for t in ts {
             put_record(
                 &mut raw,
+                base,
                 &t.name,
                 t.ggml_type.id(),
                 &t.dims,
@@ -329,8 +378,6 @@ pub fn write_from_gguf<W: Write>(
         }
         Ok(raw)
     };
-    let embd_raw = record(&[embd])?;
-    let head_raw = record(&head)?;
 
     let n_vocab = embd.dims.get(1).copied().unwrap_or(0);
     let hp = Hparams {
@@ -355,14 +402,23 @@ pub fn write_from_gguf<W: Write>(
     let index_len = n_layers * ENTRY_BYTES;
     let meta_s = plain(u64_of(HEADER_BYTES), &meta);
     let index_off = meta_s.offset + meta_s.stored;
-    let embd_s = plain(index_off + u64_of(index_len), &embd_raw);
+    let embd_off = index_off + u64_of(index_len);
+    let embd_raw = record(&[embd], embd_off)?;
+    let embd_s = plain(embd_off, &embd_raw);
+    let head_raw = record(&head, embd_s.offset + embd_s.stored)?;
     let head_s = plain(embd_s.offset + embd_s.stored, &head_raw);
     let mut next = head_s.offset + head_s.stored;
 
     // The index precedes the layers, so a first pass sizes and checksums every layer, and the
     // second builds each one again to write it: one layer is held at a time.
-    let stored_layer = |ts: &[&bitnet_gguf::TensorInfo]| -> Result<(Vec<u8>, u64)> {
-        let raw = record(ts)?;
+    let stored_layer = |ts: &[&bitnet_gguf::TensorInfo], offset: u64| -> Result<(Vec<u8>, u64)> {
+        // Compressed records are aligned within the raw bytes (they are not used in place).
+        let base = if compression == Compression::None {
+            offset
+        } else {
+            0
+        };
+        let raw = record(ts, base)?;
         let raw_len = u64_of(raw.len());
         Ok(match compression {
             Compression::None => (raw, raw_len),
@@ -372,7 +428,7 @@ pub fn write_from_gguf<W: Write>(
     let total = 2 * n_layers + 1;
     let mut entries = Vec::with_capacity(n_layers);
     for (i, ts) in layers.iter().enumerate() {
-        let (stored, raw_len) = stored_layer(ts)?;
+        let (stored, raw_len) = stored_layer(ts, next)?;
         let s = Section {
             offset: next,
             stored: u64_of(stored.len()),
@@ -440,7 +496,7 @@ pub fn write_from_gguf<W: Write>(
     out.write_all(&embd_raw)?;
     out.write_all(&head_raw)?;
     for (i, (ts, e)) in layers.iter().zip(&entries).enumerate() {
-        let (stored, _) = stored_layer(ts)?;
+        let (stored, _) = stored_layer(ts, e.section.offset)?;
         if crc32fast::hash(&stored) != e.section.crc || u64_of(stored.len()) != e.section.stored {
             return Err(QsfError::Unsupported(format!(
                 "layer {i} changed between the two passes"
@@ -495,6 +551,36 @@ fn checked<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<&'a [u8]> {
         .ok_or_else(past)?;
     let data = b.get(start..end).ok_or_else(past)?;
     let computed = crc32fast::hash(data);
+    if computed != s.crc {
+        return Err(QsfError::Crc {
+            section: name.to_string(),
+            stored: s.crc,
+            computed,
+        });
+    }
+    Ok(data)
+}
+
+/// [`checked`] for a mapped section, reading it in 8 MiB chunks and dropping each chunk's
+/// pages once hashed: checking a whole model never holds more than a chunk resident.
+fn crc_released<'a>(m: &'a MappedFile, name: &str, s: &Section) -> Result<&'a [u8]> {
+    const CHUNK: usize = 8 << 20;
+    let b = m.as_bytes();
+    let past = || QsfError::Truncated(format!("{name} runs past the end of the file"));
+    let start = usize::try_from(s.offset).map_err(|_| past())?;
+    let end = s
+        .offset
+        .checked_add(s.stored)
+        .and_then(|e| usize::try_from(e).ok())
+        .ok_or_else(past)?;
+    let data = b.get(start..end).ok_or_else(past)?;
+    let mut h = crc32fast::Hasher::new();
+    for (i, chunk) in data.chunks(CHUNK).enumerate() {
+        h.update(chunk);
+        let at = start + i * CHUNK;
+        m.release(at..at + chunk.len())?;
+    }
+    let computed = h.finalize();
     if computed != s.crc {
         return Err(QsfError::Crc {
             section: name.to_string(),
@@ -769,6 +855,92 @@ impl QsfFile {
     /// The tensors outside the layers other than the embedding.
     pub fn head(&self) -> Result<Vec<Tensor>> {
         parse_records(&self.read_section("head", &self.head)?, "head")
+    }
+
+    /// The model as a [`GgufFile`] for the loaders that read GGUF. An uncompressed, mapped
+    /// file is used in place: every section's CRC is checked (and its pages dropped from the
+    /// resident set again), then the tensors are borrowed from the map, so the low-memory mode
+    /// streams them as it streams a GGUF. Otherwise the model is rebuilt in memory
+    /// ([`Self::to_gguf`]).
+    pub fn into_gguf(self) -> Result<GgufFile> {
+        let in_place = matches!(self.bytes, Bytes::Mapped(_))
+            && self.embd.compression == Compression::None
+            && self.head.compression == Compression::None
+            && self
+                .layers
+                .iter()
+                .all(|l| l.section.compression == Compression::None);
+        if !in_place {
+            return self.to_gguf();
+        }
+        let mut sections: Vec<(String, Section)> = vec![("embedding".into(), self.embd)];
+        sections.extend(
+            self.layers
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (format!("layer {i}"), l.section)),
+        );
+        sections.push(("head".into(), self.head));
+        let Bytes::Mapped(m) = &self.bytes else {
+            return Err(layout("file", "not mapped"));
+        };
+        let mut table = Vec::new();
+        for (name, s) in &sections {
+            let data = crc_released(m, name, s)?;
+            let located = locate_records(data, name)?;
+            // Reading the record headers faulted pages back in; drop them again.
+            let start = usize::try_from(s.offset).unwrap_or(0);
+            m.release(start..start.saturating_add(data.len()))?;
+            if let Some(i) = name
+                .strip_prefix("layer ")
+                .and_then(|n| n.parse::<usize>().ok())
+            {
+                let e = &self.layers[i];
+                if u64_of(located.len()) != u64::from(e.tensor_count) {
+                    return Err(layout(name, "tensor count differs from the index"));
+                }
+                if let Some(t) = located.iter().find(|t| layer_of(&t.name) != Some(i)) {
+                    return Err(layout(name, format!("holds {}", t.name)));
+                }
+            }
+            for l in located {
+                table.push(bitnet_gguf::TableEntry {
+                    offset: s.offset + u64_of(l.data.start),
+                    size: u64_of(l.data.len()),
+                    name: l.name,
+                    dims: l.dims,
+                    type_id: l.ggml_type,
+                });
+            }
+        }
+        // The metadata parsed once and moved, not copied: the tokenizer's arrays are large.
+        let metadata = match self.metadata.into_inner() {
+            Some(parsed) => parsed.into_metadata(),
+            None => {
+                let b = match &self.bytes {
+                    Bytes::Mapped(m) => m.as_bytes(),
+                    Bytes::Owned(v) => v,
+                };
+                let raw = checked(b, "meta", &self.meta)?;
+                let (metadata, n_tensors) = GgufFile::metadata_of(raw, &Limits::default())?;
+                if n_tensors != 0 {
+                    return Err(layout("meta", "holds tensors"));
+                }
+                metadata
+            }
+        };
+        let Bytes::Mapped(map) = self.bytes else {
+            return Err(layout("file", "not mapped"));
+        };
+        // The header, meta and index were read at open; the tensors never need them again.
+        let tensors_start = usize::try_from(self.embd.offset).unwrap_or(0);
+        map.release(0..tensors_start)?;
+        Ok(GgufFile::from_mapped_table(
+            map,
+            metadata,
+            table,
+            &Limits::default(),
+        )?)
     }
 
     /// Rebuild the model as a GGUF image in memory (every section checked on the way), for

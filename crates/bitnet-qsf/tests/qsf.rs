@@ -171,3 +171,46 @@ fn lz4_sections_that_lie_about_their_size_are_refused() {
         other => panic!("expected an LZ4 error, got {other:?}"),
     }
 }
+
+#[test]
+fn an_uncompressed_file_is_used_in_place_and_a_compressed_one_is_rebuilt() {
+    let f = model(WeightLayout::I2S);
+    let dir = tempfile::tempdir().unwrap();
+    for (c, mapped) in [(Compression::None, true), (Compression::Lz4, false)] {
+        let path = dir.path().join(format!("{c:?}.qsf"));
+        std::fs::write(&path, qsf(&f, c)).unwrap();
+        assert!(bitnet_qsf::is_qsf(&path));
+        let g = QsfFile::open(&path).unwrap().into_gguf().unwrap();
+        assert_eq!(g.is_mapped(), mapped, "{c:?}");
+        for t in f.tensors() {
+            let u = g.tensor(&t.name).unwrap();
+            assert_eq!((u.ggml_type, &u.dims), (t.ggml_type, &t.dims), "{}", t.name);
+            assert!(
+                g.tensor_data(u).unwrap() == f.tensor_data(t).unwrap(),
+                "{}",
+                t.name
+            );
+            // Tensors used in place sit on 32-byte file offsets, and hold exactly their bytes.
+            if mapped {
+                let r = g.range_of(g.tensor_bytes(u).unwrap()).unwrap();
+                assert_eq!(r.start % 32, 0, "{}", t.name);
+                assert_eq!(r.len(), f.tensor_data(t).unwrap().len().max(r.len()));
+            }
+        }
+        assert_eq!(
+            g.metadata().get_str("general.architecture").unwrap(),
+            "bitnet-b1.58"
+        );
+    }
+    // A flipped byte in a layer of a mapped file is caught before any tensor is lent out.
+    let path = dir.path().join("flip.qsf");
+    let mut b = qsf(&f, Compression::None);
+    let q = QsfFile::from_bytes(b.clone()).unwrap();
+    let at = (q.layers[1].section.offset + 100) as usize;
+    b[at] ^= 1;
+    std::fs::write(&path, b).unwrap();
+    match QsfFile::open(&path).unwrap().into_gguf() {
+        Err(QsfError::Crc { section, .. }) => assert_eq!(section, "layer 1"),
+        other => panic!("expected a CRC error, got {:?}", other.map(|_| ())),
+    }
+}
