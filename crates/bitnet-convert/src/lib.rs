@@ -161,6 +161,14 @@ pub fn convert<W: Write>(
     out: W,
     progress: &mut dyn FnMut(&Progress<'_>) -> bool,
 ) -> Result<(W, Summary), ConvertError> {
+    if opts.flavor == Flavor::LlamaCpp && opts.lm_head.is_some() {
+        // Upstream's `bitnet` graph uses token_embd as its head and loads no output.weight:
+        // a file with one fails there with "wrong number of tensors".
+        return Err(ConvertError::Options(
+            "upstream llama.cpp's `bitnet` architecture takes no separate LM head: drop --lm-head with --for llama.cpp"
+                .into(),
+        ));
+    }
     let src = open_input(input)?;
     let target = match (opts.flavor, opts.to) {
         (Flavor::LlamaCpp, Some(Target::I2S)) => {

@@ -302,6 +302,11 @@ fn llama_cpp_flavor_refuses_relu2_unless_allowed_and_stays_loadable_here() {
     opts.to = Some(Target::I2S);
     opts.allow_activation_mismatch = true;
     assert!(matches!(run(&src, &opts), Err(ConvertError::Options(_))));
+    // Nor is a separate head: upstream's `bitnet` graph loads no output.weight.
+    opts.to = None;
+    opts.lm_head = Some(bitnet_kernels::RowType::Q8_0);
+    assert!(matches!(run(&src, &opts), Err(ConvertError::Options(_))));
+    opts.lm_head = None;
 
     opts.to = None;
     let up = parse(run(&src, &opts).unwrap());
