@@ -647,6 +647,20 @@ fn cfg_usize(key: &str, v: u64) -> Result<usize, ConvertError> {
     Ok(n)
 }
 
+/// A config float as the f32 GGUF stores, finite and above zero after the narrowing.
+fn positive_f32(key: &str, v: f64) -> Result<f32, ConvertError> {
+    // f64 → f32 has no checked conversion; the result is checked instead.
+    #[allow(clippy::cast_possible_truncation)]
+    let x = v as f32;
+    if !(x.is_finite() && x > 0.0) {
+        return Err(cfg_err(
+            key,
+            format!("{v} must be finite and > 0 as an f32"),
+        ));
+    }
+    Ok(x)
+}
+
 fn cfg_u32(key: &str, v: usize) -> Result<Value, ConvertError> {
     u32::try_from(v)
         .map(Value::U32)
@@ -714,20 +728,8 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
         Some("silu" | "swish") => Activation::Silu,
         Some(other) => return Err(cfg_err("hidden_act", format!("{other:?} is not supported"))),
     };
-    let eps = c.rms_norm_eps;
-    if !(eps.is_finite() && eps > 0.0) {
-        return Err(cfg_err(
-            "rms_norm_eps",
-            format!("{eps} must be finite and > 0"),
-        ));
-    }
-    let theta = c.rope_theta.unwrap_or(10_000.0);
-    if !(theta.is_finite() && theta > 0.0) {
-        return Err(cfg_err(
-            "rope_theta",
-            format!("{theta} must be finite and > 0"),
-        ));
-    }
+    let eps = positive_f32("rms_norm_eps", c.rms_norm_eps)?;
+    let theta = positive_f32("rope_theta", c.rope_theta.unwrap_or(10_000.0))?;
     let n_kv = n_head_kv * head_dim;
     let k = |s: &str| format!("{ARCH_B158}.{s}");
     let name = c
@@ -745,7 +747,6 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
     let tok_get = |key: &str| tok.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
 
     // Key order of the official 2B-4T file.
-    #[allow(clippy::cast_possible_truncation)]
     let mut kv: Vec<(String, Value)> = vec![
         (
             "general.architecture".into(),
@@ -776,11 +777,8 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
             "tokenizer.ggml.add_bos_token".into(),
             tok_get("tokenizer.ggml.add_bos_token").unwrap_or(Value::Bool(true)),
         ),
-        (
-            k("attention.layer_norm_rms_epsilon"),
-            Value::F32(eps as f32),
-        ),
-        (k("rope.freq_base"), Value::F32(theta as f32)),
+        (k("attention.layer_norm_rms_epsilon"), Value::F32(eps)),
+        (k("rope.freq_base"), Value::F32(theta)),
         ("general.file_type".into(), Value::U32(target.file_type())),
     ];
     if activation == Activation::Silu {
