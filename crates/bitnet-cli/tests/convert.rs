@@ -157,6 +157,21 @@ fn qsf_runs_like_the_gguf_it_came_from() {
             out.stdout
         };
         assert_eq!(logits(&qsf), logits(&gguf), "{compress}");
+        // The index holds each block's importance as `--skip-layers auto` measures it.
+        let q = bitnet_qsf::QsfFile::open(&qsf).unwrap();
+        let engine =
+            bitnet_engine::load(&gguf, &bitnet_engine::LoadOptions::default(), &mut |_| {})
+                .unwrap();
+        let want = bitnet_engine::skip::importance(&engine).unwrap();
+        assert_eq!(q.layers.len(), want.len());
+        for (l, w) in q.layers.iter().zip(&want) {
+            assert!(l.importance.is_finite() && l.importance >= 0.0);
+            assert!(
+                (f64::from(l.importance) - w).abs() <= 1e-6 * w.abs().max(1.0),
+                "{} vs {w}",
+                l.importance
+            );
+        }
         // Back to GGUF: the same file, tensor for tensor.
         let back = dir.path().join(format!("back-{compress}.gguf"));
         ok(&bitnet(&["convert", &s(&qsf), "-o", &s(&back), "--quiet"]));

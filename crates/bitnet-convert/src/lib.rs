@@ -315,10 +315,12 @@ fn layout_of(f: &GgufFile) -> Target {
 
 /// Write `input` as QSF ([`bitnet_qsf`]): a GGUF or QSF input keeps its tensors unless
 /// `opts` asks for a change; a Hugging Face checkpoint is converted first (in memory).
+/// `importance` is asked for the layers' scores (`None`: not measured, NaN in the index).
 pub fn convert_to_qsf<W: Write>(
     input: &Path,
     opts: &Options,
     compression: bitnet_qsf::Compression,
+    importance: &mut dyn FnMut(&std::sync::Arc<GgufFile>) -> Option<Vec<f32>>,
     out: W,
     progress: &mut dyn FnMut(&Progress<'_>) -> bool,
 ) -> Result<W, ConvertError> {
@@ -333,16 +335,24 @@ pub fn convert_to_qsf<W: Write>(
             GgufFile::from_bytes(bytes, &Limits::default())?
         }
     };
+    let gguf = std::sync::Arc::new(gguf);
+    let scores = importance(&gguf);
     let name = "layers";
-    let out = bitnet_qsf::write_from_gguf(&gguf, compression, out, &mut |done, total| {
-        progress(&Progress {
-            tensor: name,
-            index: done,
-            count: total,
-            bytes_done: u64_of(done),
-            bytes_total: u64_of(total),
-        })
-    })
+    let out = bitnet_qsf::write_from_gguf(
+        &gguf,
+        compression,
+        scores.as_deref(),
+        out,
+        &mut |done, total| {
+            progress(&Progress {
+                tensor: name,
+                index: done,
+                count: total,
+                bytes_done: u64_of(done),
+                bytes_total: u64_of(total),
+            })
+        },
+    )
     .map_err(|e| match e {
         bitnet_qsf::QsfError::Cancelled => ConvertError::Cancelled,
         other => ConvertError::Qsf(other),

@@ -32,7 +32,7 @@ fn main() {
     );
     let mut times = Vec::new();
     for c in [Compression::None, Compression::Lz4] {
-        let bytes = write_from_gguf(&gguf, c, Vec::new(), &mut |_, _| true).unwrap();
+        let bytes = write_from_gguf(&gguf, c, None, Vec::new(), &mut |_, _| true).unwrap();
         let q = QsfFile::from_bytes(bytes).unwrap();
         let e = q.layers[0].section;
         q.layer(0).unwrap(); // warm

@@ -311,10 +311,13 @@ pub fn layer_of(name: &str) -> Option<usize> {
 pub type Progress<'a> = &'a mut dyn FnMut(usize, usize) -> bool;
 
 /// Write a GGUF model as QSF. Layers are compressed with `compression`; the other sections are
-/// stored as they are. `progress` returning false stops with [`QsfError::Cancelled`].
+/// stored as they are. `importance` (one score per layer, e.g. `1 − cos` of each block's input
+/// and output) goes into the index; without it the scores are NaN. `progress` returning false
+/// stops with [`QsfError::Cancelled`].
 pub fn write_from_gguf<W: Write>(
     f: &GgufFile,
     compression: Compression,
+    importance: Option<&[f32]>,
     mut out: W,
     progress: Progress<'_>,
 ) -> Result<W> {
@@ -348,6 +351,14 @@ pub fn write_from_gguf<W: Write>(
         }
     }
     let embd = embd.ok_or_else(|| QsfError::Unsupported("no token_embd.weight".into()))?;
+    if let Some(imp) = importance {
+        if imp.len() != n_layers {
+            return Err(QsfError::Unsupported(format!(
+                "{} importance scores for {n_layers} layers",
+                imp.len()
+            )));
+        }
+    }
     let quant_type = layers
         .first()
         .and_then(|l| l.iter().find(|t| t.dims.len() == 2))
@@ -444,7 +455,7 @@ pub fn write_from_gguf<W: Write>(
                 .find(|t| t.dims.len() == 2)
                 .map_or(0, |t| t.ggml_type.id()),
             tensor_count: u32::try_from(ts.len()).unwrap_or(u32::MAX),
-            importance: f32::NAN,
+            importance: importance.map_or(f32::NAN, |imp| imp[i]),
         });
         if !progress(i, total) {
             return Err(QsfError::Cancelled);

@@ -30,7 +30,7 @@ fn model(layout: WeightLayout) -> GgufFile {
 }
 
 fn qsf(f: &GgufFile, c: Compression) -> Vec<u8> {
-    write_from_gguf(f, c, Vec::new(), &mut |_, _| true).unwrap()
+    write_from_gguf(f, c, None, Vec::new(), &mut |_, _| true).unwrap()
 }
 
 #[test]

@@ -60,6 +60,33 @@ pub struct Args {
     quiet: bool,
 }
 
+/// Each block's importance for the QSF index: `1 − cos` of its input and output over the
+/// built-in calibration text (`--skip-layers auto`'s measure). `None`, with a note, when the
+/// model cannot be run here.
+fn layer_importance(file: &std::sync::Arc<bitnet_gguf::GgufFile>) -> Option<Vec<f32>> {
+    let measure = || -> Result<Vec<f32>> {
+        let model = bitnet_model::OwnedModel::load(std::sync::Arc::clone(file))?;
+        let tokenizer = bitnet_tokenizer::Tokenizer::from_gguf(file.metadata(), None)?;
+        let opts = bitnet_engine::EngineOptions {
+            threads: super::common::default_threads(),
+            ..bitnet_engine::EngineOptions::default()
+        };
+        let engine = bitnet_engine::Engine::new(model, tokenizer, opts)?;
+        #[allow(clippy::cast_possible_truncation)]
+        Ok(bitnet_engine::skip::importance(&engine)?
+            .into_iter()
+            .map(|x| x as f32)
+            .collect())
+    };
+    match measure() {
+        Ok(v) => Some(v),
+        Err(e) => {
+            eprintln!("note: layer importance not measured ({e:#}); the index holds NaN");
+            None
+        }
+    }
+}
+
 /// `--to`: a ternary layout, or the QSF container.
 #[derive(Debug, Clone, Copy)]
 enum To {
@@ -132,9 +159,15 @@ pub fn run(a: Args) -> Result<()> {
             } else {
                 bitnet_qsf::Compression::None
             };
-            let w =
-                bitnet_convert::convert_to_qsf(&a.input, &opts, compression, writer, &mut report)
-                    .with_context(|| format!("cannot convert {}", a.input.display()))?;
+            let w = bitnet_convert::convert_to_qsf(
+                &a.input,
+                &opts,
+                compression,
+                &mut layer_importance,
+                writer,
+                &mut report,
+            )
+            .with_context(|| format!("cannot convert {}", a.input.display()))?;
             (w, format!("QSF, layers {}", a.compress))
         }
         _ => {
