@@ -392,20 +392,12 @@ fn produce_from(
                 let t = f
                     .tensor(name)
                     .ok_or_else(|| ConvertError::MissingTensor(name.clone()))?;
-                let ty = match t.ggml_type {
-                    GgmlType::F32 => RowType::F32,
-                    GgmlType::F16 => RowType::F16,
-                    GgmlType::BF16 => RowType::BF16,
-                    GgmlType::Q8_0 => RowType::Q8_0,
-                    GgmlType::Q6K => RowType::Q6K,
-                    GgmlType::Q4_0 => RowType::Q4_0,
-                    other => {
-                        return Err(ConvertError::Unsupported {
-                            name: name.clone(),
-                            what: format!("an LM head of type {}", other.name()),
-                        })
+                let ty = bitnet_model::model::row_type_of(t.ggml_type).ok_or_else(|| {
+                    ConvertError::Unsupported {
+                        name: name.clone(),
+                        what: format!("an LM head of type {}", t.ggml_type.name()),
                     }
-                };
+                })?;
                 (ty, std::borrow::Cow::Borrowed(f.tensor_data(t)?))
             }
             // From the F16 values the file stores, so the head equals one built at load.

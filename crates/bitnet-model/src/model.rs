@@ -295,21 +295,24 @@ fn bind_ternary<'a>(
     Ok(m)
 }
 
-fn row_type(t: &TensorInfo) -> Result<RowType> {
-    Ok(match t.ggml_type {
+/// The row-matrix type of a GGUF type (F32, F16, BF16, Q8_0, Q6_K or Q4_0), if it is one.
+pub fn row_type_of(t: GgmlType) -> Option<RowType> {
+    Some(match t {
         GgmlType::F32 => RowType::F32,
         GgmlType::F16 => RowType::F16,
         GgmlType::BF16 => RowType::BF16,
         GgmlType::Q8_0 => RowType::Q8_0,
         GgmlType::Q6K => RowType::Q6K,
         GgmlType::Q4_0 => RowType::Q4_0,
-        other => {
-            return Err(ModelError::WrongType {
-                name: t.name.clone(),
-                expected: "F32, F16, BF16, Q8_0, Q6_K or Q4_0",
-                found: other.name().to_string(),
-            })
-        }
+        _ => return None,
+    })
+}
+
+fn row_type(t: &TensorInfo) -> Result<RowType> {
+    row_type_of(t.ggml_type).ok_or_else(|| ModelError::WrongType {
+        name: t.name.clone(),
+        expected: "F32, F16, BF16, Q8_0, Q6_K or Q4_0",
+        found: t.ggml_type.name().to_string(),
     })
 }
 

@@ -551,8 +551,8 @@ impl std::fmt::Debug for QsfFile {
     }
 }
 
-/// A section's stored bytes, after checking that they lie in the file and match their CRC.
-fn checked<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<&'a [u8]> {
+/// A section's stored bytes and their offset, checked to lie in the file.
+fn section_bytes<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<(usize, &'a [u8])> {
     let past = || QsfError::Truncated(format!("{name} runs past the end of the file"));
     let start = usize::try_from(s.offset).map_err(|_| past())?;
     let end = s
@@ -560,7 +560,12 @@ fn checked<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<&'a [u8]> {
         .checked_add(s.stored)
         .and_then(|e| usize::try_from(e).ok())
         .ok_or_else(past)?;
-    let data = b.get(start..end).ok_or_else(past)?;
+    Ok((start, b.get(start..end).ok_or_else(past)?))
+}
+
+/// A section's stored bytes, after checking that they lie in the file and match their CRC.
+fn checked<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<&'a [u8]> {
+    let (_, data) = section_bytes(b, name, s)?;
     let computed = crc32fast::hash(data);
     if computed != s.crc {
         return Err(QsfError::Crc {
@@ -576,15 +581,7 @@ fn checked<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<&'a [u8]> {
 /// pages once hashed: checking a whole model never holds more than a chunk resident.
 fn crc_released<'a>(m: &'a MappedFile, name: &str, s: &Section) -> Result<&'a [u8]> {
     const CHUNK: usize = 8 << 20;
-    let b = m.as_bytes();
-    let past = || QsfError::Truncated(format!("{name} runs past the end of the file"));
-    let start = usize::try_from(s.offset).map_err(|_| past())?;
-    let end = s
-        .offset
-        .checked_add(s.stored)
-        .and_then(|e| usize::try_from(e).ok())
-        .ok_or_else(past)?;
-    let data = b.get(start..end).ok_or_else(past)?;
+    let (start, data) = section_bytes(m.as_bytes(), name, s)?;
     let mut h = crc32fast::Hasher::new();
     for (i, chunk) in data.chunks(CHUNK).enumerate() {
         h.update(chunk);
