@@ -45,7 +45,7 @@ use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 pub use load::{
-    build_lm_head, load, open_file, repack_weights, LmHeadFormat, LoadEvent, LoadOptions,
+    build_lm_head, load, load_file, open_file, repack_weights, LmHeadFormat, LoadEvent, LoadOptions,
 };
 pub use stop::StopMatcher;
 

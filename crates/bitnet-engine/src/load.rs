@@ -169,11 +169,21 @@ pub fn load(
         path,
         bytes: file.file_size(),
     });
+    load_file(Arc::new(file), opts, progress)
+}
+
+/// [`load`] for a file already opened (for example a GGUF built in memory by the converter).
+pub fn load_file(
+    file: Arc<GgufFile>,
+    opts: &LoadOptions,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<Engine> {
+    opts.validate()?;
     if let Some(req) = &opts.budget {
-        let model = OwnedModel::load_releasing(Arc::new(file))?;
+        let model = OwnedModel::load_releasing(file)?;
         return load_budgeted(model, opts, req, progress);
     }
-    let mut model = OwnedModel::load(Arc::new(file))?;
+    let mut model = OwnedModel::load(file)?;
     let pool = Pool::new(opts.threads);
     if opts.lm_head != LmHeadFormat::File {
         model.with_model_mut(|file, m| build_lm_head(m, file, opts.lm_head, &pool, progress))?;

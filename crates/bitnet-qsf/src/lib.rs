@@ -566,7 +566,12 @@ fn section_bytes<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<(usize, &'a
 /// A section's stored bytes, after checking that they lie in the file and match their CRC.
 fn checked<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<&'a [u8]> {
     let (_, data) = section_bytes(b, name, s)?;
-    let computed = crc32fast::hash(data);
+    crc_matches(name, s, crc32fast::hash(data))?;
+    Ok(data)
+}
+
+/// A [`QsfError::Crc`] naming the section unless `computed` is its recorded CRC.
+fn crc_matches(name: &str, s: &Section, computed: u32) -> Result<()> {
     if computed != s.crc {
         return Err(QsfError::Crc {
             section: name.to_string(),
@@ -574,7 +579,7 @@ fn checked<'a>(b: &'a [u8], name: &str, s: &Section) -> Result<&'a [u8]> {
             computed,
         });
     }
-    Ok(data)
+    Ok(())
 }
 
 /// [`checked`] for a mapped section, reading it in 8 MiB chunks and dropping each chunk's
@@ -588,14 +593,7 @@ fn crc_released<'a>(m: &'a MappedFile, name: &str, s: &Section) -> Result<&'a [u
         let at = start + i * CHUNK;
         m.release(at..at + chunk.len())?;
     }
-    let computed = h.finalize();
-    if computed != s.crc {
-        return Err(QsfError::Crc {
-            section: name.to_string(),
-            stored: s.crc,
-            computed,
-        });
-    }
+    crc_matches(name, s, h.finalize())?;
     Ok(data)
 }
 
@@ -839,16 +837,30 @@ impl QsfFile {
             .ok_or_else(|| layout("index", format!("no layer {i}")))?;
         let name = format!("layer {i}");
         let ts = parse_records(&self.read_section(&name, &e.section)?, &name)?;
-        if u64_of(ts.len()) != u64::from(e.tensor_count) {
+        self.check_layer(i, ts.iter().map(|t| t.name.as_str()))?;
+        Ok(ts)
+    }
+
+    /// Layer `i` holds as many tensors as its index entry says, all named `blk.{i}.…`.
+    fn check_layer<'a>(
+        &self,
+        i: usize,
+        names: impl ExactSizeIterator<Item = &'a str>,
+    ) -> Result<()> {
+        let name = format!("layer {i}");
+        let count = self.layers.get(i).map_or(0, |e| e.tensor_count);
+        if u64_of(names.len()) != u64::from(count) {
             return Err(layout(
                 &name,
-                format!("{} tensors, the index says {}", ts.len(), e.tensor_count),
+                format!("{} tensors, the index says {count}", names.len()),
             ));
         }
-        if let Some(t) = ts.iter().find(|t| layer_of(&t.name) != Some(i)) {
-            return Err(layout(&name, format!("holds {}", t.name)));
+        for t in names {
+            if layer_of(t) != Some(i) {
+                return Err(layout(&name, format!("holds {t}")));
+            }
         }
-        Ok(ts)
+        Ok(())
     }
 
     /// The embedding tensor.
@@ -881,35 +893,28 @@ impl QsfFile {
         if !in_place {
             return self.to_gguf();
         }
-        let mut sections: Vec<(String, Section)> = vec![("embedding".into(), self.embd)];
+        // (name, section, layer index)
+        let mut sections: Vec<(String, Section, Option<usize>)> =
+            vec![("embedding".into(), self.embd, None)];
         sections.extend(
             self.layers
                 .iter()
                 .enumerate()
-                .map(|(i, l)| (format!("layer {i}"), l.section)),
+                .map(|(i, l)| (format!("layer {i}"), l.section, Some(i))),
         );
-        sections.push(("head".into(), self.head));
+        sections.push(("head".into(), self.head, None));
         let Bytes::Mapped(m) = &self.bytes else {
             return Err(layout("file", "not mapped"));
         };
         let mut table = Vec::new();
-        for (name, s) in &sections {
+        for (name, s, layer) in &sections {
             let data = crc_released(m, name, s)?;
             let located = locate_records(data, name)?;
             // Reading the record headers faulted pages back in; drop them again.
             let start = usize::try_from(s.offset).unwrap_or(0);
             m.release(start..start.saturating_add(data.len()))?;
-            if let Some(i) = name
-                .strip_prefix("layer ")
-                .and_then(|n| n.parse::<usize>().ok())
-            {
-                let e = &self.layers[i];
-                if u64_of(located.len()) != u64::from(e.tensor_count) {
-                    return Err(layout(name, "tensor count differs from the index"));
-                }
-                if let Some(t) = located.iter().find(|t| layer_of(&t.name) != Some(i)) {
-                    return Err(layout(name, format!("holds {}", t.name)));
-                }
+            if let Some(i) = *layer {
+                self.check_layer(i, located.iter().map(|t| t.name.as_str()))?;
             }
             for l in located {
                 table.push(bitnet_gguf::TableEntry {

@@ -12,6 +12,22 @@ pub fn open_gguf(path: &Path, in_memory: bool) -> Result<GgufFile> {
 
 pub use bitnet_engine::sys::{default_threads, peak_rss_bytes};
 
+/// A progress bar over bytes written (hidden with `quiet`), `msg` formatting its message.
+pub fn bytes_bar(quiet: bool, msg: &str) -> Result<indicatif::ProgressBar> {
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(0)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{msg} [{{bar:40}}] {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}}"
+        ))?
+        .progress_chars("=> "),
+    );
+    Ok(bar)
+}
+
 /// Human-readable bytes.
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use bitnet_convert::{Flavor, Options, Target};
-use indicatif::{ProgressBar, ProgressStyle};
 
-use super::common::human_bytes;
+use super::common::{bytes_bar, human_bytes};
 use crate::output::AtomicFile;
 
 /// Who reads the output.
@@ -65,13 +64,13 @@ pub struct Args {
 /// model cannot be run here.
 fn layer_importance(file: &std::sync::Arc<bitnet_gguf::GgufFile>) -> Option<Vec<f32>> {
     let measure = || -> Result<Vec<f32>> {
-        let model = bitnet_model::OwnedModel::load(std::sync::Arc::clone(file))?;
-        let tokenizer = bitnet_tokenizer::Tokenizer::from_gguf(file.metadata(), None)?;
-        let opts = bitnet_engine::EngineOptions {
+        // No repacked copy: the model runs a few calibration prompts once.
+        let opts = bitnet_engine::LoadOptions {
             threads: super::common::default_threads(),
-            ..bitnet_engine::EngineOptions::default()
+            repack: false,
+            ..bitnet_engine::LoadOptions::default()
         };
-        let engine = bitnet_engine::Engine::new(model, tokenizer, opts)?;
+        let engine = bitnet_engine::load_file(std::sync::Arc::clone(file), &opts, &mut |_| {})?;
         #[allow(clippy::cast_possible_truncation)]
         Ok(bitnet_engine::skip::importance(&engine)?
             .into_iter()
@@ -132,17 +131,7 @@ pub fn run(a: Args) -> Result<()> {
         ctrlc::set_handler(move || s.store(true, Ordering::SeqCst))?;
     }
     let out = AtomicFile::create(&a.out)?;
-    let bar = if a.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(0)
-    };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{msg:28!} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )?
-        .progress_chars("=> "),
-    );
+    let bar = bytes_bar(a.quiet, "{msg:28!}")?;
     // The bar follows the bytes written; returning false stops the conversion (Ctrl-C).
     let mut report = |p: &bitnet_convert::Progress<'_>| {
         bar.set_length(p.bytes_total);

@@ -5,9 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
-use indicatif::{ProgressBar, ProgressStyle};
 
-use super::common::{human_bytes, open_gguf};
+use super::common::{bytes_bar, human_bytes, open_gguf};
 use crate::output::AtomicFile;
 
 #[derive(Debug, clap::Args)]
@@ -89,17 +88,7 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
     let out = AtomicFile::create(&a.out)?;
-    let bar = if a.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(0)
-    };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )?
-        .progress_chars("=> "),
-    );
+    let bar = bytes_bar(a.quiet, "{msg}")?;
     bar.set_message(format!("writing {}", a.out.display()));
     let start = std::time::Instant::now();
     let w = synth::write(
