@@ -1,0 +1,373 @@
+//! Adapters, the device, and the compiled kernels.
+
+use std::sync::{Arc, Mutex};
+
+use crate::{GpuError, Result};
+
+/// One GPU adapter as wgpu reports it (for `bitnet inspect --system` and `--gpu N`).
+#[derive(Debug, Clone)]
+pub struct AdapterInfo {
+    /// Position in [`adapters`]'s list (what `--gpu N` takes).
+    pub index: usize,
+    pub name: String,
+    /// Vulkan, Metal or DX12.
+    pub backend: String,
+    /// Discrete, integrated, virtual, CPU (software) or other.
+    pub device_type: String,
+    pub driver: String,
+    pub max_buffer_size: u64,
+    pub max_storage_binding: u64,
+    pub max_workgroup_storage: u32,
+    pub max_invocations: u32,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+}
+
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+fn list(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+}
+
+fn describe(index: usize, a: &wgpu::Adapter) -> AdapterInfo {
+    let i = a.get_info();
+    let l = a.limits();
+    let f = a.features();
+    AdapterInfo {
+        index,
+        name: i.name,
+        backend: i.backend.to_str().to_string(),
+        device_type: format!("{:?}", i.device_type),
+        driver: format!("{} {}", i.driver, i.driver_info).trim().to_string(),
+        max_buffer_size: l.max_buffer_size,
+        max_storage_binding: l.max_storage_buffer_binding_size,
+        max_workgroup_storage: l.max_compute_workgroup_storage_size,
+        max_invocations: l.max_compute_invocations_per_workgroup,
+        shader_f16: f.contains(wgpu::Features::SHADER_F16),
+        subgroups: f.contains(wgpu::Features::SUBGROUP),
+    }
+}
+
+/// The GPU adapters wgpu finds (empty when there is none; no device is opened).
+pub fn adapters() -> Vec<AdapterInfo> {
+    list(&instance())
+        .iter()
+        .enumerate()
+        .map(|(i, a)| describe(i, a))
+        .collect()
+}
+
+/// Errors the device reports outside a call (validation, out of memory), and its loss.
+#[derive(Debug, Default)]
+struct Faults {
+    errors: Mutex<Vec<String>>,
+    lost: Mutex<Option<String>>,
+}
+
+/// An opened GPU: device, queue, compiled kernels. Errors wgpu raises asynchronously are
+/// collected (never a panic) and returned by the next [`Gpu::check`].
+#[derive(Debug)]
+pub struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) info: AdapterInfo,
+    pub(crate) limits: wgpu::Limits,
+    pub(crate) k: Kernels,
+    faults: Arc<Faults>,
+}
+
+/// Workgroup storage the kernels declare at most (attention: 256 + 64 + 64 f32; the ternary
+/// kernel: 2 × 64 × 16 bytes).
+const WORKGROUP_STORAGE: u32 = 2048;
+/// Invocations per workgroup the kernels use at most.
+const INVOCATIONS: u32 = 256;
+
+impl Gpu {
+    /// Open adapter `index` of [`adapters`] (or the first one, preferring a discrete or
+    /// integrated GPU over a software one, when `None`).
+    pub fn open(index: Option<usize>) -> Result<Self> {
+        let inst = instance();
+        let all = list(&inst);
+        let adapter = match index {
+            Some(i) => all.get(i).ok_or(GpuError::NoSuchAdapter {
+                index: i,
+                count: all.len(),
+            })?,
+            None => {
+                let rank = |a: &wgpu::Adapter| match a.get_info().device_type {
+                    wgpu::DeviceType::DiscreteGpu => 0,
+                    wgpu::DeviceType::IntegratedGpu => 1,
+                    wgpu::DeviceType::VirtualGpu => 2,
+                    wgpu::DeviceType::Other => 3,
+                    wgpu::DeviceType::Cpu => 4,
+                };
+                all.iter()
+                    .min_by_key(|a| rank(a))
+                    .ok_or(GpuError::NoAdapter)?
+            }
+        };
+        let pos = all
+            .iter()
+            .position(|a| std::ptr::eq(a, adapter))
+            .unwrap_or(0);
+        let info = describe(pos, adapter);
+        let have = adapter.limits();
+        let need = |what: &'static str, need: u64, have: u64| {
+            if have < need {
+                Err(GpuError::Limit {
+                    adapter: info.name.clone(),
+                    what,
+                    need,
+                    have,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        need(
+            "workgroup storage (bytes)",
+            u64::from(WORKGROUP_STORAGE),
+            u64::from(have.max_compute_workgroup_storage_size),
+        )?;
+        need(
+            "invocations per workgroup",
+            u64::from(INVOCATIONS),
+            u64::from(have.max_compute_invocations_per_workgroup),
+        )?;
+        need(
+            "workgroup size x",
+            u64::from(INVOCATIONS),
+            u64::from(have.max_compute_workgroup_size_x),
+        )?;
+        need(
+            "storage buffers per kernel",
+            7,
+            u64::from(have.max_storage_buffers_per_shader_stage),
+        )?;
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("bitnet"),
+            required_features: wgpu::Features::empty(),
+            required_limits: have.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let faults = Arc::new(Faults::default());
+        let f = Arc::clone(&faults);
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = f.errors.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let f = Arc::clone(&faults);
+        device.set_device_lost_callback(move |reason, msg| {
+            if let Ok(mut l) = f.lost.lock() {
+                *l = Some(format!("{reason:?}: {msg}"));
+            }
+        });
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let k = Kernels::new(&device);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Validation(e.to_string()));
+        }
+        let gpu = Gpu {
+            device,
+            queue,
+            info,
+            limits: have,
+            k,
+            faults,
+        };
+        gpu.check()?;
+        Ok(gpu)
+    }
+
+    /// The adapter this device runs on.
+    pub fn info(&self) -> &AdapterInfo {
+        &self.info
+    }
+
+    /// The first error the device reported since the last check, or its loss.
+    pub fn check(&self) -> Result<()> {
+        if let Some(msg) = self.faults.lost.lock().ok().and_then(|l| l.clone()) {
+            return Err(GpuError::DeviceLost(msg));
+        }
+        if let Ok(mut v) = self.faults.errors.lock() {
+            if !v.is_empty() {
+                let first = v.remove(0);
+                v.clear();
+                return Err(GpuError::Validation(first));
+            }
+        }
+        Ok(())
+    }
+
+    /// Block until the queue is idle, then report any error.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::DeviceLost(e.to_string()))?;
+        self.check()
+    }
+
+    /// A storage buffer of `size` bytes (at least 4), checked against the adapter's limits.
+    pub(crate) fn storage(
+        &self,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
+        let size = size.max(4).next_multiple_of(4);
+        let limit = self
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size);
+        if size > limit {
+            return Err(GpuError::Limit {
+                adapter: self.info.name.clone(),
+                what: "one storage buffer (bytes)",
+                need: size,
+                have: limit,
+            });
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | usage,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A storage buffer holding `data` (padded to a multiple of 4 bytes).
+    pub(crate) fn upload(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer> {
+        let b = self.storage(
+            label,
+            u64::try_from(data.len()).map_err(|_| GpuError::Overflow("buffer size"))?,
+            wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+        )?;
+        let whole = data.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(&b, 0, &data[..whole]);
+        }
+        if whole < data.len() {
+            let mut tail = [0u8; 4];
+            tail[..data.len() - whole].copy_from_slice(&data[whole..]);
+            self.queue.write_buffer(&b, whole as u64, &tail);
+        }
+        Ok(b)
+    }
+
+    /// A uniform buffer holding `words`.
+    pub(crate) fn uniform(&self, label: &str, words: &[u32]) -> wgpu::Buffer {
+        let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (words.len() * 4).next_multiple_of(16) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&b, 0, bytemuck::cast_slice(words));
+        b
+    }
+
+    /// A bind group of `pipeline`'s layout 0 over `buffers` at bindings 0, 1, ...
+    pub(crate) fn bind(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = (0u32..)
+            .zip(buffers)
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        })
+    }
+
+    /// Copy `bytes` bytes of `src` into memory (one blocking read-back).
+    pub(crate) fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: bytes.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+        self.queue.submit([enc.finish()]);
+        self.map_read(&staging, bytes)
+    }
+
+    /// Map `staging` (already filled by a submitted copy) and copy its first `bytes` out.
+    pub(crate) fn map_read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, ..bytes, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let out = {
+            let view = staging
+                .get_mapped_range(..bytes)
+                .map_err(|e| GpuError::Readback(e.to_string()))?;
+            view.to_vec()
+        };
+        staging.unmap();
+        Ok(out)
+    }
+}
+
+/// The compiled kernels (one pipeline each, layouts taken from the shaders).
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    pub norm_quant: wgpu::ComputePipeline,
+    pub rmsnorm: wgpu::ComputePipeline,
+    pub ternary: wgpu::ComputePipeline,
+    pub rope: wgpu::ComputePipeline,
+    pub attention: wgpu::ComputePipeline,
+    pub elementwise: wgpu::ComputePipeline,
+    pub head: wgpu::ComputePipeline,
+    pub argmax: wgpu::ComputePipeline,
+    pub embed: wgpu::ComputePipeline,
+}
+
+const COMMON: &str = include_str!("shaders/common.wgsl");
+
+impl Kernels {
+    fn new(device: &wgpu::Device) -> Self {
+        let make = |name: &str, body: &str| {
+            let src = format!("{COMMON}\n{body}");
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        };
+        Kernels {
+            norm_quant: make("norm_quant", include_str!("shaders/norm_quant.wgsl")),
+            rmsnorm: make("rmsnorm", include_str!("shaders/rmsnorm.wgsl")),
+            ternary: make("ternary", include_str!("shaders/ternary.wgsl")),
+            rope: make("rope", include_str!("shaders/rope.wgsl")),
+            attention: make("attention", include_str!("shaders/attention.wgsl")),
+            elementwise: make("elementwise", include_str!("shaders/elementwise.wgsl")),
+            head: make("head", include_str!("shaders/head.wgsl")),
+            argmax: make("argmax", include_str!("shaders/argmax.wgsl")),
+            embed: make("embed", include_str!("shaders/embed.wgsl")),
+        }
+    }
+}

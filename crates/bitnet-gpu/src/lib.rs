@@ -1,0 +1,20 @@
+//! The GPU backend: the whole BitNet b1.58 forward pass on wgpu (WebGPU over Vulkan, Metal or
+//! DX12), in WGSL kernels.
+//!
+//! [`GpuModel`] uploads a bound [`bitnet_model::Model`] as stored (2-bit codes, their scales,
+//! the F16 head) and runs every step of docs/MODEL.md on the device: RMSNorm fused with the
+//! per-token int8 quantization, the ternary matmul on packed int8 dot products, NeoX RoPE, the
+//! KV cache and attention with an online softmax, ReLU², residual adds, the LM head and a
+//! greedy argmax. A call records all of it into one command buffer and reads back only the
+//! logits it asks for (or 8 bytes for greedy). docs/BACKENDS.md says how it fits the engine.
+#![deny(unsafe_code)]
+
+mod device;
+mod error;
+mod model;
+#[doc(hidden)]
+pub mod probe;
+
+pub use device::{adapters, AdapterInfo, Gpu};
+pub use error::{GpuError, Result};
+pub use model::{GpuCache, GpuModel, GpuOptions, GpuOutputs};

@@ -1,0 +1,802 @@
+//! The model on the device: weights uploaded as stored, the forward pass recorded into one
+//! command buffer per call.
+
+use bitnet_kernels::{RowMatrix, RowType, TernaryLayout, TernaryMatrix};
+use bitnet_model::numerics::rope_row;
+use bitnet_model::{Activation, Config, Model, Outputs};
+
+use crate::device::Gpu;
+use crate::{GpuError, Result};
+
+/// Token rows per workgroup of the ternary kernel (`TT` in ternary.wgsl).
+pub(crate) const TERNARY_TOKENS: usize = 4;
+/// LM-head rows per workgroup (`RPW` in head.wgsl).
+const HEAD_ROWS: usize = 4;
+/// Head size the attention kernel holds (`qs` and `ACC` in attention.wgsl).
+const MAX_HEAD_DIM: usize = 256;
+
+/// What a forward call reads back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuOutputs {
+    /// Logits of the positions [`Outputs`] names.
+    Logits(Outputs),
+    /// Only the index of the largest logit of the last position (greedy decoding).
+    Greedy,
+}
+
+/// Options of [`GpuModel::new`].
+#[derive(Debug, Clone, Copy)]
+pub struct GpuOptions {
+    /// Adapter index (see [`crate::adapters`]), or `None` for the best one found.
+    pub adapter: Option<usize>,
+    /// Token rows one submission computes (longer inputs run in several).
+    pub max_batch: usize,
+    /// Largest buffer one chunk of the LM head or the embedding may take (the adapter's
+    /// storage-binding limit when `None`).
+    pub chunk_bytes: Option<u64>,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions {
+            adapter: None,
+            max_batch: 512,
+            chunk_bytes: None,
+        }
+    }
+}
+
+/// One ternary projection on the device.
+#[derive(Debug)]
+pub(crate) struct GpuMatrix {
+    n_out: usize,
+    bind: wgpu::BindGroup,
+}
+
+impl GpuMatrix {
+    pub(crate) fn bind(&self) -> &wgpu::BindGroup {
+        &self.bind
+    }
+}
+
+#[derive(Debug)]
+struct GpuLayer {
+    norm_attn: wgpu::BindGroup,
+    q: GpuMatrix,
+    k: GpuMatrix,
+    v: GpuMatrix,
+    norm_sub: wgpu::BindGroup,
+    o: GpuMatrix,
+    norm_ffn: wgpu::BindGroup,
+    gate: GpuMatrix,
+    up: GpuMatrix,
+    norm_ffn_sub: wgpu::BindGroup,
+    down: GpuMatrix,
+}
+
+/// Rows of an F16/F32 row matrix (the LM head, the embedding) split into buffers that each
+/// fit one storage binding.
+#[derive(Debug)]
+struct Chunks {
+    bufs: Vec<wgpu::Buffer>,
+    rows_per_chunk: usize,
+    row_bytes: usize,
+}
+
+#[derive(Debug)]
+struct Activations {
+    /// Embedding rows as stored ([max_batch][row_bytes]).
+    rows: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    o: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    logits_staging: wgpu::Buffer,
+    best: wgpu::Buffer,
+    best_staging: wgpu::Buffer,
+}
+
+/// A model resident on the GPU. Built from a bound [`Model`]; it keeps no reference to it.
+#[derive(Debug)]
+pub struct GpuModel {
+    gpu: Gpu,
+    config: Config,
+    max_batch: usize,
+    /// Rows of logits one submission may produce.
+    out_cap: usize,
+    step: wgpu::Buffer,
+    act: Activations,
+    layers: Vec<GpuLayer>,
+    skip: Vec<bool>,
+    embd: Option<Chunks>,
+    head: Chunks,
+    embed_bind: wgpu::BindGroup,
+    final_norm: wgpu::BindGroup,
+    head_binds: Vec<(usize, wgpu::BindGroup)>,
+    argmax_bind: wgpu::BindGroup,
+    add_bind: wgpu::BindGroup,
+    act_bind: wgpu::BindGroup,
+    /// Bytes of weights and activation buffers on the device.
+    bytes: u64,
+}
+
+/// A sequence's KV cache on the device (f32), with its RoPE table.
+#[derive(Debug)]
+pub struct GpuCache {
+    k: Vec<wgpu::Buffer>,
+    v: Vec<wgpu::Buffer>,
+    attn: Vec<wgpu::BindGroup>,
+    rope: wgpu::BindGroup,
+    len: usize,
+    n_ctx: usize,
+    bytes: u64,
+}
+
+impl GpuCache {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Positions it can hold.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    /// Forget every position.
+    pub fn reset(&mut self) {
+        self.len = 0;
+    }
+    /// Keep the first `n` positions (no-op when it holds fewer).
+    pub fn truncate(&mut self, n: usize) {
+        self.len = self.len.min(n);
+    }
+    /// Device bytes of K and V.
+    pub fn nbytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+fn bytes_of(n: usize) -> Result<u64> {
+    u64::try_from(n).map_err(|_| GpuError::Overflow("buffer size"))
+}
+
+fn u32_of(n: usize, what: &'static str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| GpuError::Overflow(what))
+}
+
+fn mul(a: usize, b: usize, what: &'static str) -> Result<usize> {
+    a.checked_mul(b).ok_or(GpuError::Overflow(what))
+}
+
+/// I2_S bytes with the never-written code 11 turned into 01 (value 0, as the CPU decodes it).
+fn clean_i2s(data: &[u8]) -> Vec<u8> {
+    data.iter()
+        .map(|&b| b ^ ((b & (b >> 1) & 0x55) << 1))
+        .collect()
+}
+
+/// TQ2_0 blocks (64 code bytes, least significant pair first, then an f16 d) as I2_S-ordered
+/// codes and f32 block scales.
+fn tq2_to_i2s_order(data: &[u8], n_out: usize, n_in: usize) -> Result<(Vec<u8>, Vec<f32>)> {
+    let nb = n_in / 256;
+    let expected = mul(mul(n_out, nb, "TQ2_0 blocks")?, 66, "TQ2_0 bytes")?;
+    if data.len() != expected {
+        return Err(GpuError::Shape {
+            what: "TQ2_0 tensor bytes",
+            expected,
+            got: data.len(),
+        });
+    }
+    let mut codes = Vec::with_capacity(n_out * nb * 64);
+    let mut scales = Vec::with_capacity(n_out * nb);
+    for blk in data.chunks_exact(66) {
+        for &b in &blk[..64] {
+            let mut o = 0u8;
+            for l in 0..4 {
+                o |= ((b >> (2 * l)) & 3) << (6 - 2 * l);
+            }
+            codes.push(o);
+        }
+        scales.push(half::f16::from_le_bytes([blk[64], blk[65]]).to_f32());
+    }
+    Ok((codes, scales))
+}
+
+fn ty_of(m: &RowMatrix<'_>, what: &str) -> Result<u32> {
+    match m.row_type() {
+        RowType::F16 => Ok(0),
+        RowType::F32 => Ok(1),
+        other => Err(GpuError::Unsupported(format!(
+            "a {other:?} {what} (F16 or F32 only; load without --lm-head, or convert the file)"
+        ))),
+    }
+}
+
+impl GpuModel {
+    /// Open the GPU and upload `model` (fast numerics; the cache is f32).
+    pub fn new(model: &Model<'_>, opts: GpuOptions) -> Result<Self> {
+        let gpu = Gpu::open(opts.adapter)?;
+        Self::upload(gpu, model, opts)
+    }
+
+    fn upload(gpu: Gpu, model: &Model<'_>, opts: GpuOptions) -> Result<Self> {
+        let c = model.config.clone();
+        let (e, kv, ff, nv) = (c.n_embd, c.n_embd_kv(), c.n_ff, c.n_vocab);
+        if c.head_dim > MAX_HEAD_DIM || c.n_rot % 2 != 0 || e % 4 != 0 || ff % 4 != 0 {
+            return Err(GpuError::Unsupported(format!(
+                "this shape (head size {} > {MAX_HEAD_DIM}, or odd n_rot / n_embd / n_ff)",
+                c.head_dim
+            )));
+        }
+        let max_batch = opts.max_batch.max(1);
+        let dispatch_max =
+            usize::try_from(gpu.limits.max_compute_workgroups_per_dimension).unwrap_or(usize::MAX);
+        if ff.max(e).max(max_batch) > dispatch_max {
+            return Err(GpuError::Limit {
+                adapter: gpu.info.name.clone(),
+                what: "workgroups per dispatch dimension",
+                need: bytes_of(ff.max(e).max(max_batch))?,
+                have: u64::from(gpu.limits.max_compute_workgroups_per_dimension),
+            });
+        }
+        let limit = gpu
+            .limits
+            .max_storage_buffer_binding_size
+            .min(gpu.limits.max_buffer_size);
+        let chunk_limit = opts.chunk_bytes.map_or(limit, |b| b.min(limit));
+        let f32s = |n: usize| -> Result<u64> { bytes_of(mul(n, 4, "buffer size")?) };
+        let mut bytes = 0u64;
+
+        // Activations, sized for the largest batch.
+        let rw = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let head_m = model.lm_head();
+        let head_ty = ty_of(head_m, "LM head")?;
+        let embd_ty = ty_of(&model.tok_embd, "token embedding")?;
+        let embd_row = model.tok_embd.data().len() / nv.max(1);
+        let out_cap = usize::try_from(limit / f32s(nv)?.max(1))
+            .unwrap_or(1)
+            .clamp(1, max_batch);
+        let mut buf = |label: &str, size: u64| -> Result<wgpu::Buffer> {
+            bytes += size;
+            gpu.storage(label, size, rw)
+        };
+        let act_rows = buf(
+            "embedding rows",
+            bytes_of(mul(max_batch, embd_row, "rows")?)?,
+        )?;
+        let h = buf("h", f32s(max_batch * e)?)?;
+        let q = buf("q", f32s(max_batch * e)?)?;
+        let k = buf("k", f32s(max_batch * kv)?)?;
+        let v = buf("v", f32s(max_batch * kv)?)?;
+        let o = buf("o", f32s(max_batch * e)?)?;
+        let t = buf("t", f32s(max_batch * e)?)?;
+        let g = buf("g", f32s(max_batch * ff)?)?;
+        let up = buf("up", f32s(max_batch * ff)?)?;
+        let xq = buf("xq", bytes_of(max_batch * e.max(ff))?)?;
+        let xs = buf("xs", f32s(max_batch)?)?;
+        let hn = buf("hn", f32s(out_cap * e)?)?;
+        let logits = buf("logits", f32s(mul(out_cap, nv, "logits")?)?)?;
+        let best = buf("best", 8)?;
+        let staging = |label: &str, size: u64| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
+        let logits_staging = staging("logits staging", f32s(mul(out_cap, nv, "logits")?)?);
+        let best_staging = staging("best staging", 8);
+        let step = gpu.uniform("step", &[0, 0, 0, 0]);
+
+        let kp = &gpu.k;
+        let eps = c.rms_eps.to_bits();
+        let dims_e = gpu.uniform("dims n_embd", &[u32_of(e, "n_embd")?, eps, 0, 0]);
+        let dims_ff = gpu.uniform("dims n_ff", &[u32_of(ff, "n_ff")?, eps, 0, 0]);
+        let mut weight_bytes = 0u64;
+        let mut norm = |w: &[f32], dims: &wgpu::Buffer, x: &wgpu::Buffer, label: &str| {
+            let wb = gpu.upload(label, bytemuck::cast_slice(w))?;
+            weight_bytes += wb.size();
+            Ok::<_, GpuError>(gpu.bind(&kp.norm_quant, &[&step, dims, x, &wb, &xq, &xs]))
+        };
+        let mut layers = Vec::with_capacity(c.n_layer);
+        let mut mat_bytes = 0u64;
+        for (il, l) in model.layers.iter().enumerate() {
+            let mut mat = |m: &TernaryMatrix<'_>, out: &wgpu::Buffer| {
+                let (gm, b) = upload_matrix(&gpu, m, &step, &xq, &xs, out, il)?;
+                mat_bytes += b;
+                Ok::<_, GpuError>(gm)
+            };
+            let qm = mat(&l.wq, &q)?;
+            let km = mat(&l.wk, &k)?;
+            let vm = mat(&l.wv, &v)?;
+            let om = mat(&l.wo, &t)?;
+            let gm = mat(&l.w_gate, &g)?;
+            let um = mat(&l.w_up, &up)?;
+            let dm = mat(&l.w_down, &t)?;
+            layers.push(GpuLayer {
+                norm_attn: norm(&l.attn_norm, &dims_e, &h, "attn_norm")?,
+                q: qm,
+                k: km,
+                v: vm,
+                norm_sub: norm(&l.attn_sub_norm, &dims_e, &o, "attn_sub_norm")?,
+                o: om,
+                norm_ffn: norm(&l.ffn_norm, &dims_e, &h, "ffn_norm")?,
+                gate: gm,
+                up: um,
+                norm_ffn_sub: norm(&l.ffn_sub_norm, &dims_ff, &g, "ffn_sub_norm")?,
+                down: dm,
+            });
+        }
+        bytes += weight_bytes + mat_bytes;
+
+        // The LM head, and the embedding when it is not the same matrix.
+        let head = upload_chunks(&gpu, head_m, chunk_limit, "lm head")?;
+        bytes += head.bufs.iter().map(wgpu::Buffer::size).sum::<u64>();
+        let embd = if model.output.is_some() {
+            let ch = upload_chunks(&gpu, &model.tok_embd, chunk_limit, "embedding")?;
+            bytes += ch.bufs.iter().map(wgpu::Buffer::size).sum::<u64>();
+            Some(ch)
+        } else {
+            None
+        };
+        let on = gpu.upload("output_norm", bytemuck::cast_slice(&model.output_norm))?;
+        let final_norm = gpu.bind(&kp.rmsnorm, &[&step, &dims_e, &h, &on, &hn]);
+        let mut head_binds = Vec::with_capacity(head.bufs.len());
+        for (ci, b) in head.bufs.iter().enumerate() {
+            let row0 = ci * head.rows_per_chunk;
+            let rows = head.rows_per_chunk.min(nv - row0);
+            let dims = gpu.uniform(
+                "dims head",
+                &[
+                    u32_of(e, "n_embd")?,
+                    u32_of(rows, "head rows")?,
+                    u32_of(row0, "head rows")?,
+                    u32_of(nv, "n_vocab")?,
+                    head_ty,
+                    0,
+                    0,
+                    0,
+                ],
+            );
+            head_binds.push((rows, gpu.bind(&kp.head, &[&step, &dims, b, &hn, &logits])));
+        }
+        let dims_nv = gpu.uniform("dims argmax", &[u32_of(nv, "n_vocab")?, 0, 0, 0]);
+        let argmax_bind = gpu.bind(&kp.argmax, &[&step, &dims_nv, &logits, &best]);
+        let embed_dims = gpu.uniform("dims embed", &[u32_of(e, "n_embd")?, embd_ty, 0, 0]);
+        let embed_bind = gpu.bind(&kp.embed, &[&step, &embed_dims, &act_rows, &h]);
+        let add_dims = gpu.uniform("dims add", &[u32_of(e, "n_embd")?, 0, 0, 0]);
+        let add_bind = gpu.bind(&kp.elementwise, &[&step, &add_dims, &h, &t]);
+        let act_mode = match c.activation {
+            Activation::Relu2 => 1,
+            Activation::Silu => 2,
+        };
+        let act_dims = gpu.uniform("dims act", &[u32_of(ff, "n_ff")?, act_mode, 0, 0]);
+        let act_bind = gpu.bind(&kp.elementwise, &[&step, &act_dims, &g, &up]);
+        gpu.wait()?;
+        Ok(GpuModel {
+            config: c,
+            max_batch,
+            out_cap,
+            step,
+            act: Activations {
+                rows: act_rows,
+                q,
+                k,
+                v,
+                o,
+                logits,
+                logits_staging,
+                best,
+                best_staging,
+            },
+            layers,
+            skip: model.skip.clone(),
+            embd,
+            head,
+            embed_bind,
+            final_norm,
+            head_binds,
+            argmax_bind,
+            add_bind,
+            act_bind,
+            bytes,
+            gpu,
+        })
+    }
+
+    /// The adapter it runs on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Device bytes of the weights and activation buffers (the caches come on top).
+    pub fn nbytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A KV cache of `n_ctx` positions on the device, with its RoPE table.
+    pub fn new_cache(&self, n_ctx: usize) -> Result<GpuCache> {
+        let c = &self.config;
+        let n_ctx = n_ctx.max(1);
+        let kv = c.n_embd_kv();
+        let per = bytes_of(mul(mul(n_ctx, kv, "cache")?, 4, "cache")?)?;
+        let usage = wgpu::BufferUsages::COPY_DST;
+        let mut k = Vec::with_capacity(c.n_layer);
+        let mut v = Vec::with_capacity(c.n_layer);
+        for _ in 0..c.n_layer {
+            k.push(self.gpu.storage("cache k", per, usage)?);
+            v.push(self.gpu.storage("cache v", per, usage)?);
+        }
+        let half = c.n_rot / 2;
+        let mut table = vec![0f32; mul(mul(n_ctx, half, "rope table")?, 2, "rope table")?];
+        let (cos, sin) = table.split_at_mut(n_ctx * half);
+        for p in 0..n_ctx {
+            let r = rope_row(p, c.n_rot, c.rope_freq_base);
+            cos[p * half..(p + 1) * half].copy_from_slice(&r.cos);
+            sin[p * half..(p + 1) * half].copy_from_slice(&r.sin);
+        }
+        let tb = self
+            .gpu
+            .upload("rope table", bytemuck::cast_slice(&table))?;
+        let kp = &self.gpu.k;
+        let rope_dims = self.gpu.uniform(
+            "dims rope",
+            &[
+                u32_of(c.n_head, "n_head")?,
+                u32_of(c.n_head_kv, "n_head_kv")?,
+                u32_of(c.head_dim, "head_dim")?,
+                u32_of(half, "n_rot")?,
+            ],
+        );
+        let ctx = self.gpu.uniform("ctx", &[u32_of(n_ctx, "n_ctx")?, 0, 0, 0]);
+        let a = &self.act;
+        let rope = self
+            .gpu
+            .bind(&kp.rope, &[&self.step, &rope_dims, &a.q, &a.k, &tb, &ctx]);
+        #[allow(clippy::cast_precision_loss)] // head sizes are small integers
+        let scale = 1.0f32 / (c.head_dim as f32).sqrt();
+        let attn_dims = self.gpu.uniform(
+            "dims attention",
+            &[
+                u32_of(c.n_head, "n_head")?,
+                u32_of(c.n_head_kv, "n_head_kv")?,
+                u32_of(c.head_dim, "head_dim")?,
+                scale.to_bits(),
+            ],
+        );
+        let attn = (0..c.n_layer)
+            .map(|il| {
+                self.gpu.bind(
+                    &kp.attention,
+                    &[&self.step, &attn_dims, &a.q, &k[il], &v[il], &a.o],
+                )
+            })
+            .collect();
+        self.gpu.wait()?;
+        Ok(GpuCache {
+            bytes: per * 2 * bytes_of(c.n_layer)? + tb.size(),
+            k,
+            v,
+            attn,
+            rope,
+            len: 0,
+            n_ctx,
+        })
+    }
+
+    /// Evaluate `tokens` at positions `cache.len()..`, append their K/V, and return the
+    /// logits `outputs` asks for (`[rows][n_vocab]`), as [`Model::forward`] does.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut GpuCache,
+        outputs: Outputs,
+    ) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.run(tokens, cache, GpuOutputs::Logits(outputs), &mut out)?;
+        Ok(out)
+    }
+
+    /// [`GpuModel::forward`] that returns only the argmax of the last position's logits
+    /// (the lowest index among equal maxima), reading back 8 bytes.
+    pub fn forward_greedy(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<u32> {
+        let mut out = Vec::new();
+        let best = self.run(tokens, cache, GpuOutputs::Greedy, &mut out)?;
+        best.ok_or(GpuError::Readback("no argmax".to_string()))
+    }
+
+    fn run(
+        &self,
+        tokens: &[u32],
+        cache: &mut GpuCache,
+        want: GpuOutputs,
+        out: &mut Vec<f32>,
+    ) -> Result<Option<u32>> {
+        let c = &self.config;
+        if tokens.is_empty() {
+            return Err(GpuError::Shape {
+                what: "tokens",
+                expected: 1,
+                got: 0,
+            });
+        }
+        if let Some(&id) = tokens
+            .iter()
+            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= c.n_vocab))
+        {
+            return Err(GpuError::TokenOutOfRange {
+                id,
+                n_vocab: c.n_vocab,
+            });
+        }
+        let need = cache.len + tokens.len();
+        if need > cache.n_ctx {
+            return Err(GpuError::ContextFull {
+                need,
+                n_ctx: cache.n_ctx,
+            });
+        }
+        let all = want == GpuOutputs::Logits(Outputs::All);
+        let per_call = if all {
+            self.max_batch.min(self.out_cap)
+        } else {
+            self.max_batch
+        };
+        let n_chunks = tokens.len().div_ceil(per_call);
+        let mut best = None;
+        for (i, chunk) in tokens.chunks(per_call).enumerate() {
+            let last = i + 1 == n_chunks;
+            let n = chunk.len();
+            let (out_first, out_rows) = match want {
+                GpuOutputs::Logits(Outputs::All) => (0, n),
+                GpuOutputs::Logits(Outputs::Last) | GpuOutputs::Greedy if last => (n - 1, 1),
+                _ => (0, 0),
+            };
+            self.gpu.queue.write_buffer(
+                &self.step,
+                0,
+                bytemuck::cast_slice(&[
+                    u32_of(n, "tokens")?,
+                    u32_of(cache.len, "position")?,
+                    u32_of(out_first, "rows")?,
+                    u32_of(out_rows, "rows")?,
+                ]),
+            );
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            self.record(&mut enc, chunk, cache, out_rows, want == GpuOutputs::Greedy)?;
+            let nv = c.n_vocab;
+            if out_rows > 0 && want == GpuOutputs::Greedy {
+                enc.copy_buffer_to_buffer(&self.act.best, 0, &self.act.best_staging, 0, 8);
+                self.gpu.queue.submit([enc.finish()]);
+                let b = self.gpu.map_read(&self.act.best_staging, 8)?;
+                best = Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            } else if out_rows > 0 {
+                let size = bytes_of(mul(mul(out_rows, nv, "logits")?, 4, "logits")?)?;
+                enc.copy_buffer_to_buffer(&self.act.logits, 0, &self.act.logits_staging, 0, size);
+                self.gpu.queue.submit([enc.finish()]);
+                let b = self.gpu.map_read(&self.act.logits_staging, size)?;
+                out.extend(
+                    b.chunks_exact(4)
+                        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+                );
+            } else {
+                self.gpu.queue.submit([enc.finish()]);
+                self.gpu.wait()?;
+            }
+            cache.len += n;
+        }
+        Ok(best)
+    }
+
+    /// Record one call of `tokens` (≤ max_batch) into `enc`.
+    fn record(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        tokens: &[u32],
+        cache: &GpuCache,
+        out_rows: usize,
+        greedy: bool,
+    ) -> Result<()> {
+        let c = &self.config;
+        let kp = &self.gpu.k;
+        let a = &self.act;
+        let n = tokens.len();
+        let n32 = u32_of(n, "tokens")?;
+        let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
+
+        // 1. h = E[token]: copy each token's stored row, then widen.
+        let src = self.embd.as_ref().unwrap_or(&self.head);
+        let rb = bytes_of(src.row_bytes)?;
+        for (i, &tok) in tokens.iter().enumerate() {
+            let id = usize::try_from(tok).map_err(|_| GpuError::Overflow("token id"))?;
+            let (ci, r) = (id / src.rows_per_chunk, id % src.rows_per_chunk);
+            let buf = src.bufs.get(ci).ok_or(GpuError::TokenOutOfRange {
+                id: tok,
+                n_vocab: c.n_vocab,
+            })?;
+            enc.copy_buffer_to_buffer(buf, bytes_of(r)? * rb, &a.rows, bytes_of(i)? * rb, rb);
+        }
+        {
+            let mut p = enc.begin_compute_pass(&Default::default());
+            dispatch(&mut p, &kp.embed, &self.embed_bind, n32, 1);
+        }
+        let elems = |width: usize| -> Result<(u32, u32)> {
+            let groups = mul(n, width, "elements")?.div_ceil(256);
+            let x = groups.min(65_535);
+            Ok((
+                u32_of(x, "groups")?,
+                u32_of(groups.div_ceil(x.max(1)), "groups")?,
+            ))
+        };
+        let tok_tiles = u32_of(n.div_ceil(TERNARY_TOKENS), "tokens")?;
+        let lin = |p: &mut wgpu::ComputePass<'_>, m: &GpuMatrix| -> Result<()> {
+            dispatch(p, &kp.ternary, &m.bind, u32_of(m.n_out, "rows")?, tok_tiles);
+            Ok(())
+        };
+        let heads = u32_of(c.n_head, "n_head")?;
+        let rope_heads = u32_of(c.n_head + c.n_head_kv, "n_head")?;
+        let kv_bytes = bytes_of(mul(n, kv, "kv")? * 4)?;
+        let kv_at = bytes_of(mul(cache.len, kv, "kv")? * 4)?;
+        let (ae, af) = (elems(e)?, elems(ff)?);
+        for (il, l) in self.layers.iter().enumerate() {
+            if self.skip.get(il).copied().unwrap_or(false) {
+                continue;
+            }
+            {
+                let mut p = enc.begin_compute_pass(&Default::default());
+                // 1.–2. a = RMS(h); Q, K, V = Lin(W, a)
+                dispatch(&mut p, &kp.norm_quant, &l.norm_attn, n32, 1);
+                lin(&mut p, &l.q)?;
+                lin(&mut p, &l.k)?;
+                lin(&mut p, &l.v)?;
+                // 3. RoPE on Q and K
+                dispatch(&mut p, &kp.rope, &cache.rope, n32, rope_heads);
+            }
+            enc.copy_buffer_to_buffer(&a.k, 0, &cache.k[il], kv_at, kv_bytes);
+            enc.copy_buffer_to_buffer(&a.v, 0, &cache.v[il], kv_at, kv_bytes);
+            let mut p = enc.begin_compute_pass(&Default::default());
+            // 4. O = Attn(Q, K, V)
+            dispatch(&mut p, &kp.attention, &cache.attn[il], heads, n32);
+            // 5.–6. h += Lin(Wo, RMS(O))
+            dispatch(&mut p, &kp.norm_quant, &l.norm_sub, n32, 1);
+            lin(&mut p, &l.o)?;
+            dispatch(&mut p, &kp.elementwise, &self.add_bind, ae.0, ae.1);
+            // 7.–8. g = act(Lin(Wgate, f)) · Lin(Wup, f), f = RMS(h)
+            dispatch(&mut p, &kp.norm_quant, &l.norm_ffn, n32, 1);
+            lin(&mut p, &l.gate)?;
+            lin(&mut p, &l.up)?;
+            dispatch(&mut p, &kp.elementwise, &self.act_bind, af.0, af.1);
+            // 9.–10. h += Lin(Wdown, RMS(g))
+            dispatch(&mut p, &kp.norm_quant, &l.norm_ffn_sub, n32, 1);
+            lin(&mut p, &l.down)?;
+            dispatch(&mut p, &kp.elementwise, &self.add_bind, ae.0, ae.1);
+        }
+        if out_rows > 0 {
+            let rows = u32_of(out_rows, "rows")?;
+            let mut p = enc.begin_compute_pass(&Default::default());
+            dispatch(&mut p, &kp.rmsnorm, &self.final_norm, rows, 1);
+            for (chunk_rows, bind) in &self.head_binds {
+                let groups = u32_of(chunk_rows.div_ceil(HEAD_ROWS), "head rows")?;
+                dispatch(&mut p, &kp.head, bind, groups, rows);
+            }
+            if greedy {
+                dispatch(&mut p, &kp.argmax, &self.argmax_bind, 1, 1);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn dispatch(
+    p: &mut wgpu::ComputePass<'_>,
+    pipeline: &wgpu::ComputePipeline,
+    bind: &wgpu::BindGroup,
+    x: u32,
+    y: u32,
+) {
+    p.set_pipeline(pipeline);
+    p.set_bind_group(0, bind, &[]);
+    p.dispatch_workgroups(x, y, 1);
+}
+
+/// Upload one ternary matrix as 2-bit codes in I2_S order plus its scales, and bind it
+/// between the quantized activations and `out`. Returns the matrix and its device bytes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn upload_matrix(
+    gpu: &Gpu,
+    m: &TernaryMatrix<'_>,
+    step: &wgpu::Buffer,
+    xq: &wgpu::Buffer,
+    xs: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    il: usize,
+) -> Result<(GpuMatrix, u64)> {
+    let (n_out, n_in) = (m.n_out(), m.n_in());
+    let (codes, scales, mode) = match m.layout() {
+        TernaryLayout::I2S => {
+            let beta = m.tensor_scale().ok_or_else(|| {
+                GpuError::Unsupported(format!("block {il}: an I2_S matrix without its scale"))
+            })?;
+            let data = m.packed_data();
+            let codes = if m.codes_checked_clean() {
+                std::borrow::Cow::Borrowed(data)
+            } else {
+                std::borrow::Cow::Owned(clean_i2s(data))
+            };
+            (codes, vec![beta], 0u32)
+        }
+        TernaryLayout::Tq2_0 => {
+            let (codes, scales) = tq2_to_i2s_order(m.packed_data(), n_out, n_in)?;
+            (std::borrow::Cow::Owned(codes), scales, 1u32)
+        }
+        other => {
+            return Err(GpuError::Unsupported(format!(
+                "{other:?} weights (block {il}; the GPU kernels take I2_S and TQ2_0: \
+                 `bitnet convert --to i2_s` writes one)"
+            )))
+        }
+    };
+    let expected = mul(n_out, n_in / 4, "codes")?;
+    if codes.len() != expected || n_in % 128 != 0 {
+        return Err(GpuError::Shape {
+            what: "ternary codes",
+            expected,
+            got: codes.len(),
+        });
+    }
+    let wb = gpu.upload("ternary codes", &codes)?;
+    let sb = gpu.upload("ternary scales", bytemuck::cast_slice(&scales))?;
+    let dims = gpu.uniform(
+        "dims ternary",
+        &[
+            u32_of(n_in, "n_in")?,
+            u32_of(n_out, "n_out")?,
+            u32_of(n_in / 16, "n_in")?,
+            mode,
+        ],
+    );
+    let bind = gpu.bind(&gpu.k.ternary, &[step, &dims, &wb, &sb, xq, xs, out]);
+    Ok((GpuMatrix { n_out, bind }, wb.size() + sb.size()))
+}
+
+/// Split an F16/F32 row matrix into buffers of at most `limit` bytes.
+fn upload_chunks(gpu: &Gpu, m: &RowMatrix<'_>, limit: u64, label: &str) -> Result<Chunks> {
+    let rows = m.rows();
+    let data = m.data();
+    let row_bytes = data.len() / rows.max(1);
+    if row_bytes == 0 || row_bytes % 4 != 0 {
+        return Err(GpuError::Unsupported(format!(
+            "a {label} with {row_bytes}-byte rows (a multiple of 4 is needed)"
+        )));
+    }
+    let per = usize::try_from(limit / bytes_of(row_bytes)?)
+        .unwrap_or(usize::MAX)
+        .min(65_535 * HEAD_ROWS);
+    if per == 0 {
+        return Err(GpuError::Limit {
+            adapter: gpu.info.name.clone(),
+            what: "one row of the LM head (bytes)",
+            need: bytes_of(row_bytes)?,
+            have: limit,
+        });
+    }
+    let bufs = data
+        .chunks(per * row_bytes)
+        .map(|c| gpu.upload(label, c))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Chunks {
+        bufs,
+        rows_per_chunk: per,
+        row_bytes,
+    })
+}

@@ -1,0 +1,116 @@
+//! Single kernels run on their own, for the tests that compare each one with the CPU's
+//! scalar reference (`tests/kernels.rs`). Not a compute API: the model records these same
+//! dispatches into one command buffer.
+
+use bitnet_kernels::TernaryMatrix;
+
+use crate::device::Gpu;
+use crate::model::upload_matrix;
+use crate::{GpuError, Result};
+
+fn le_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect()
+}
+
+fn n32(n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| GpuError::Overflow("probe size"))
+}
+
+fn rw(gpu: &Gpu, label: &str, bytes: usize) -> Result<wgpu::Buffer> {
+    gpu.storage(
+        label,
+        u64::try_from(bytes).map_err(|_| GpuError::Overflow("probe size"))?,
+        wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+    )
+}
+
+fn run(
+    gpu: &Gpu,
+    pipeline: &wgpu::ComputePipeline,
+    bind: &wgpu::BindGroup,
+    x: u32,
+    y: u32,
+) -> Result<()> {
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut p = enc.begin_compute_pass(&Default::default());
+        p.set_pipeline(pipeline);
+        p.set_bind_group(0, bind, &[]);
+        p.dispatch_workgroups(x, y, 1);
+    }
+    gpu.queue.submit([enc.finish()]);
+    gpu.wait()
+}
+
+/// The ternary kernel: `Lin(W, x)` for `scales.len()` int8 rows `xq` (`n × w.n_in()`).
+pub fn ternary(gpu: &Gpu, w: &TernaryMatrix<'_>, xq: &[i8], scales: &[f32]) -> Result<Vec<f32>> {
+    let n = scales.len();
+    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let packed: Vec<u8> = xq.iter().map(|&q| q.to_le_bytes()[0]).collect();
+    let xqb = gpu.upload("xq", &packed)?;
+    let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
+    let out = rw(gpu, "out", n * w.n_out() * 4)?;
+    let (m, _) = upload_matrix(gpu, w, &step, &xqb, &xsb, &out, 0)?;
+    let tiles = n32(n.div_ceil(crate::model::TERNARY_TOKENS))?;
+    run(gpu, &gpu.k.ternary, m.bind(), n32(w.n_out())?, tiles)?;
+    Ok(le_f32(&gpu.read(&out, u64::from(n32(n * w.n_out() * 4)?))?))
+}
+
+/// RMSNorm fused with the int8 quantization over `n` rows of `width`: codes and scales.
+pub fn norm_quant(gpu: &Gpu, x: &[f32], w: &[f32], eps: f32) -> Result<(Vec<i8>, Vec<f32>)> {
+    let width = w.len();
+    let n = x.len() / width.max(1);
+    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let dims = gpu.uniform("dims", &[n32(width)?, eps.to_bits(), 0, 0]);
+    let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
+    let wb = gpu.upload("w", bytemuck::cast_slice(w))?;
+    let xq = rw(gpu, "xq", n * width)?;
+    let xs = rw(gpu, "xs", n * 4)?;
+    let bind = gpu.bind(&gpu.k.norm_quant, &[&step, &dims, &xb, &wb, &xq, &xs]);
+    run(gpu, &gpu.k.norm_quant, &bind, n32(n)?, 1)?;
+    let codes = gpu
+        .read(&xq, u64::from(n32(n * width)?))?
+        .into_iter()
+        .map(|b| i8::from_le_bytes([b]))
+        .collect();
+    let scales = le_f32(&gpu.read(&xs, u64::from(n32(n * 4)?))?);
+    Ok((codes, scales))
+}
+
+/// Shape of an attention probe.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnProbe {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Position of the first query row (the cache holds `pos0 + n` rows).
+    pub pos0: usize,
+    /// Query rows.
+    pub n: usize,
+}
+
+/// The attention kernel: `q` is `n × n_head × head_dim`, `k`/`v` hold `pos0 + n` rows of
+/// `n_head_kv × head_dim`.
+pub fn attention(gpu: &Gpu, s: AttnProbe, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
+    let step = gpu.uniform("step", &[n32(s.n)?, n32(s.pos0)?, 0, 0]);
+    #[allow(clippy::cast_precision_loss)] // head sizes are small integers
+    let scale = 1.0f32 / (s.head_dim as f32).sqrt();
+    let dims = gpu.uniform(
+        "dims",
+        &[
+            n32(s.n_head)?,
+            n32(s.n_head_kv)?,
+            n32(s.head_dim)?,
+            scale.to_bits(),
+        ],
+    );
+    let qb = gpu.upload("q", bytemuck::cast_slice(q))?;
+    let kb = gpu.upload("k", bytemuck::cast_slice(k))?;
+    let vb = gpu.upload("v", bytemuck::cast_slice(v))?;
+    let out = rw(gpu, "o", q.len() * 4)?;
+    let bind = gpu.bind(&gpu.k.attention, &[&step, &dims, &qb, &kb, &vb, &out]);
+    run(gpu, &gpu.k.attention, &bind, n32(s.n_head)?, n32(s.n)?)?;
+    Ok(le_f32(&gpu.read(&out, u64::from(n32(q.len() * 4)?))?))
+}

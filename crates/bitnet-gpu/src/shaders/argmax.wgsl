@@ -1,0 +1,49 @@
+// Greedy decoding on the device: the first index of the largest logit of row out_rows − 1
+// (NaN never wins), so a step reads back 8 bytes instead of the vocabulary.
+struct Dims {
+    n_vocab: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> dims: Dims;
+@group(0) @binding(2) var<storage, read> logits: array<f32>;
+@group(0) @binding(3) var<storage, read_write> best: array<u32>;
+
+const WG: u32 = 256u;
+var<workgroup> bv: array<f32, 256>;
+var<workgroup> bi: array<u32, 256>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
+    let base = (step.out_rows - 1u) * dims.n_vocab;
+    var v = -3.4e38;
+    var idx = 0xffffffffu;
+    for (var i = lid.x; i < dims.n_vocab; i += WG) {
+        let x = logits[base + i];
+        if x > v || (idx == 0xffffffffu && x == v) {
+            v = x;
+            idx = i;
+        }
+    }
+    bv[lid.x] = v;
+    bi[lid.x] = idx;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k >>= 1u) {
+        if lid.x < k {
+            let ov = bv[lid.x + k];
+            let oi = bi[lid.x + k];
+            if ov > bv[lid.x] || (ov == bv[lid.x] && oi < bi[lid.x]) {
+                bv[lid.x] = ov;
+                bi[lid.x] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    if lid.x == 0u {
+        best[0] = bi[0];
+        best[1] = bitcast<u32>(bv[0]);
+    }
+}

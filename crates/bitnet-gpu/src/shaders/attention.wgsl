@@ -1,0 +1,97 @@
+// Causal GQA attention of one query row and head per workgroup over the f32 cache, in blocks
+// of 64 positions with an online softmax (running max m, sum l, rescaled accumulators), so
+// memory does not grow with the context. Query head h reads KV head h / (n_head / n_head_kv).
+struct Dims {
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> dims: Dims;
+@group(0) @binding(2) var<storage, read> q: array<f32>;
+@group(0) @binding(3) var<storage, read> kc: array<f32>;
+@group(0) @binding(4) var<storage, read> vc: array<f32>;
+@group(0) @binding(5) var<storage, read_write> o: array<f32>;
+
+const WG: u32 = 64u;
+// head_dim ≤ 64 · ACC
+const ACC: u32 = 4u;
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> p: array<f32, 64>;
+var<workgroup> red: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let h = wg.x;
+    let t = wg.y;
+    let d = dims.head_dim;
+    let kvh = h / (dims.n_head / dims.n_head_kv);
+    let kv_stride = dims.n_head_kv * d;
+    let qo = (t * dims.n_head + h) * d;
+    let n_pos = step.pos0 + t + 1u;
+    for (var i = lid.x; i < d; i += WG) {
+        qs[i] = q[qo + i];
+    }
+    workgroupBarrier();
+    var m = -3.0e38;
+    var l = 0.0;
+    var acc: array<f32, 4>;
+    for (var c0 = 0u; c0 < n_pos; c0 += WG) {
+        let j = c0 + lid.x;
+        var s = -3.0e38;
+        if j < n_pos {
+            let ko = j * kv_stride + kvh * d;
+            var dot = 0.0;
+            for (var i = 0u; i < d; i++) {
+                dot += qs[i] * kc[ko + i];
+            }
+            s = dot * dims.scale;
+        }
+        red[lid.x] = s;
+        workgroupBarrier();
+        for (var k = WG / 2u; k > 0u; k >>= 1u) {
+            if lid.x < k {
+                red[lid.x] = max(red[lid.x], red[lid.x + k]);
+            }
+            workgroupBarrier();
+        }
+        let m_new = max(m, red[0]);
+        workgroupBarrier();
+        var pj = 0.0;
+        if j < n_pos {
+            pj = exp(s - m_new);
+        }
+        p[lid.x] = pj;
+        red[lid.x] = pj;
+        workgroupBarrier();
+        for (var k = WG / 2u; k > 0u; k >>= 1u) {
+            if lid.x < k {
+                red[lid.x] += red[lid.x + k];
+            }
+            workgroupBarrier();
+        }
+        let alpha = exp(m - m_new);
+        l = l * alpha + red[0];
+        m = m_new;
+        let n = min(WG, n_pos - c0);
+        for (var a = 0u; a < ACC; a++) {
+            let i = lid.x + a * WG;
+            if i < d {
+                var v = acc[a] * alpha;
+                for (var jj = 0u; jj < n; jj++) {
+                    v += p[jj] * vc[(c0 + jj) * kv_stride + kvh * d + i];
+                }
+                acc[a] = v;
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var a = 0u; a < ACC; a++) {
+        let i = lid.x + a * WG;
+        if i < d {
+            o[qo + i] = acc[a] / l;
+        }
+    }
+}

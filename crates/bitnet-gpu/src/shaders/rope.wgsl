@@ -1,0 +1,42 @@
+// NeoX RoPE in place on the Q and K rows: dim i pairs with i + n_rot/2; dims past n_rot pass.
+// cos/sin come from the table the CPU builds (the same values as its forward pass).
+struct Dims {
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+    half: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> dims: Dims;
+@group(0) @binding(2) var<storage, read_write> q: array<f32>;
+@group(0) @binding(3) var<storage, read_write> k: array<f32>;
+// [pos][half] cos, then [pos][half] sin after n_ctx·half values
+@group(0) @binding(4) var<storage, read> table: array<f32>;
+@group(0) @binding(5) var<uniform> ctx: vec4<u32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let t = wg.x;
+    let hh = wg.y;
+    let pos = step.pos0 + t;
+    let tb = pos * dims.half;
+    let sin_off = ctx.x * dims.half;
+    for (var i = lid.x; i < dims.half; i += 64u) {
+        let c = table[tb + i];
+        let s = table[sin_off + tb + i];
+        if hh < dims.n_head {
+            let o = (t * dims.n_head + hh) * dims.head_dim;
+            let x0 = q[o + i];
+            let x1 = q[o + i + dims.half];
+            q[o + i] = x0 * c - x1 * s;
+            q[o + i + dims.half] = x0 * s + x1 * c;
+        } else {
+            let o = (t * dims.n_head_kv + (hh - dims.n_head)) * dims.head_dim;
+            let x0 = k[o + i];
+            let x1 = k[o + i + dims.half];
+            k[o + i] = x0 * c - x1 * s;
+            k[o + i + dims.half] = x0 * s + x1 * c;
+        }
+    }
+}

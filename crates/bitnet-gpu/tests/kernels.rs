@@ -1,0 +1,231 @@
+//! Each GPU kernel against the CPU's scalar reference over random shapes with ragged tails.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use bitnet_gpu::probe::{self, AttnProbe};
+use bitnet_kernels::{act, Isa, Pool, TernaryLayout, TernaryMatrix};
+use bitnet_model::numerics::rms_norm;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Random I2_S bytes for `n_out × n_in` (codes 0–2, and some 3 when `code3`), then β.
+fn i2s_bytes(rng: &mut ChaCha8Rng, n_out: usize, n_in: usize, code3: bool) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..n_out * n_in / 4)
+        .map(|_| {
+            let mut v = 0u8;
+            for l in 0..4 {
+                let c = if code3 && rng.random_range(0..20) == 0 {
+                    3
+                } else {
+                    rng.random_range(0..3u8)
+                };
+                v |= c << (2 * l);
+            }
+            v
+        })
+        .collect();
+    b.extend_from_slice(&0.0173f32.to_le_bytes());
+    b.extend_from_slice(&[0xAB; 28]);
+    b
+}
+
+/// Random TQ2_0 blocks (codes 0–2, f16 block scales).
+fn tq2_bytes(rng: &mut ChaCha8Rng, n_out: usize, n_in: usize) -> Vec<u8> {
+    let mut b = Vec::new();
+    for _ in 0..n_out * n_in / 256 {
+        for _ in 0..64 {
+            let mut v = 0u8;
+            for l in 0..4 {
+                v |= rng.random_range(0..3u8) << (2 * l);
+            }
+            b.push(v);
+        }
+        let d = half::f16::from_f32(rng.random_range(0.001..0.05f32));
+        b.extend_from_slice(&d.to_le_bytes());
+    }
+    b
+}
+
+fn activations(rng: &mut ChaCha8Rng, n: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
+    let xq = (0..n * k).map(|_| rng.random_range(-128..=127i8)).collect();
+    let s = (0..n).map(|_| rng.random_range(0.5..300.0f32)).collect();
+    (xq, s)
+}
+
+#[test]
+fn ternary_matches_the_scalar_kernel() {
+    let Some(gpu) = common::open() else { return };
+    let pool = Pool::new(1);
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    for case in 0..24 {
+        let tq2 = case % 3 == 2;
+        let unit = if tq2 { 256 } else { 128 };
+        let n_in = unit * rng.random_range(1..5usize);
+        let n_out = [1, 3, 17, 40, 70, 129][case % 6];
+        let n = rng.random_range(1..11usize);
+        let code3 = case % 4 == 1;
+        let bytes = if tq2 {
+            tq2_bytes(&mut rng, n_out, n_in)
+        } else {
+            i2s_bytes(&mut rng, n_out, n_in, code3)
+        };
+        let layout = if tq2 {
+            TernaryLayout::Tq2_0
+        } else {
+            TernaryLayout::I2S
+        };
+        let mut m = TernaryMatrix::new(layout, n_out, n_in, &bytes, None).unwrap();
+        m.check_codes();
+        let (xq, s) = activations(&mut rng, n, n_in);
+        let mut want = vec![0f32; n * n_out];
+        m.matmul_on(Isa::Scalar, &xq, &s, &mut want, &pool)
+            .unwrap()
+            .unwrap();
+        let got = probe::ternary(&gpu, &m, &xq, &s).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            // I2_S: the same integers and float steps (a division may round differently);
+            // TQ2_0: the block sum in another order.
+            let tol = if tq2 { 2e-5 } else { 1e-6 } * w.abs().max(1e-3);
+            assert!((g - w).abs() <= tol, "case {case} ({layout:?} {n_out}x{n_in}, {n} rows, code3 {code3}): [{i}] gpu {g} cpu {w}");
+        }
+    }
+}
+
+#[test]
+fn a_broken_code_order_fails_the_ternary_comparison() {
+    // The comparison above can fail: the same matrix with its rows' blocks swapped gives
+    // different results on the GPU than the scalar kernel computes for the original.
+    let Some(gpu) = common::open() else { return };
+    let pool = Pool::new(1);
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let (n_out, n_in) = (8, 256);
+    let bytes = i2s_bytes(&mut rng, n_out, n_in, false);
+    let mut swapped = bytes.clone();
+    for r in 0..n_out {
+        let row = &mut swapped[r * 64..(r + 1) * 64];
+        let (a, b) = row.split_at_mut(32);
+        a.swap_with_slice(b);
+    }
+    let m = TernaryMatrix::new(TernaryLayout::I2S, n_out, n_in, &bytes, None).unwrap();
+    let ms = TernaryMatrix::new(TernaryLayout::I2S, n_out, n_in, &swapped, None).unwrap();
+    let (xq, s) = activations(&mut rng, 2, n_in);
+    let mut want = vec![0f32; 2 * n_out];
+    m.matmul_on(Isa::Scalar, &xq, &s, &mut want, &pool)
+        .unwrap()
+        .unwrap();
+    let got = probe::ternary(&gpu, &ms, &xq, &s).unwrap();
+    assert!(got.iter().zip(&want).any(|(g, w)| (g - w).abs() > 1e-3));
+}
+
+#[test]
+fn norm_quant_matches_rms_norm_then_quantize() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for case in 0..12 {
+        let width = 4 * rng.random_range(1..700usize);
+        let n = rng.random_range(1..6usize);
+        let x: Vec<f32> = (0..n * width)
+            .map(|_| rng.random_range(-4.0..4.0f32))
+            .collect();
+        let w: Vec<f32> = (0..width).map(|_| rng.random_range(0.1..2.0f32)).collect();
+        let (codes, scales) = probe::norm_quant(&gpu, &x, &w, 1e-5).unwrap();
+        let mut y = vec![0f32; width];
+        let mut q = vec![0i8; width];
+        let mut off = 0;
+        for r in 0..n {
+            rms_norm(&x[r * width..(r + 1) * width], &w, 1e-5, &mut y);
+            let s = act::quantize_i8_scalar(&y, &mut q);
+            assert!(
+                (scales[r] - s).abs() <= 1e-5 * s,
+                "case {case} row {r}: scale {} vs {s}",
+                scales[r]
+            );
+            for (i, (&g, &c)) in codes[r * width..(r + 1) * width].iter().zip(&q).enumerate() {
+                // The GPU sums squares in f32 (the CPU in f64): a value at a rounding tie
+                // may land one code away.
+                assert!(
+                    (i32::from(g) - i32::from(c)).abs() <= 1,
+                    "case {case} row {r} [{i}]: {g} vs {c}"
+                );
+                off += usize::from(g != c);
+            }
+        }
+        assert!(off * 100 <= n * width, "case {case}: {off} codes differ");
+    }
+}
+
+/// Causal attention in f64, the plain formula.
+fn attention_ref(s: AttnProbe, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+    let d = s.head_dim;
+    let kvs = s.n_head_kv * d;
+    let mut out = vec![0f32; q.len()];
+    for t in 0..s.n {
+        let n_pos = s.pos0 + t + 1;
+        for h in 0..s.n_head {
+            let kvh = h / (s.n_head / s.n_head_kv);
+            let qo = (t * s.n_head + h) * d;
+            let scores: Vec<f64> = (0..n_pos)
+                .map(|j| {
+                    let dot: f64 = (0..d)
+                        .map(|i| f64::from(q[qo + i]) * f64::from(k[j * kvs + kvh * d + i]))
+                        .sum();
+                    dot / (d as f64).sqrt()
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            for i in 0..d {
+                let o: f64 = (0..n_pos)
+                    .map(|j| e[j] * f64::from(v[j * kvs + kvh * d + i]))
+                    .sum();
+                out[qo + i] = (o / l) as f32;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_matches_the_reference() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let shapes = [
+        (4, 4, 16),
+        (8, 2, 32),
+        (6, 3, 40),
+        (4, 1, 128),
+        (2, 2, 256),
+        (5, 5, 64),
+    ];
+    for (case, &(n_head, n_head_kv, head_dim)) in shapes.iter().enumerate() {
+        for (pos0, n) in [(0, 1), (0, 7), (63, 2), (130, 1), (5, 70)] {
+            let s = AttnProbe {
+                n_head,
+                n_head_kv,
+                head_dim,
+                pos0,
+                n,
+            };
+            let rows = pos0 + n;
+            let q: Vec<f32> = (0..n * n_head * head_dim)
+                .map(|_| rng.random_range(-2.0..2.0f32))
+                .collect();
+            let k: Vec<f32> = (0..rows * n_head_kv * head_dim)
+                .map(|_| rng.random_range(-2.0..2.0f32))
+                .collect();
+            let v: Vec<f32> = (0..rows * n_head_kv * head_dim)
+                .map(|_| rng.random_range(-2.0..2.0f32))
+                .collect();
+            let got = probe::attention(&gpu, s, &q, &k, &v).unwrap();
+            let want = attention_ref(s, &q, &k, &v);
+            let md = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(md <= 1e-4, "case {case} {s:?}: max |Δ| {md}");
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! The whole forward pass on the GPU against the CPU's fast numerics: the tiny golden model and
+//! a synthetic medium model (GQA, 16k vocabulary; I2_S and TQ2_0), every prompt position and
+//! 32 teacher-forced steps, greedy generation, and the typed errors.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use bitnet_gguf::{Array, GgufFile, Limits, Value};
+use bitnet_gpu::{GpuError, GpuModel, GpuOptions};
+use bitnet_kernels::Pool;
+use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
+use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
+
+fn tiny() -> GgufFile {
+    GgufFile::open(
+        &bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf"),
+        &Limits::default(),
+    )
+    .unwrap()
+}
+
+/// The tiny vocabulary padded to 16,384 tokens.
+fn vocab_16k() -> Vec<(String, Value)> {
+    let mut v = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
+    for (k, val) in &mut v {
+        match (k.as_str(), val) {
+            ("tokenizer.ggml.tokens", Value::Array(Array::String(t))) => {
+                let n = t.len();
+                t.extend((n..16_384).map(|i| format!("[PAD{i}]")));
+            }
+            ("tokenizer.ggml.scores", Value::Array(Array::F32(s))) => s.resize(16_384, 0.0),
+            ("tokenizer.ggml.token_type", Value::Array(Array::I32(s))) => s.resize(16_384, 1),
+            _ => {}
+        }
+    }
+    v
+}
+
+/// The small preset's shapes (1024 wide, 6 blocks, 8 heads over 2 KV heads) at `layout`.
+fn medium(dir: &Path, layout: WeightLayout) -> PathBuf {
+    let path = dir.join(format!("medium-{layout:?}.gguf"));
+    let mut spec = SynthSpec::preset(Preset::Small);
+    spec.layout = layout;
+    let f = std::fs::File::create(&path).unwrap();
+    synth::write(
+        &spec,
+        &vocab_16k(),
+        std::io::BufWriter::new(f),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    path
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        ab += f64::from(x) * f64::from(y);
+        aa += f64::from(x) * f64::from(x);
+        bb += f64::from(y) * f64::from(y);
+    }
+    ab / (aa.sqrt() * bb.sqrt())
+}
+
+/// The index of the largest value and its margin over the second.
+fn top2(row: &[f32]) -> (usize, f32) {
+    let mut best = (0, f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for (i, &x) in row.iter().enumerate() {
+        if x > best.1 {
+            best = (i, x, best.1);
+        } else if x > best.2 {
+            best.2 = x;
+        }
+    }
+    (best.0, best.1 - best.2)
+}
+
+/// The gates on one row of logits.
+fn gate(what: &str, cpu: &[f32], gpu: &[f32]) {
+    let md = cpu
+        .iter()
+        .zip(gpu)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let cos = cosine(cpu, gpu);
+    assert!(md <= 0.25, "{what}: max |Δ| {md}");
+    assert!(cos >= 0.995, "{what}: cosine {cos}");
+    let (ci, margin) = top2(cpu);
+    if margin > 0.08 {
+        assert_eq!(
+            ci,
+            top2(gpu).0,
+            "{what}: top-1 differs (CPU margin {margin})"
+        );
+    }
+}
+
+/// Every prompt position, then 32 steps fed the CPU's greedy choice, on both.
+fn compare(m: &Model<'_>, opts: GpuOptions, prompt: &[u32], what: &str) {
+    let g = GpuModel::new(m, opts).unwrap();
+    let nv = m.config.n_vocab;
+    let pool = Pool::new(2);
+    let mut exec = Exec {
+        backend: &pool,
+        numerics: Numerics::Fast,
+        trace: None,
+        scratch: None,
+    };
+    let mut cache = m
+        .new_cache(prompt.len() + 40, KvType::F32, u64::MAX)
+        .unwrap();
+    let mut gc = g.new_cache(prompt.len() + 40).unwrap();
+    let cpu = m
+        .forward(prompt, &mut cache, Outputs::All, &mut exec)
+        .unwrap();
+    let gpu = g.forward(prompt, &mut gc, Outputs::All).unwrap();
+    assert_eq!(cpu.len(), prompt.len() * nv);
+    assert_eq!(gpu.len(), cpu.len(), "{what}");
+    for (p, (a, b)) in cpu.chunks_exact(nv).zip(gpu.chunks_exact(nv)).enumerate() {
+        gate(&format!("{what} prompt position {p}"), a, b);
+    }
+    let mut next = top2(&cpu[cpu.len() - nv..]).0;
+    for step in 0..32 {
+        let id = u32::try_from(next).unwrap();
+        let a = m
+            .forward(&[id], &mut cache, Outputs::Last, &mut exec)
+            .unwrap();
+        let b = g.forward(&[id], &mut gc, Outputs::Last).unwrap();
+        gate(&format!("{what} step {step}"), &a, &b);
+        next = top2(&a).0;
+    }
+    assert_eq!(gc.len(), prompt.len() + 32);
+}
+
+/// Greedy generation on both; ids equal while the CPU's margins are clear.
+fn greedy(m: &Model<'_>, prompt: &[u32], what: &str) {
+    let g = GpuModel::new(m, GpuOptions::default()).unwrap();
+    let nv = m.config.n_vocab;
+    let pool = Pool::new(2);
+    let mut exec = Exec {
+        backend: &pool,
+        numerics: Numerics::Fast,
+        trace: None,
+        scratch: None,
+    };
+    let mut cache = m
+        .new_cache(prompt.len() + 24, KvType::F32, u64::MAX)
+        .unwrap();
+    let mut gc = g.new_cache(prompt.len() + 24).unwrap();
+    let mut logits = m
+        .forward(prompt, &mut cache, Outputs::Last, &mut exec)
+        .unwrap();
+    let mut gid = g.forward_greedy(prompt, &mut gc).unwrap();
+    for step in 0..20 {
+        let (ci, margin) = top2(&logits[..nv]);
+        if margin <= 0.08 {
+            break;
+        }
+        assert_eq!(
+            usize::try_from(gid).unwrap(),
+            ci,
+            "{what}: greedy step {step}"
+        );
+        let id = u32::try_from(ci).unwrap();
+        logits = m
+            .forward(&[id], &mut cache, Outputs::Last, &mut exec)
+            .unwrap();
+        gid = g.forward_greedy(&[id], &mut gc).unwrap();
+    }
+}
+
+const PROMPT: [u32; 13] = [4000, 791, 1864, 315, 9, 2000, 17, 3, 88, 1024, 4001, 5, 640];
+
+#[test]
+fn tiny_golden_model_matches_the_cpu() {
+    if !common::have_gpu() {
+        return;
+    }
+    let f = tiny();
+    let m = Model::load(&f).unwrap();
+    compare(&m, GpuOptions::default(), &PROMPT, "tiny");
+    // Several submissions per prompt (3 rows each), and the head and embedding split into
+    // chunks of 100 rows (ragged last chunk): the same logits.
+    let small = GpuOptions {
+        max_batch: 3,
+        chunk_bytes: Some(100 * 512),
+        ..GpuOptions::default()
+    };
+    compare(&m, small, &PROMPT, "tiny, batches of 3, head in chunks");
+    greedy(&m, &PROMPT, "tiny");
+}
+
+#[test]
+fn medium_synth_matches_the_cpu_in_i2s_and_tq2() {
+    if !common::have_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 409 + 7) % 16_384).collect();
+    for layout in [WeightLayout::I2S, WeightLayout::Tq2_0] {
+        let path = medium(dir.path(), layout);
+        let f = GgufFile::open(&path, &Limits::default()).unwrap();
+        let m = Model::load(&f).unwrap();
+        assert_eq!(m.config.n_vocab, 16_384);
+        assert!(m.config.n_head_kv < m.config.n_head);
+        compare(
+            &m,
+            GpuOptions::default(),
+            &prompt,
+            &format!("medium {layout:?}"),
+        );
+        greedy(&m, &prompt, &format!("medium {layout:?}"));
+    }
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    if !common::have_gpu() {
+        return;
+    }
+    let f = tiny();
+    let m = Model::load(&f).unwrap();
+    let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
+    let mut gc = g.new_cache(4).unwrap();
+    let nv = u32::try_from(m.config.n_vocab).unwrap();
+    assert!(matches!(
+        g.forward(&[nv], &mut gc, Outputs::Last),
+        Err(GpuError::TokenOutOfRange { .. })
+    ));
+    assert!(matches!(
+        g.forward(&[], &mut gc, Outputs::Last),
+        Err(GpuError::Shape { .. })
+    ));
+    assert!(matches!(
+        g.forward(&[1, 2, 3, 4, 5], &mut gc, Outputs::Last),
+        Err(GpuError::ContextFull { need: 5, n_ctx: 4 })
+    ));
+    assert_eq!(gc.len(), 0, "a refused call stores nothing");
+    assert!(matches!(
+        GpuModel::new(
+            &m,
+            GpuOptions {
+                adapter: Some(99),
+                ..GpuOptions::default()
+            }
+        ),
+        Err(GpuError::NoSuchAdapter { index: 99, .. })
+    ));
+    // A layout the kernels do not take, and a quantized head.
+    let mut spec = SynthSpec::preset(Preset::Tiny);
+    spec.layout = WeightLayout::Tq1_0;
+    let bytes = synth::write(
+        &spec,
+        &synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap(),
+        Vec::new(),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let f1 = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
+    let m1 = Model::load(&f1).unwrap();
+    let e = GpuModel::new(&m1, GpuOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, GpuError::Unsupported(s) if s.contains("Tq1_0")),
+        "{e}"
+    );
+    let pool = Pool::new(1);
+    let mut mq = Model::load(&f).unwrap();
+    let q8 =
+        bitnet_kernels::RowMatrix::quantize_from(m.lm_head(), bitnet_kernels::RowType::Q8_0, &pool)
+            .unwrap();
+    mq.set_lm_head(q8);
+    let e = GpuModel::new(&mq, GpuOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, GpuError::Unsupported(s) if s.contains("Q8_0")),
+        "{e}"
+    );
+}
