@@ -62,7 +62,8 @@ pub const BITNET_LM_HEAD_Q4_0: i32 = 3;
 
 /// `bitnet_config.device`: the CPU (the default).
 pub const BITNET_DEVICE_CPU: i32 = 0;
-/// `bitnet_config.device`: a GPU (not in this build: `BITNET_ERR_UNSUPPORTED`).
+/// `bitnet_config.device`: the GPU backend (wgpu: Vulkan, Metal or DX12; fast numerics and the
+/// file's F16 head). Loading fails with `BITNET_ERR_ENGINE` when no adapter can run the model.
 pub const BITNET_DEVICE_GPU: i32 = 1;
 /// `bitnet_config.device`: a GPU when one is usable, else the CPU.
 pub const BITNET_DEVICE_AUTO: i32 = 2;
@@ -388,16 +389,16 @@ fn load_options(c: &bitnet_config) -> Res<LoadOptions> {
             )))
         }
     };
-    match c.device {
-        BITNET_DEVICE_CPU | BITNET_DEVICE_AUTO => {}
-        BITNET_DEVICE_GPU => {
-            return Err(Fail(
-                BITNET_ERR_UNSUPPORTED,
-                "device = BITNET_DEVICE_GPU: this build has no GPU backend (use BITNET_DEVICE_CPU or BITNET_DEVICE_AUTO)".into(),
-            ))
+    let device = match c.device {
+        BITNET_DEVICE_CPU => ::bitnet_engine::Device::Cpu,
+        BITNET_DEVICE_GPU => ::bitnet_engine::Device::Gpu,
+        BITNET_DEVICE_AUTO => ::bitnet_engine::Device::Auto,
+        n => {
+            return Err(invalid(format!(
+                "device = {n} is not a BITNET_DEVICE_* value"
+            )))
         }
-        n => return Err(invalid(format!("device = {n} is not a BITNET_DEVICE_* value"))),
-    }
+    };
     let threads = match usize::try_from(c.n_threads) {
         Ok(0) => ::bitnet_engine::sys::default_threads(),
         Ok(n) if n <= 1024 => n,
@@ -413,6 +414,7 @@ fn load_options(c: &bitnet_config) -> Res<LoadOptions> {
         numerics,
         kv_type,
         lm_head,
+        device,
         in_memory: c.in_memory,
         budget: (c.ram_budget != 0).then(|| ::bitnet_engine::budget::BudgetRequest {
             bytes: c.ram_budget,

@@ -118,10 +118,11 @@ fn bad_load_arguments_are_codes_with_messages() {
         (
             bitnet_config {
                 device: BITNET_DEVICE_GPU,
+                numerics: BITNET_NUMERICS_EXACT,
                 ..cfg()
             },
-            BITNET_ERR_UNSUPPORTED,
-            "GPU",
+            BITNET_ERR_INVALID,
+            "GPU backend does not run exact",
         ),
         (
             bitnet_config {
@@ -666,4 +667,53 @@ fn sampler_matches_the_rust_chain() {
     // SAFETY: a static NUL-terminated string.
     let v = unsafe { CStr::from_ptr(bitnet_version()) };
     assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn gpu_device_forward_matches_the_cpu() {
+    // CI has Mesa's software Vulkan driver; without an adapter this fails unless
+    // BITNET_GPU_TESTS=skip.
+    if bitnet_gpu::adapters().is_empty() {
+        assert_eq!(
+            std::env::var("BITNET_GPU_TESTS").as_deref(),
+            Ok("skip"),
+            "no GPU adapter: install mesa-vulkan-drivers and libvulkan1, or set BITNET_GPU_TESTS=skip"
+        );
+        return;
+    }
+    let cpu = load(&cfg()).unwrap();
+    let gpu = load(&bitnet_config {
+        device: BITNET_DEVICE_GPU,
+        ..cfg()
+    })
+    .unwrap();
+    let ids = [4000u32, 791, 1864, 315, 9, 2000, 17];
+    let mut a = vec![0f32; 4256];
+    let mut b = vec![0f32; 4256];
+    // SAFETY: valid pointers and lengths.
+    unsafe {
+        assert_eq!(
+            bitnet_forward(cpu.0, ids.as_ptr(), ids.len(), a.as_mut_ptr(), 4256),
+            BITNET_OK
+        );
+        assert_eq!(
+            bitnet_forward(gpu.0, ids.as_ptr(), ids.len(), b.as_mut_ptr(), 4256),
+            BITNET_OK,
+            "{}",
+            last_error()
+        );
+    }
+    let md = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(md <= 0.25, "max |Δ| {md}");
+    let top = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map(|(i, _)| i)
+    };
+    assert_eq!(top(&a), top(&b));
 }

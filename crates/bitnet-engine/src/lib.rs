@@ -45,7 +45,8 @@ use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 pub use load::{
-    build_lm_head, load, load_file, open_file, repack_weights, LmHeadFormat, LoadEvent, LoadOptions,
+    build_lm_head, load, load_file, open_file, repack_weights, Device, LmHeadFormat, LoadEvent,
+    LoadOptions,
 };
 pub use stop::StopMatcher;
 
@@ -83,6 +84,10 @@ pub enum EngineError {
          whole. Write it without --compress lz4, or drop --ram-budget"
     )]
     QsfStreaming,
+    #[error(transparent)]
+    Gpu(#[from] bitnet_gpu::GpuError),
+    #[error("{0}")]
+    Device(String),
     #[error("{what} must be at least 1")]
     Zero { what: &'static str },
     #[error(transparent)]
@@ -249,12 +254,54 @@ pub struct Engine {
     opts: EngineOptions,
     /// The forward pass's activation buffers, allocated once and reused by every call.
     scratch: std::sync::Mutex<Scratch>,
+    /// The model on a GPU, when the engine runs there (see [`Device`]).
+    gpu: Option<bitnet_gpu::GpuModel>,
+}
+
+/// A session's KV cache: in memory, or on the GPU for an engine that runs there.
+#[derive(Debug)]
+enum Cache {
+    Cpu(KvCache),
+    Gpu(bitnet_gpu::GpuCache),
+}
+
+impl Cache {
+    fn len(&self) -> usize {
+        match self {
+            Cache::Cpu(c) => c.len(),
+            Cache::Gpu(c) => c.len(),
+        }
+    }
+    fn n_ctx(&self) -> usize {
+        match self {
+            Cache::Cpu(c) => c.n_ctx(),
+            Cache::Gpu(c) => c.n_ctx(),
+        }
+    }
+    fn reset(&mut self) {
+        match self {
+            Cache::Cpu(c) => c.reset(),
+            Cache::Gpu(c) => c.reset(),
+        }
+    }
+    fn truncate(&mut self, n: usize) {
+        match self {
+            Cache::Cpu(c) => c.truncate(n),
+            Cache::Gpu(c) => c.truncate(n),
+        }
+    }
+    fn nbytes(&self) -> usize {
+        match self {
+            Cache::Cpu(c) => c.nbytes(),
+            Cache::Gpu(c) => usize::try_from(c.nbytes()).unwrap_or(usize::MAX),
+        }
+    }
 }
 
 /// One conversation: its KV cache and the tokens it holds.
 #[derive(Debug)]
 pub struct Session {
-    cache: KvCache,
+    cache: Cache,
     tokens: Vec<u32>,
 }
 
@@ -273,7 +320,16 @@ impl Session {
     /// Positions `keep..keep + discard` leave the session (cache and tokens); see
     /// [`KvCache::shift`].
     fn shift(&mut self, config: &bitnet_model::Config, keep: usize, discard: usize) -> Result<()> {
-        self.cache.shift(config, keep, discard)?;
+        match &mut self.cache {
+            Cache::Cpu(c) => c.shift(config, keep, discard)?,
+            Cache::Gpu(_) => {
+                return Err(EngineError::Device(
+                    "the context is full, and the GPU backend has no context shift yet \
+                     (raise --ctx-size, or use --device cpu)"
+                        .into(),
+                ))
+            }
+        }
         self.tokens.drain(keep..keep + discard);
         Ok(())
     }
@@ -312,7 +368,27 @@ impl Engine {
             plan: None,
             opts,
             scratch: std::sync::Mutex::new(Scratch::default()),
+            gpu: None,
         })
+    }
+
+    /// Run on `gpu` (the model uploaded from this engine's own).
+    pub(crate) fn on_gpu(mut self, gpu: bitnet_gpu::GpuModel) -> Result<Self> {
+        self.gpu = Some(gpu);
+        Ok(self)
+    }
+
+    /// The GPU the engine runs on, if it does.
+    pub fn gpu(&self) -> Option<&bitnet_gpu::GpuModel> {
+        self.gpu.as_ref()
+    }
+
+    /// Where the forward pass runs, for reports: `cpu`, or `gpu (adapter, backend)`.
+    pub fn device_name(&self) -> String {
+        match &self.gpu {
+            Some(g) => format!("gpu ({}, {})", g.gpu().info().name, g.gpu().info().backend),
+            None => "cpu".to_string(),
+        }
     }
 
     /// Switch to the low-memory backend with `plan` (see [`budget`]).
@@ -419,9 +495,14 @@ impl Engine {
     /// A new session with room for `n_ctx` positions (at most the training context).
     pub fn new_session(&self, n_ctx: usize) -> Result<Session> {
         let n_ctx = n_ctx.min(self.model().config.n_ctx_train).max(1);
-        let cache = self
-            .model()
-            .new_cache(n_ctx, self.opts.kv_type, self.opts.kv_budget_bytes)?;
+        let cache = match &self.gpu {
+            Some(g) => Cache::Gpu(g.new_cache(n_ctx)?),
+            None => Cache::Cpu(self.model().new_cache(
+                n_ctx,
+                self.opts.kv_type,
+                self.opts.kv_budget_bytes,
+            )?),
+        };
         Ok(Session {
             cache,
             tokens: Vec::new(),
@@ -437,6 +518,19 @@ impl Engine {
             });
         }
         let mut scratch = self.scratch();
+        let cache = match (&mut s.cache, &self.gpu) {
+            (Cache::Cpu(c), _) => c,
+            (Cache::Gpu(_), Some(_)) if tokens.is_empty() => return Ok(Vec::new()),
+            (Cache::Gpu(c), Some(g)) => {
+                // The GPU model splits the tokens into batches itself; one caller at a time.
+                let logits = g.forward(tokens, c, outputs)?;
+                s.tokens.extend_from_slice(tokens);
+                return Ok(logits);
+            }
+            (Cache::Gpu(_), None) => {
+                return Err(EngineError::Device("a GPU session on a CPU engine".into()))
+            }
+        };
         let mut exec = Exec {
             backend: self.backend(),
             numerics: self.opts.numerics,
@@ -452,7 +546,7 @@ impl Engine {
             } else {
                 Outputs::None
             };
-            let l = self.model().forward(chunk, &mut s.cache, out, &mut exec)?;
+            let l = self.model().forward(chunk, cache, out, &mut exec)?;
             if outputs == Outputs::All {
                 logits.extend(l);
             } else {
@@ -479,6 +573,14 @@ impl Engine {
                 });
             }
         }
+        if self.gpu.is_some() {
+            // One session after the other (the GPU backend has no multi-sequence pass yet).
+            return sessions
+                .iter_mut()
+                .zip(tokens)
+                .map(|(s, &t)| self.eval(s, &[t], Outputs::Last))
+                .collect();
+        }
         let mut scratch = self.scratch();
         let mut exec = Exec {
             backend: self.backend(),
@@ -486,15 +588,17 @@ impl Engine {
             trace: None,
             scratch: Some(&mut scratch),
         };
-        let mut seqs: Vec<bitnet_model::Seq<'_>> = sessions
-            .iter_mut()
-            .zip(tokens.chunks(1))
-            .map(|(s, t)| bitnet_model::Seq {
+        let mut seqs: Vec<bitnet_model::Seq<'_>> = Vec::with_capacity(sessions.len());
+        for (s, t) in sessions.iter_mut().zip(tokens.chunks(1)) {
+            let Cache::Cpu(cache) = &mut s.cache else {
+                return Err(EngineError::Device("a GPU session on a CPU engine".into()));
+            };
+            seqs.push(bitnet_model::Seq {
                 tokens: t,
-                cache: &mut s.cache,
+                cache,
                 outputs: Outputs::Last,
-            })
-            .collect();
+            });
+        }
         let logits = self.model().forward_seqs(&mut seqs, &mut exec)?;
         drop(seqs);
         for (s, &t) in sessions.iter_mut().zip(tokens) {

@@ -41,6 +41,18 @@ impl LmHeadFormat {
     }
 }
 
+/// Where the forward pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The CPU kernels (default).
+    #[default]
+    Cpu,
+    /// The GPU backend (`bitnet_gpu`); loading fails when no adapter can run the model.
+    Gpu,
+    /// The GPU when an adapter can run the model, else the CPU (with a note saying why).
+    Auto,
+}
+
 /// Everything [`load`] needs besides the path.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -64,6 +76,10 @@ pub struct LoadOptions {
     /// Run within a RAM budget (the low-memory mode, [`crate::budget`]): weights streamed
     /// through a window of two blocks, the head in chunks, the KV type and context fitted.
     pub budget: Option<crate::budget::BudgetRequest>,
+    /// CPU, GPU or whichever is there.
+    pub device: Device,
+    /// The GPU adapter (an index of `bitnet_gpu::adapters()`); `None`: the best one found.
+    pub gpu_adapter: Option<usize>,
 }
 
 impl Default for LoadOptions {
@@ -80,6 +96,8 @@ impl Default for LoadOptions {
             kv_budget_bytes: e.kv_budget_bytes,
             repack: true,
             budget: None,
+            device: Device::Cpu,
+            gpu_adapter: None,
         }
     }
 }
@@ -100,6 +118,24 @@ impl LoadOptions {
         self.engine_options().validate()?;
         if self.numerics == Numerics::Exact && self.lm_head != LmHeadFormat::File {
             return Err(EngineError::ExactNeedsF16Head);
+        }
+        if self.device == Device::Gpu {
+            let refuse = |what: &str| {
+                Err(EngineError::Device(format!(
+                    "the GPU backend does not run {what} (use --device cpu or auto)"
+                )))
+            };
+            if self.numerics == Numerics::Exact {
+                return refuse("exact numerics (bitnet.cpp's CPU float order)");
+            }
+            if self.budget.is_some() {
+                return refuse("the low-memory mode (--ram-budget)");
+            }
+            if self.lm_head != LmHeadFormat::File {
+                return refuse(
+                    "a quantized LM head built at load (its head is the file's F16 rows)",
+                );
+            }
         }
         if self.budget.is_some() {
             if self.in_memory {
@@ -149,6 +185,15 @@ pub enum LoadEvent<'a> {
     },
     /// The low-memory mode's plan (under a RAM budget).
     Plan(&'a crate::budget::MemoryPlan),
+    /// The model was uploaded to a GPU.
+    Gpu {
+        adapter: &'a str,
+        backend: &'a str,
+        /// Device bytes of the weights and activation buffers (each session's cache adds
+        /// its own).
+        bytes: u64,
+        elapsed: Duration,
+    },
     /// Something the user should know that does not stop loading.
     Note(String),
 }
@@ -184,6 +229,12 @@ pub fn load_file(
         return load_budgeted(model, opts, req, progress);
     }
     let mut model = OwnedModel::load(file)?;
+    if gpu_wanted(opts) {
+        if let Some(gpu) = load_gpu(&model, opts, progress)? {
+            let tokenizer = Tokenizer::from_gguf(model.file().metadata(), opts.pre_tokenizer)?;
+            return Engine::new(model, tokenizer, opts.engine_options())?.on_gpu(gpu);
+        }
+    }
     let pool = Pool::new(opts.threads);
     if opts.lm_head != LmHeadFormat::File {
         model.with_model_mut(|file, m| build_lm_head(m, file, opts.lm_head, &pool, progress))?;
@@ -193,6 +244,59 @@ pub fn load_file(
     }
     let tokenizer = Tokenizer::from_gguf(model.file().metadata(), opts.pre_tokenizer)?;
     Engine::new(model, tokenizer, opts.engine_options())
+}
+
+/// Whether this load tries the GPU (`auto` gives way to the CPU's exact numerics, budget and
+/// quantized heads, which the GPU backend does not run).
+fn gpu_wanted(opts: &LoadOptions) -> bool {
+    match opts.device {
+        Device::Cpu => false,
+        Device::Gpu => true,
+        Device::Auto => {
+            opts.numerics == Numerics::Fast
+                && opts.budget.is_none()
+                && opts.lm_head == LmHeadFormat::File
+        }
+    }
+}
+
+/// Upload the model to the GPU. `Ok(None)`: `auto` found no GPU that can run it (noted).
+fn load_gpu(
+    model: &OwnedModel,
+    opts: &LoadOptions,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<Option<bitnet_gpu::GpuModel>> {
+    let t0 = Instant::now();
+    let gopts = bitnet_gpu::GpuOptions {
+        adapter: opts.gpu_adapter,
+        max_batch: opts.n_batch.max(1),
+        ..Default::default()
+    };
+    match bitnet_gpu::GpuModel::new(model.model(), gopts) {
+        Ok(g) => {
+            // The weights now live on the device: the mapped pages read while uploading go.
+            let m = model.model();
+            for l in &m.layers {
+                for p in l.projections() {
+                    let _ = model.file().release(p.packed_data());
+                }
+            }
+            let _ = model.file().release(m.lm_head().data());
+            let info = g.gpu().info();
+            progress(LoadEvent::Gpu {
+                adapter: &info.name,
+                backend: &info.backend,
+                bytes: g.nbytes(),
+                elapsed: t0.elapsed(),
+            });
+            Ok(Some(g))
+        }
+        Err(e) if opts.device == Device::Auto => {
+            progress(LoadEvent::Note(format!("running on the CPU: {e}")));
+            Ok(None)
+        }
+        Err(e) => Err(EngineError::Gpu(e)),
+    }
 }
 
 /// The low-memory mode: no repacked copy, no head built at load; plan, then stream.

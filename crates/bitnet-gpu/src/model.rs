@@ -226,7 +226,11 @@ impl GpuModel {
     fn upload(gpu: Gpu, model: &Model<'_>, opts: GpuOptions) -> Result<Self> {
         let c = model.config.clone();
         let (e, kv, ff, nv) = (c.n_embd, c.n_embd_kv(), c.n_ff, c.n_vocab);
-        if c.head_dim > MAX_HEAD_DIM || c.n_rot % 2 != 0 || e % 4 != 0 || ff % 4 != 0 {
+        if c.head_dim > MAX_HEAD_DIM
+            || !c.n_rot.is_multiple_of(2)
+            || !e.is_multiple_of(4)
+            || !ff.is_multiple_of(4)
+        {
             return Err(GpuError::Unsupported(format!(
                 "this shape (head size {} > {MAX_HEAD_DIM}, or odd n_rot / n_embd / n_ff)",
                 c.head_dim

@@ -1,5 +1,10 @@
 //! Each GPU kernel against the CPU's scalar reference over random shapes with ragged tails.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::cast_possible_truncation
+)]
 
 mod common;
 

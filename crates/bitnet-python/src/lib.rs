@@ -98,19 +98,16 @@ fn parse_options(
             )))
         }
     };
-    match device {
-        "cpu" | "auto" => {}
-        "gpu" => {
-            return Err(PyValueError::new_err(
-                "device=\"gpu\": this build has no GPU backend (use \"cpu\" or \"auto\")",
-            ))
-        }
+    let device = match device {
+        "cpu" => ::bitnet_engine::Device::Cpu,
+        "gpu" => ::bitnet_engine::Device::Gpu,
+        "auto" => ::bitnet_engine::Device::Auto,
         o => {
             return Err(PyValueError::new_err(format!(
                 "device={o:?}: use \"cpu\", \"gpu\" or \"auto\""
             )))
         }
-    }
+    };
     let threads = match n_threads {
         None => ::bitnet_engine::sys::default_threads(),
         Some(n) if (1..=1024).contains(&n) => n,
@@ -125,6 +122,7 @@ fn parse_options(
         numerics,
         kv_type,
         lm_head,
+        device,
         in_memory,
         budget: ram_budget.map(|bytes| ::bitnet_engine::budget::BudgetRequest {
             bytes,

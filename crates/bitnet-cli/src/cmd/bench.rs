@@ -96,12 +96,18 @@ fn stat(mut v: Vec<f64>) -> Stat {
 
 /// `bench --ram-budget`: pp and tg of one sequence in the low-memory mode (one thread
 /// count; the weights stream from the mapped file, so there is no read-bandwidth column).
-fn run_budgeted(a: &Args) -> Result<()> {
+/// Bench through the engine: the low-memory mode (`--ram-budget`) and the GPU (`--device`).
+fn run_engine(a: &Args) -> Result<()> {
+    let what = if a.model.ram_budget.is_some() {
+        "--ram-budget"
+    } else {
+        "--device gpu"
+    };
     if a.threads_list.as_ref().is_some_and(|l| l.len() > 1) || a.model.threads.len() > 1 {
-        bail!("--ram-budget benches one thread count (-t N)");
+        bail!("{what} benches one thread count (-t N)");
     }
     if !a.batch.is_empty() {
-        bail!("--ram-budget plans for one sequence: drop --batch");
+        bail!("{what} runs one sequence: drop --batch");
     }
     let t = a
         .threads_list
@@ -114,24 +120,36 @@ fn run_budgeted(a: &Args) -> Result<()> {
     let mut model_args = a.model.clone();
     model_args.threads = vec![t];
     let engine = super::common::load_engine(&model_args)?;
-    let n_ctx = engine.plan().map_or(0, |p| p.n_ctx);
     let n_vocab = engine.model().config.n_vocab;
     let deepest = a.depth.iter().copied().max().unwrap_or(0);
     let needed = deepest + a.n_prompt + a.n_gen + 1;
+    let n_ctx = engine.plan().map_or(needed, |p| p.n_ctx);
     if needed > n_ctx {
         bail!(
             "the tests need {needed} positions; the context the RAM budget allows holds {n_ctx} \
              (lower -d/-p/-n, or give -c and a larger budget)"
         );
     }
+    let gpu = engine.gpu().is_some();
+    // Bytes a decode step reads: every projection and the head (for the GPU's GB/s).
+    let step_bytes = engine.model().bytes_per_token() as f64;
     if !a.json {
-        println!(
-            "model {} | low-memory mode, budget {} | numerics {:?} | kv {:?}",
-            model_args.path()?.display(),
-            human_bytes(a.model.ram_budget.unwrap_or(0)),
-            a.model.numerics,
-            engine.options().kv_type
-        );
+        if a.model.ram_budget.is_some() {
+            println!(
+                "model {} | low-memory mode, budget {} | numerics {:?} | kv {:?}",
+                model_args.path()?.display(),
+                human_bytes(a.model.ram_budget.unwrap_or(0)),
+                a.model.numerics,
+                engine.options().kv_type
+            );
+        } else {
+            println!(
+                "model {} | device {} | numerics {:?} | kv f32 on the device",
+                model_args.path()?.display(),
+                engine.device_name(),
+                a.model.numerics,
+            );
+        }
         println!(
             "{:<14} {:>7} {:>12} {:>20}",
             "test", "threads", "tok/s", "(min .. max)"
@@ -179,20 +197,23 @@ fn run_budgeted(a: &Args) -> Result<()> {
         }
         for (name, rates) in tests {
             let s = stat(rates);
+            let gbs = (gpu && name.starts_with("tg")).then(|| s.median * step_bytes / 1e9);
             if a.json {
                 println!(
                     "{}",
                     json!({
                         "test": name, "threads": t, "batch": 1, "tok_s_median": s.median, "tok_s_min": s.min,
                         "tok_s_max": s.max, "ram_budget": a.model.ram_budget, "peak_rss_bytes": peak_rss_bytes(),
-                        "numerics": format!("{:?}", a.model.numerics),
+                        "numerics": format!("{:?}", a.model.numerics), "device": engine.device_name(),
+                        "weights_gb_s": gbs,
                     })
                 );
             } else {
                 println!(
-                    "{name:<14} {t:>7} {:>12.2} {:>20}",
+                    "{name:<14} {t:>7} {:>12.2} {:>20}{}",
                     s.median,
-                    format!("({:.2} .. {:.2})", s.min, s.max)
+                    format!("({:.2} .. {:.2})", s.min, s.max),
+                    gbs.map_or_else(String::new, |g| format!("  {g:.1} GB/s of weights"))
                 );
             }
         }
@@ -226,8 +247,8 @@ pub fn run(a: Args) -> Result<()> {
     if a.model.skip_layers.is_some() {
         bail!("bench does not skip blocks; measure --skip-layers with `bitnet run` and `bitnet perplexity`");
     }
-    if a.model.ram_budget.is_some() {
-        return run_budgeted(&a);
+    if a.model.ram_budget.is_some() || a.model.device != super::common::DeviceArg::Cpu {
+        return run_engine(&a);
     }
     let path = a.model.path()?;
     let file = open_gguf(&path, a.model.in_memory)?;

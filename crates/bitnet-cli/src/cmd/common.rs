@@ -98,6 +98,22 @@ pub struct ModelArgs {
     /// memory on a mapped file).
     #[arg(long)]
     pub no_repack: bool,
+    /// Where the forward pass runs: cpu (default), gpu (wgpu: Vulkan, Metal or DX12; fast
+    /// numerics, the file's F16 head), or auto (the GPU when one can run the model, else the
+    /// CPU with a note).
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// The GPU adapter to use (its index in `bitnet inspect --system`; default: the best found).
+    #[arg(long, value_name = "N")]
+    pub gpu: Option<usize>,
+}
+
+/// `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    Cpu,
+    Gpu,
+    Auto,
 }
 
 /// The LM head's storage.
@@ -177,6 +193,17 @@ impl LoadProgress {
                 elapsed.as_secs_f64()
             ),
             LoadEvent::Plan(p) => eprint!("{}", p.table()),
+            LoadEvent::Gpu {
+                adapter,
+                backend,
+                bytes,
+                elapsed,
+            } => eprintln!(
+                "GPU: {adapter} ({backend}), {} on the device (weights and activations), \
+                 uploaded in {:.1} s",
+                human_bytes(bytes),
+                elapsed.as_secs_f64()
+            ),
             LoadEvent::Note(n) => eprintln!("note: {n}"),
         }
     }
@@ -198,6 +225,22 @@ impl ModelArgs {
             .copied()
             .unwrap_or_else(default_threads)
             .max(1)
+    }
+
+    /// For commands that run on the CPU only: `--device gpu` is an error naming `what`,
+    /// `auto` becomes `cpu` with a note.
+    pub fn cpu_only(&mut self, what: &str) -> Result<()> {
+        match self.device {
+            DeviceArg::Cpu => {}
+            DeviceArg::Gpu => anyhow::bail!(
+                "{what} runs on the CPU (the GPU backend does not serve it yet): use --device cpu"
+            ),
+            DeviceArg::Auto => {
+                eprintln!("note: {what} runs on the CPU");
+                self.device = DeviceArg::Cpu;
+            }
+        }
+        Ok(())
     }
 
     /// The thread count for commands that run one configuration: a list is an error.
@@ -230,6 +273,12 @@ impl ModelArgs {
             in_memory: self.in_memory,
             pre_tokenizer: self.pre_tokenizer()?,
             repack: !self.no_repack,
+            device: match self.device {
+                DeviceArg::Cpu => bitnet_engine::Device::Cpu,
+                DeviceArg::Gpu => bitnet_engine::Device::Gpu,
+                DeviceArg::Auto => bitnet_engine::Device::Auto,
+            },
+            gpu_adapter: self.gpu,
             budget: self
                 .ram_budget
                 .map(|bytes| bitnet_engine::budget::BudgetRequest {

@@ -79,7 +79,29 @@ fn array_str(a: &Array) -> String {
 }
 
 fn system_report() -> String {
-    bitnet_kernels::isa_report()
+    let mut r = bitnet_kernels::isa_report();
+    let adapters = bitnet_gpu::adapters();
+    if adapters.is_empty() {
+        r.push_str("\ngpu: no adapter found (Vulkan, Metal or DX12)");
+    }
+    for a in adapters {
+        r.push_str(&format!(
+            "\ngpu {}: {} ({}, {}; {}), max buffer {}, max storage binding {}, workgroup \
+             storage {} B, {} invocations{}{}",
+            a.index,
+            a.name,
+            a.backend,
+            a.device_type,
+            a.driver,
+            human_bytes(a.max_buffer_size),
+            human_bytes(a.max_storage_binding),
+            a.max_workgroup_storage,
+            a.max_invocations,
+            if a.shader_f16 { ", shader-f16" } else { "" },
+            if a.subgroups { ", subgroups" } else { "" },
+        ));
+    }
+    r
 }
 
 /// Bytes to run the model: mapped tensor data plus an f16 KV cache at the training context.

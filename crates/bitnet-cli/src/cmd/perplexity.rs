@@ -33,7 +33,8 @@ pub struct Args {
     kl_divergence: bool,
 }
 
-pub fn run(a: Args) -> Result<()> {
+pub fn run(mut a: Args) -> Result<()> {
+    a.model.cpu_only("perplexity")?;
     if a.model.ram_budget.is_some() {
         bail!(
             "perplexity keeps the logits of whole chunks and is not planned for a RAM budget; \

@@ -1,0 +1,132 @@
+//! The engine on the GPU backend (`LoadOptions::device`): greedy generation gives the CPU
+//! engine's ids on the tiny golden model, sampling with a seed runs, and the combinations the
+//! GPU does not run are refused at load (or, with `auto`, fall back to the CPU).
+//! Needs a GPU adapter (CI installs Mesa's software Vulkan driver); without one it fails
+//! unless `BITNET_GPU_TESTS=skip`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use bitnet_engine::{load, Device, EngineError, Event, GenParams, LoadEvent, LoadOptions};
+use bitnet_model::Numerics;
+use bitnet_sampling::SamplerParams;
+
+fn have_gpu() -> bool {
+    if !bitnet_gpu::adapters().is_empty() {
+        return true;
+    }
+    if std::env::var("BITNET_GPU_TESTS").as_deref() == Ok("skip") {
+        eprintln!("no GPU adapter; skipped (BITNET_GPU_TESTS=skip)");
+        return false;
+    }
+    panic!("no GPU adapter found: install mesa-vulkan-drivers and libvulkan1, or set BITNET_GPU_TESTS=skip");
+}
+
+fn opts(device: Device) -> LoadOptions {
+    LoadOptions {
+        threads: 2,
+        device,
+        ..LoadOptions::default()
+    }
+}
+
+fn generate(device: Device, sampler: SamplerParams) -> (Vec<u32>, Vec<String>) {
+    let path = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
+    let mut events = Vec::new();
+    let e = load(&path, &opts(device), &mut |ev| {
+        if let LoadEvent::Gpu { adapter, .. } = ev {
+            events.push(format!("gpu {adapter}"));
+        }
+    })
+    .unwrap();
+    assert_eq!(e.gpu().is_some(), device != Device::Cpu);
+    let prompt = e
+        .tokenizer
+        .encode("The quick brown fox", true, false)
+        .unwrap();
+    let mut s = e.new_session(64).unwrap();
+    let mut ids = Vec::new();
+    let params = GenParams {
+        max_tokens: 24,
+        sampler,
+        ..GenParams::default()
+    };
+    e.generate(&mut s, &prompt, false, &params, &mut |ev| {
+        if let Event::Token(t) = ev {
+            ids.push(t);
+        }
+        true
+    })
+    .unwrap();
+    assert_eq!(s.tokens().len(), prompt.len() + ids.len());
+    (ids, events)
+}
+
+#[test]
+fn greedy_generation_equals_the_cpu_engine() {
+    if !have_gpu() {
+        return;
+    }
+    let (cpu, _) = generate(Device::Cpu, SamplerParams::greedy());
+    let (gpu, events) = generate(Device::Gpu, SamplerParams::greedy());
+    assert_eq!(events.len(), 1, "the upload is reported");
+    assert_eq!(gpu, cpu);
+    let (auto, _) = generate(Device::Auto, SamplerParams::greedy());
+    assert_eq!(auto, cpu);
+    // Seeded sampling runs on the GPU's logits through the same sampler chain.
+    let seeded = SamplerParams {
+        seed: 7,
+        ..SamplerParams::default()
+    };
+    let (a, _) = generate(Device::Gpu, seeded.clone());
+    assert_eq!(a.len(), 24);
+}
+
+#[test]
+fn what_the_gpu_does_not_run_is_refused_or_falls_back() {
+    if !have_gpu() {
+        return;
+    }
+    let path = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
+    let exact = LoadOptions {
+        numerics: Numerics::Exact,
+        ..opts(Device::Gpu)
+    };
+    assert!(matches!(
+        load(&path, &exact, &mut |_| {}),
+        Err(EngineError::Device(_))
+    ));
+    let q8 = LoadOptions {
+        lm_head: bitnet_engine::LmHeadFormat::Q8_0,
+        ..opts(Device::Gpu)
+    };
+    assert!(matches!(
+        load(&path, &q8, &mut |_| {}),
+        Err(EngineError::Device(_))
+    ));
+    // `auto` with exact numerics stays on the CPU.
+    let auto_exact = LoadOptions {
+        numerics: Numerics::Exact,
+        ..opts(Device::Auto)
+    };
+    assert!(load(&path, &auto_exact, &mut |_| {})
+        .unwrap()
+        .gpu()
+        .is_none());
+    let bad = LoadOptions {
+        gpu_adapter: Some(42),
+        ..opts(Device::Gpu)
+    };
+    assert!(matches!(
+        load(&path, &bad, &mut |_| {}),
+        Err(EngineError::Gpu(bitnet_gpu::GpuError::NoSuchAdapter {
+            index: 42,
+            ..
+        }))
+    ));
+    // Running out of context is the engine's error, not a panic.
+    let e = load(&path, &opts(Device::Gpu), &mut |_| {}).unwrap();
+    let mut s = e.new_session(4).unwrap();
+    assert!(matches!(
+        e.eval(&mut s, &[1, 2, 3, 4, 5], bitnet_model::Outputs::Last),
+        Err(EngineError::ContextFull { .. })
+    ));
+}
