@@ -451,6 +451,9 @@ impl Engine {
         for &i in &list {
             mask[i] = true;
         }
+        if let Some(g) = &mut self.gpu {
+            g.set_skip(mask.clone());
+        }
         self.model.with_model_mut(|_, m| m.skip = mask);
         Ok(list)
     }
@@ -523,7 +526,10 @@ impl Engine {
             (Cache::Gpu(_), Some(_)) if tokens.is_empty() => return Ok(Vec::new()),
             (Cache::Gpu(c), Some(g)) => {
                 // The GPU model splits the tokens into batches itself; one caller at a time.
-                let logits = g.forward(tokens, c, outputs)?;
+                // A failed call keeps only the positions the session's tokens account for.
+                let logits = g.forward(tokens, c, outputs).inspect_err(|_| {
+                    c.truncate(s.tokens.len());
+                })?;
                 s.tokens.extend_from_slice(tokens);
                 return Ok(logits);
             }

@@ -122,6 +122,30 @@ fn what_the_gpu_does_not_run_is_refused_or_falls_back() {
             ..
         }))
     ));
+    // Skipped blocks are skipped on the GPU too: the logits move with the mask, and equal the
+    // CPU engine's with the same mask.
+    let mut cpu = load(&path, &opts(Device::Cpu), &mut |_| {}).unwrap();
+    let mut gpu = load(&path, &opts(Device::Gpu), &mut |_| {}).unwrap();
+    let logits = |e: &bitnet_engine::Engine| {
+        let mut s = e.new_session(16).unwrap();
+        e.eval(&mut s, &[4000, 791, 1864, 315], bitnet_model::Outputs::Last)
+            .unwrap()
+    };
+    let before = logits(&gpu);
+    let skip = bitnet_engine::skip::SkipLayers::List(vec![1]);
+    cpu.set_skip_layers(&skip).unwrap();
+    gpu.set_skip_layers(&skip).unwrap();
+    let (a, b) = (logits(&cpu), logits(&gpu));
+    let md = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    assert!(md <= 0.25, "skipped block: max |Δ| {md}");
+    assert!(
+        before.iter().zip(&b).any(|(x, y)| (x - y).abs() > 1e-3),
+        "the mask reached the GPU"
+    );
     // Running out of context is the engine's error, not a panic.
     let e = load(&path, &opts(Device::Gpu), &mut |_| {}).unwrap();
     let mut s = e.new_session(4).unwrap();

@@ -423,6 +423,12 @@ impl GpuModel {
         self.bytes
     }
 
+    /// Skip the blocks marked `true` (the residual stream passes them unchanged), as
+    /// [`Model::skip`] does on the CPU; an empty mask skips none.
+    pub fn set_skip(&mut self, mask: Vec<bool>) {
+        self.skip = mask;
+    }
+
     /// The model's shape.
     pub fn config(&self) -> &Config {
         &self.config
