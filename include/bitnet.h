@@ -73,7 +73,8 @@
 // `bitnet_config.device`: the CPU (the default).
 #define BITNET_DEVICE_CPU 0
 
-// `bitnet_config.device`: a GPU (not in this build: `BITNET_ERR_UNSUPPORTED`).
+// `bitnet_config.device`: the GPU backend (wgpu: Vulkan, Metal or DX12; fast numerics and the
+// file's F16 head). Loading fails with `BITNET_ERR_ENGINE` when no adapter can run the model.
 #define BITNET_DEVICE_GPU 1
 
 // `bitnet_config.device`: a GPU when one is usable, else the CPU.

@@ -319,15 +319,18 @@ impl Session {
     }
     /// Positions `keep..keep + discard` leave the session (cache and tokens); see
     /// [`KvCache::shift`].
-    fn shift(&mut self, config: &bitnet_model::Config, keep: usize, discard: usize) -> Result<()> {
-        match &mut self.cache {
-            Cache::Cpu(c) => c.shift(config, keep, discard)?,
-            Cache::Gpu(_) => {
-                return Err(EngineError::Device(
-                    "the context is full, and the GPU backend has no context shift yet \
-                     (raise --ctx-size, or use --device cpu)"
-                        .into(),
-                ))
+    fn shift(
+        &mut self,
+        config: &bitnet_model::Config,
+        gpu: Option<&bitnet_gpu::GpuModel>,
+        keep: usize,
+        discard: usize,
+    ) -> Result<()> {
+        match (&mut self.cache, gpu) {
+            (Cache::Cpu(c), _) => c.shift(config, keep, discard)?,
+            (Cache::Gpu(c), Some(g)) => g.shift(c, keep, discard)?,
+            (Cache::Gpu(_), None) => {
+                return Err(EngineError::Device("a GPU session on a CPU engine".into()))
             }
         }
         self.tokens.drain(keep..keep + discard);
@@ -342,6 +345,12 @@ impl Session {
     pub fn kv_bytes(&self) -> usize {
         self.cache.nbytes()
     }
+}
+
+/// What picks the next token in [`Engine::generate`].
+enum Next {
+    Logits(Vec<f32>),
+    Chosen(u32),
 }
 
 /// A piece of generated output.
@@ -571,20 +580,54 @@ impl Engine {
         sessions: &mut [&mut Session],
         tokens: &[u32],
     ) -> Result<Vec<Vec<f32>>> {
-        for s in sessions.iter() {
-            if s.cache.len() >= s.cache.n_ctx() {
+        let mut work: Vec<(&mut Session, &[u32], Outputs)> = sessions
+            .iter_mut()
+            .zip(tokens.chunks(1))
+            .map(|(s, t)| (&mut **s, t, Outputs::Last))
+            .collect();
+        self.forward_sessions(&mut work)
+    }
+
+    /// Evaluate `tokens` and return what picks the next token: the last position's logits, or
+    /// (`device_greedy`, on the GPU) the index of their maximum.
+    fn eval_next(&self, s: &mut Session, tokens: &[u32], device_greedy: bool) -> Result<Next> {
+        if let (true, Some(g), Cache::Gpu(c)) = (device_greedy, &self.gpu, &mut s.cache) {
+            if c.len() + tokens.len() > c.n_ctx() {
                 return Err(EngineError::ContextFull {
-                    n_past: s.cache.len() + 1,
+                    n_past: c.len() + tokens.len(),
+                    n_ctx: c.n_ctx(),
+                });
+            }
+            let _guard = self.scratch();
+            let t = g.forward_greedy(tokens, c).inspect_err(|_| {
+                c.truncate(s.tokens.len());
+            })?;
+            s.tokens.extend_from_slice(tokens);
+            return Ok(Next::Chosen(t));
+        }
+        Ok(Next::Logits(self.eval(s, tokens, Outputs::Last)?))
+    }
+
+    /// One forward pass over several sessions, each with its own new tokens and outputs (a
+    /// server's step: some sessions prefill, others decode). On the CPU every ternary matmul
+    /// is shared ([`Model::forward_seqs`]); on the GPU the sessions run one after the other.
+    /// Returns each session's logits as [`Engine::eval`] would; tokens join their sessions.
+    pub fn forward_sessions(
+        &self,
+        work: &mut [(&mut Session, &[u32], Outputs)],
+    ) -> Result<Vec<Vec<f32>>> {
+        for (s, t, _) in work.iter() {
+            if s.cache.len() + t.len() > s.cache.n_ctx() {
+                return Err(EngineError::ContextFull {
+                    n_past: s.cache.len() + t.len(),
                     n_ctx: s.cache.n_ctx(),
                 });
             }
         }
         if self.gpu.is_some() {
-            // One session after the other (the GPU backend has no multi-sequence pass yet).
-            return sessions
+            return work
                 .iter_mut()
-                .zip(tokens)
-                .map(|(s, &t)| self.eval(s, &[t], Outputs::Last))
+                .map(|(s, t, o)| self.eval(s, t, *o))
                 .collect();
         }
         let mut scratch = self.scratch();
@@ -594,21 +637,21 @@ impl Engine {
             trace: None,
             scratch: Some(&mut scratch),
         };
-        let mut seqs: Vec<bitnet_model::Seq<'_>> = Vec::with_capacity(sessions.len());
-        for (s, t) in sessions.iter_mut().zip(tokens.chunks(1)) {
+        let mut seqs: Vec<bitnet_model::Seq<'_>> = Vec::with_capacity(work.len());
+        for (s, t, o) in work.iter_mut() {
             let Cache::Cpu(cache) = &mut s.cache else {
                 return Err(EngineError::Device("a GPU session on a CPU engine".into()));
             };
             seqs.push(bitnet_model::Seq {
                 tokens: t,
                 cache,
-                outputs: Outputs::Last,
+                outputs: *o,
             });
         }
         let logits = self.model().forward_seqs(&mut seqs, &mut exec)?;
         drop(seqs);
-        for (s, &t) in sessions.iter_mut().zip(tokens) {
-            s.tokens.push(t);
+        for (s, t, _) in work.iter_mut() {
+            s.tokens.extend_from_slice(t);
         }
         Ok(logits)
     }
@@ -627,7 +670,7 @@ impl Engine {
                 n_ctx: s.cache.n_ctx(),
             });
         }
-        s.shift(&self.model().config, keep, discard)
+        s.shift(&self.model().config, self.gpu.as_ref(), keep, discard)
     }
 
     /// Generate after `prompt` (the full token sequence of the conversation so far, or just
@@ -663,7 +706,15 @@ impl Engine {
 
         // 2. Prefill.
         let t0 = Instant::now();
-        let mut logits = self.eval(s, new, Outputs::Last)?;
+        // Greedy without penalties on the GPU: its argmax picks the token (the lowest id among
+        // equal maxima, as the sampler does) and 8 bytes come back instead of the logits.
+        let sp = &params.sampler;
+        let device_greedy = self.gpu.is_some()
+            && sp.temperature <= 0.0
+            && sp.repeat_penalty == 1.0
+            && sp.presence_penalty == 0.0
+            && sp.frequency_penalty == 0.0;
+        let mut next = self.eval_next(s, new, device_greedy)?;
         let prompt_time = t0.elapsed();
 
         // 3. Decode loop.
@@ -679,7 +730,10 @@ impl Engine {
             if generated >= params.max_tokens {
                 break FinishReason::Length;
             }
-            let tok = sampler.sample(&logits)?;
+            let tok = match &next {
+                Next::Logits(l) => sampler.sample(l)?,
+                Next::Chosen(t) => *t,
+            };
             sampler.accept(tok);
             generated += 1;
             if !on_event(Event::Token(tok)) {
@@ -720,7 +774,7 @@ impl Engine {
                     ContextPolicy::Shift { keep } => self.shift(s, keep)?,
                 }
             }
-            logits = self.eval(s, &[tok], Outputs::Last)?;
+            next = self.eval_next(s, &[tok], device_greedy)?;
         };
         if !matches!(finish, FinishReason::StopString | FinishReason::Cancelled) {
             let tail = decoder.finish();

@@ -78,9 +78,8 @@ pub struct Gpu {
     faults: Arc<Faults>,
 }
 
-/// Workgroup storage the kernels declare at most (attention: 256 + 64 + 64 f32; the ternary
-/// kernel: 2 × 64 × 16 bytes).
-const WORKGROUP_STORAGE: u32 = 2048;
+/// Workgroup storage the kernels declare at most (the fused gate/up kernel: 4 × 64 × 16 bytes).
+const WORKGROUP_STORAGE: u32 = 4096;
 /// Invocations per workgroup the kernels use at most.
 const INVOCATIONS: u32 = 256;
 
@@ -333,7 +332,7 @@ pub(crate) struct Kernels {
     pub ternary: wgpu::ComputePipeline,
     pub rope: wgpu::ComputePipeline,
     pub attention: wgpu::ComputePipeline,
-    pub elementwise: wgpu::ComputePipeline,
+    pub ternary_glu: wgpu::ComputePipeline,
     pub head: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
     pub embed: wgpu::ComputePipeline,
@@ -364,7 +363,7 @@ impl Kernels {
             ternary: make("ternary", include_str!("shaders/ternary.wgsl")),
             rope: make("rope", include_str!("shaders/rope.wgsl")),
             attention: make("attention", include_str!("shaders/attention.wgsl")),
-            elementwise: make("elementwise", include_str!("shaders/elementwise.wgsl")),
+            ternary_glu: make("ternary_glu", include_str!("shaders/ternary_glu.wgsl")),
             head: make("head", include_str!("shaders/head.wgsl")),
             argmax: make("argmax", include_str!("shaders/argmax.wgsl")),
             embed: make("embed", include_str!("shaders/embed.wgsl")),

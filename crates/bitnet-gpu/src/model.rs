@@ -68,8 +68,8 @@ struct GpuLayer {
     norm_sub: wgpu::BindGroup,
     o: GpuMatrix,
     norm_ffn: wgpu::BindGroup,
-    gate: GpuMatrix,
-    up: GpuMatrix,
+    /// gate, up and the activation, fused
+    glu: GpuMatrix,
     norm_ffn_sub: wgpu::BindGroup,
     down: GpuMatrix,
 }
@@ -115,8 +115,6 @@ pub struct GpuModel {
     final_norm: wgpu::BindGroup,
     head_binds: Vec<(usize, wgpu::BindGroup)>,
     argmax_bind: wgpu::BindGroup,
-    add_bind: wgpu::BindGroup,
-    act_bind: wgpu::BindGroup,
     /// Bytes of weights and activation buffers on the device.
     bytes: u64,
 }
@@ -277,9 +275,7 @@ impl GpuModel {
         let k = buf("k", f32s(max_batch * kv)?)?;
         let v = buf("v", f32s(max_batch * kv)?)?;
         let o = buf("o", f32s(max_batch * e)?)?;
-        let t = buf("t", f32s(max_batch * e)?)?;
         let g = buf("g", f32s(max_batch * ff)?)?;
-        let up = buf("up", f32s(max_batch * ff)?)?;
         let xq = buf("xq", bytes_of(max_batch * e.max(ff))?)?;
         let xs = buf("xs", f32s(max_batch)?)?;
         let hn = buf("hn", f32s(out_cap * e)?)?;
@@ -309,19 +305,24 @@ impl GpuModel {
         };
         let mut layers = Vec::with_capacity(c.n_layer);
         let mut mat_bytes = 0u64;
+        let act_mode = match c.activation {
+            Activation::Relu2 => 1,
+            Activation::Silu => 2,
+        };
         for (il, l) in model.layers.iter().enumerate() {
-            let mut mat = |m: &TernaryMatrix<'_>, out: &wgpu::Buffer| {
-                let (gm, b) = upload_matrix(&gpu, m, &step, &xq, &xs, out, il)?;
+            let mut mat = |m: &TernaryMatrix<'_>, out: &wgpu::Buffer, accumulate: bool| {
+                let (gm, b) = upload_matrix(&gpu, m, &step, &xq, &xs, out, il, accumulate)?;
                 mat_bytes += b;
                 Ok::<_, GpuError>(gm)
             };
-            let qm = mat(&l.wq, &q)?;
-            let km = mat(&l.wk, &k)?;
-            let vm = mat(&l.wv, &v)?;
-            let om = mat(&l.wo, &t)?;
-            let gm = mat(&l.w_gate, &g)?;
-            let um = mat(&l.w_up, &up)?;
-            let dm = mat(&l.w_down, &t)?;
+            let qm = mat(&l.wq, &q, false)?;
+            let km = mat(&l.wk, &k, false)?;
+            let vm = mat(&l.wv, &v, false)?;
+            // 6. and 10.: h += Lin(W, ·), added in the kernel.
+            let om = mat(&l.wo, &h, true)?;
+            let dm = mat(&l.w_down, &h, true)?;
+            let (glu, b) = upload_glu(&gpu, &l.w_gate, &l.w_up, &step, &xq, &xs, &g, act_mode, il)?;
+            mat_bytes += b;
             layers.push(GpuLayer {
                 norm_attn: norm(&l.attn_norm, &dims_e, &h, "attn_norm")?,
                 q: qm,
@@ -330,8 +331,7 @@ impl GpuModel {
                 norm_sub: norm(&l.attn_sub_norm, &dims_e, &o, "attn_sub_norm")?,
                 o: om,
                 norm_ffn: norm(&l.ffn_norm, &dims_e, &h, "ffn_norm")?,
-                gate: gm,
-                up: um,
+                glu,
                 norm_ffn_sub: norm(&l.ffn_sub_norm, &dims_ff, &g, "ffn_sub_norm")?,
                 down: dm,
             });
@@ -373,14 +373,6 @@ impl GpuModel {
         let argmax_bind = gpu.bind(&kp.argmax, &[&step, &dims_nv, &logits, &best]);
         let embed_dims = gpu.uniform("dims embed", &[u32_of(e, "n_embd")?, embd_ty, 0, 0]);
         let embed_bind = gpu.bind(&kp.embed, &[&step, &embed_dims, &act_rows, &h]);
-        let add_dims = gpu.uniform("dims add", &[u32_of(e, "n_embd")?, 0, 0, 0]);
-        let add_bind = gpu.bind(&kp.elementwise, &[&step, &add_dims, &h, &t]);
-        let act_mode = match c.activation {
-            Activation::Relu2 => 1,
-            Activation::Silu => 2,
-        };
-        let act_dims = gpu.uniform("dims act", &[u32_of(ff, "n_ff")?, act_mode, 0, 0]);
-        let act_bind = gpu.bind(&kp.elementwise, &[&step, &act_dims, &g, &up]);
         gpu.wait()?;
         Ok(GpuModel {
             config: c,
@@ -406,8 +398,6 @@ impl GpuModel {
             final_norm,
             head_binds,
             argmax_bind,
-            add_bind,
-            act_bind,
             bytes,
             gpu,
         })
@@ -440,7 +430,7 @@ impl GpuModel {
         let n_ctx = n_ctx.max(1);
         let kv = c.n_embd_kv();
         let per = bytes_of(mul(mul(n_ctx, kv, "cache")?, 4, "cache")?)?;
-        let usage = wgpu::BufferUsages::COPY_DST;
+        let usage = wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
         let mut k = Vec::with_capacity(c.n_layer);
         let mut v = Vec::with_capacity(c.n_layer);
         for _ in 0..c.n_layer {
@@ -502,6 +492,56 @@ impl GpuModel {
             len: 0,
             n_ctx,
         })
+    }
+
+    /// Context shift, as [`bitnet_model::KvCache::shift`] does it: drop positions
+    /// `keep..keep + discard`, move the later ones down by `discard`, and turn their keys back
+    /// by `discard` positions of RoPE. The cache makes one round trip through memory (a rare
+    /// event: when a generation fills its context).
+    pub fn shift(&self, cache: &mut GpuCache, keep: usize, discard: usize) -> Result<()> {
+        let c = &self.config;
+        let from = keep
+            .checked_add(discard)
+            .filter(|&f| f <= cache.len && discard > 0)
+            .ok_or(GpuError::Shape {
+                what: "context shift (kept + dropped positions)",
+                expected: cache.len,
+                got: keep.saturating_add(discard),
+            })?;
+        let (kv, d) = (c.n_embd_kv(), c.head_dim);
+        let rope = rope_row(discard, c.n_rot, c.rope_freq_base);
+        let half = rope.cos.len();
+        let moved = cache.len - from;
+        let bytes = bytes_of(mul(mul(cache.len, kv, "cache")?, 4, "cache")?)?;
+        for il in 0..c.n_layer {
+            for (buf, is_k) in [(&cache.k[il], true), (&cache.v[il], false)] {
+                let raw = self.gpu.read(buf, bytes)?;
+                let mut rows: Vec<f32> = raw
+                    .chunks_exact(4)
+                    .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                    .collect();
+                if is_k {
+                    for head in rows[from * kv..].chunks_exact_mut(d) {
+                        // Rotate by -discard: (x0, x1) -> (x0 c + x1 s, x1 c - x0 s).
+                        let (lo, hi) = head.split_at_mut(half);
+                        for i in 0..half.min(hi.len()) {
+                            let (x0, x1, co, si) = (lo[i], hi[i], rope.cos[i], rope.sin[i]);
+                            lo[i] = x0 * co + x1 * si;
+                            hi[i] = x1 * co - x0 * si;
+                        }
+                    }
+                }
+                let tail = &rows[from * kv..(from + moved) * kv];
+                self.gpu.queue.write_buffer(
+                    buf,
+                    bytes_of(mul(keep, kv, "cache")? * 4)?,
+                    bytemuck::cast_slice(tail),
+                );
+            }
+        }
+        self.gpu.wait()?;
+        cache.len -= discard;
+        Ok(())
     }
 
     /// Evaluate `tokens` at positions `cache.len()..`, append their K/V, and return the
@@ -622,7 +662,7 @@ impl GpuModel {
         let a = &self.act;
         let n = tokens.len();
         let n32 = u32_of(n, "tokens")?;
-        let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
+        let kv = c.n_embd_kv();
 
         // 1. h = E[token]: copy each token's stored row, then widen.
         let src = self.embd.as_ref().unwrap_or(&self.head);
@@ -640,14 +680,6 @@ impl GpuModel {
             let mut p = enc.begin_compute_pass(&Default::default());
             dispatch(&mut p, &kp.embed, &self.embed_bind, n32, 1);
         }
-        let elems = |width: usize| -> Result<(u32, u32)> {
-            let groups = mul(n, width, "elements")?.div_ceil(256);
-            let x = groups.min(65_535);
-            Ok((
-                u32_of(x, "groups")?,
-                u32_of(groups.div_ceil(x.max(1)), "groups")?,
-            ))
-        };
         let tok_tiles = u32_of(n.div_ceil(TERNARY_TOKENS), "tokens")?;
         let lin = |p: &mut wgpu::ComputePass<'_>, m: &GpuMatrix| -> Result<()> {
             dispatch(p, &kp.ternary, &m.bind, u32_of(m.n_out, "rows")?, tok_tiles);
@@ -657,7 +689,6 @@ impl GpuModel {
         let rope_heads = u32_of(c.n_head + c.n_head_kv, "n_head")?;
         let kv_bytes = bytes_of(mul(n, kv, "kv")? * 4)?;
         let kv_at = bytes_of(mul(cache.len, kv, "kv")? * 4)?;
-        let (ae, af) = (elems(e)?, elems(ff)?);
         for (il, l) in self.layers.iter().enumerate() {
             if self.skip.get(il).copied().unwrap_or(false) {
                 continue;
@@ -680,16 +711,18 @@ impl GpuModel {
             // 5.–6. h += Lin(Wo, RMS(O))
             dispatch(&mut p, &kp.norm_quant, &l.norm_sub, n32, 1);
             lin(&mut p, &l.o)?;
-            dispatch(&mut p, &kp.elementwise, &self.add_bind, ae.0, ae.1);
-            // 7.–8. g = act(Lin(Wgate, f)) · Lin(Wup, f), f = RMS(h)
+            // 7.–8. g = act(Lin(Wgate, f)) · Lin(Wup, f), f = RMS(h), in one kernel
             dispatch(&mut p, &kp.norm_quant, &l.norm_ffn, n32, 1);
-            lin(&mut p, &l.gate)?;
-            lin(&mut p, &l.up)?;
-            dispatch(&mut p, &kp.elementwise, &self.act_bind, af.0, af.1);
+            dispatch(
+                &mut p,
+                &kp.ternary_glu,
+                &l.glu.bind,
+                u32_of(l.glu.n_out, "rows")?,
+                tok_tiles,
+            );
             // 9.–10. h += Lin(Wdown, RMS(g))
             dispatch(&mut p, &kp.norm_quant, &l.norm_ffn_sub, n32, 1);
             lin(&mut p, &l.down)?;
-            dispatch(&mut p, &kp.elementwise, &self.add_bind, ae.0, ae.1);
         }
         if out_rows > 0 {
             let rows = u32_of(out_rows, "rows")?;
@@ -719,18 +752,21 @@ fn dispatch(
     p.dispatch_workgroups(x, y, 1);
 }
 
-/// Upload one ternary matrix as 2-bit codes in I2_S order plus its scales, and bind it
-/// between the quantized activations and `out`. Returns the matrix and its device bytes.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn upload_matrix(
-    gpu: &Gpu,
-    m: &TernaryMatrix<'_>,
-    step: &wgpu::Buffer,
-    xq: &wgpu::Buffer,
-    xs: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    il: usize,
-) -> Result<(GpuMatrix, u64)> {
+/// One ternary matrix on the device: 2-bit codes in I2_S order, its scales, and the kernels'
+/// `mode` (0: one I2_S tensor scale, 1: TQ2_0 block scales).
+struct Codes {
+    codes: wgpu::Buffer,
+    scales: wgpu::Buffer,
+    mode: u32,
+}
+
+impl Codes {
+    fn nbytes(&self) -> u64 {
+        self.codes.size() + self.scales.size()
+    }
+}
+
+fn upload_codes(gpu: &Gpu, m: &TernaryMatrix<'_>, il: usize) -> Result<Codes> {
     let (n_out, n_in) = (m.n_out(), m.n_in());
     let (codes, scales, mode) = match m.layout() {
         TernaryLayout::I2S => {
@@ -757,26 +793,107 @@ pub(crate) fn upload_matrix(
         }
     };
     let expected = mul(n_out, n_in / 4, "codes")?;
-    if codes.len() != expected || n_in % 128 != 0 {
+    if codes.len() != expected || !n_in.is_multiple_of(128) {
         return Err(GpuError::Shape {
             what: "ternary codes",
             expected,
             got: codes.len(),
         });
     }
-    let wb = gpu.upload("ternary codes", &codes)?;
-    let sb = gpu.upload("ternary scales", bytemuck::cast_slice(&scales))?;
-    let dims = gpu.uniform(
+    Ok(Codes {
+        codes: gpu.upload("ternary codes", &codes)?,
+        scales: gpu.upload("ternary scales", bytemuck::cast_slice(&scales))?,
+        mode,
+    })
+}
+
+fn ternary_dims(gpu: &Gpu, m: &TernaryMatrix<'_>, mode: u32, extra: u32) -> Result<wgpu::Buffer> {
+    let (n_out, n_in) = (m.n_out(), m.n_in());
+    Ok(gpu.uniform(
         "dims ternary",
         &[
             u32_of(n_in, "n_in")?,
             u32_of(n_out, "n_out")?,
             u32_of(n_in / 16, "n_in")?,
             mode,
+            extra,
+            0,
+            0,
+            0,
+        ],
+    ))
+}
+
+/// Upload one ternary matrix and bind it between the quantized activations and `out`
+/// (`accumulate`: `out += Lin(W, x)`). Returns the matrix and its device bytes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn upload_matrix(
+    gpu: &Gpu,
+    m: &TernaryMatrix<'_>,
+    step: &wgpu::Buffer,
+    xq: &wgpu::Buffer,
+    xs: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    il: usize,
+    accumulate: bool,
+) -> Result<(GpuMatrix, u64)> {
+    let c = upload_codes(gpu, m, il)?;
+    let dims = ternary_dims(gpu, m, c.mode, u32::from(accumulate))?;
+    let bind = gpu.bind(
+        &gpu.k.ternary,
+        &[step, &dims, &c.codes, &c.scales, xq, xs, out],
+    );
+    Ok((
+        GpuMatrix {
+            n_out: m.n_out(),
+            bind,
+        },
+        c.nbytes(),
+    ))
+}
+
+/// Upload the gate and up projections and bind the fused kernel that writes
+/// `act(gate) · up` into `out` (`act`: 1 ReLU², 2 SiLU).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn upload_glu(
+    gpu: &Gpu,
+    gate: &TernaryMatrix<'_>,
+    up: &TernaryMatrix<'_>,
+    step: &wgpu::Buffer,
+    xq: &wgpu::Buffer,
+    xs: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    act: u32,
+    il: usize,
+) -> Result<(GpuMatrix, u64)> {
+    if (gate.n_out(), gate.n_in()) != (up.n_out(), up.n_in()) {
+        return Err(GpuError::Shape {
+            what: "ffn_up rows",
+            expected: gate.n_out(),
+            got: up.n_out(),
+        });
+    }
+    let g = upload_codes(gpu, gate, il)?;
+    let u = upload_codes(gpu, up, il)?;
+    if g.mode != u.mode {
+        return Err(GpuError::Unsupported(format!(
+            "block {il}: ffn_gate and ffn_up in different layouts"
+        )));
+    }
+    let dims = ternary_dims(gpu, gate, g.mode, act)?;
+    let bind = gpu.bind(
+        &gpu.k.ternary_glu,
+        &[
+            step, &dims, &g.codes, &g.scales, &u.codes, &u.scales, xq, xs, out,
         ],
     );
-    let bind = gpu.bind(&gpu.k.ternary, &[step, &dims, &wb, &sb, xq, xs, out]);
-    Ok((GpuMatrix { n_out, bind }, wb.size() + sb.size()))
+    Ok((
+        GpuMatrix {
+            n_out: gate.n_out(),
+            bind,
+        },
+        g.nbytes() + u.nbytes(),
+    ))
 }
 
 /// Split an F16/F32 row matrix into buffers of at most `limit` bytes.

@@ -5,7 +5,7 @@
 use bitnet_kernels::TernaryMatrix;
 
 use crate::device::Gpu;
-use crate::model::upload_matrix;
+use crate::model::{upload_glu, upload_matrix};
 use crate::{GpuError, Result};
 
 fn le_f32(b: &[u8]) -> Vec<f32> {
@@ -52,10 +52,33 @@ pub fn ternary(gpu: &Gpu, w: &TernaryMatrix<'_>, xq: &[i8], scales: &[f32]) -> R
     let xqb = gpu.upload("xq", &packed)?;
     let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
     let out = rw(gpu, "out", n * w.n_out() * 4)?;
-    let (m, _) = upload_matrix(gpu, w, &step, &xqb, &xsb, &out, 0)?;
+    let (m, _) = upload_matrix(gpu, w, &step, &xqb, &xsb, &out, 0, false)?;
     let tiles = n32(n.div_ceil(crate::model::TERNARY_TOKENS))?;
     run(gpu, &gpu.k.ternary, m.bind(), n32(w.n_out())?, tiles)?;
     Ok(le_f32(&gpu.read(&out, u64::from(n32(n * w.n_out() * 4)?))?))
+}
+
+/// The fused FFN kernel: `act(Lin(gate, x)) · Lin(up, x)` (`act`: 1 ReLU², 2 SiLU).
+pub fn glu(
+    gpu: &Gpu,
+    gate: &TernaryMatrix<'_>,
+    up: &TernaryMatrix<'_>,
+    xq: &[i8],
+    scales: &[f32],
+    act: u32,
+) -> Result<Vec<f32>> {
+    let n = scales.len();
+    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let packed: Vec<u8> = xq.iter().map(|&q| q.to_le_bytes()[0]).collect();
+    let xqb = gpu.upload("xq", &packed)?;
+    let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
+    let out = rw(gpu, "out", n * gate.n_out() * 4)?;
+    let (m, _) = upload_glu(gpu, gate, up, &step, &xqb, &xsb, &out, act, 0)?;
+    let tiles = n32(n.div_ceil(crate::model::TERNARY_TOKENS))?;
+    run(gpu, &gpu.k.ternary_glu, m.bind(), n32(gate.n_out())?, tiles)?;
+    Ok(le_f32(
+        &gpu.read(&out, u64::from(n32(n * gate.n_out() * 4)?))?,
+    ))
 }
 
 /// RMSNorm fused with the int8 quantization over `n` rows of `width`: codes and scales.

@@ -98,6 +98,64 @@ fn ternary_matches_the_scalar_kernel() {
 }
 
 #[test]
+fn fused_gate_up_matches_two_scalar_matmuls_and_the_activation() {
+    let Some(gpu) = common::open() else { return };
+    let pool = Pool::new(1);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for case in 0..12 {
+        let tq2 = case % 3 == 2;
+        let unit = if tq2 { 256 } else { 128 };
+        let n_in = unit * rng.random_range(1..4usize);
+        let n_out = [1, 5, 33, 70][case % 4];
+        let n = rng.random_range(1..10usize);
+        let act = if case % 2 == 0 { 1 } else { 2 };
+        let mut mats = Vec::new();
+        for _ in 0..2 {
+            mats.push(if tq2 {
+                tq2_bytes(&mut rng, n_out, n_in)
+            } else {
+                i2s_bytes(&mut rng, n_out, n_in, case % 4 == 1)
+            });
+        }
+        let layout = if tq2 {
+            TernaryLayout::Tq2_0
+        } else {
+            TernaryLayout::I2S
+        };
+        let mut gate = TernaryMatrix::new(layout, n_out, n_in, &mats[0], None).unwrap();
+        let mut up = TernaryMatrix::new(layout, n_out, n_in, &mats[1], None).unwrap();
+        gate.check_codes();
+        up.check_codes();
+        let (xq, s) = activations(&mut rng, n, n_in);
+        let (mut g, mut u) = (vec![0f32; n * n_out], vec![0f32; n * n_out]);
+        gate.matmul_on(Isa::Scalar, &xq, &s, &mut g, &pool)
+            .unwrap()
+            .unwrap();
+        up.matmul_on(Isa::Scalar, &xq, &s, &mut u, &pool)
+            .unwrap()
+            .unwrap();
+        // The model's step 8 (docs/MODEL.md), as the CPU forward pass computes it.
+        let want: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| {
+                if act == 1 {
+                    let r = g.max(0.0);
+                    (r * r) * u
+                } else {
+                    (g / (1.0 + (-g).exp())) * u
+                }
+            })
+            .collect();
+        let got = probe::glu(&gpu, &gate, &up, &xq, &s, act).unwrap();
+        for (i, (x, w)) in got.iter().zip(&want).enumerate() {
+            let tol = if tq2 { 5e-5 } else { 1e-5 } * w.abs().max(1e-3);
+            assert!((x - w).abs() <= tol, "case {case} ({layout:?} {n_out}x{n_in}, {n} rows, act {act}): [{i}] gpu {x} cpu {w}");
+        }
+    }
+}
+
+#[test]
 fn a_broken_code_order_fails_the_ternary_comparison() {
     // The comparison above can fail: the same matrix with its rows' blocks swapped gives
     // different results on the GPU than the scalar kernel computes for the original.

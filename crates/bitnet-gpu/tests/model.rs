@@ -216,6 +216,51 @@ fn medium_synth_matches_the_cpu_in_i2s_and_tq2() {
 }
 
 #[test]
+fn context_shift_matches_the_cpu() {
+    if !common::have_gpu() {
+        return;
+    }
+    let f = tiny();
+    let m = Model::load(&f).unwrap();
+    let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
+    let pool = Pool::new(2);
+    let mut exec = Exec {
+        backend: &pool,
+        numerics: Numerics::Fast,
+        trace: None,
+        scratch: None,
+    };
+    let mut cache = m.new_cache(24, KvType::F32, u64::MAX).unwrap();
+    let mut gc = g.new_cache(24).unwrap();
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 211 + 5) % 4256).collect();
+    m.forward(&prompt, &mut cache, Outputs::None, &mut exec)
+        .unwrap();
+    g.forward(&prompt, &mut gc, Outputs::None).unwrap();
+    cache.shift(&m.config, 4, 8).unwrap();
+    g.shift(&mut gc, 4, 8).unwrap();
+    assert_eq!(gc.len(), 12);
+    let a = m
+        .forward(&[17, 99, 1234], &mut cache, Outputs::All, &mut exec)
+        .unwrap();
+    let b = g.forward(&[17, 99, 1234], &mut gc, Outputs::All).unwrap();
+    let nv = m.config.n_vocab;
+    for (i, (x, y)) in a.chunks_exact(nv).zip(b.chunks_exact(nv)).enumerate() {
+        gate(&format!("after the shift, row {i}"), x, y);
+    }
+    // Without the shift the logits differ: the test sees it.
+    let mut plain = g.new_cache(24).unwrap();
+    g.forward(&prompt[..12], &mut plain, Outputs::None).unwrap();
+    let c = g
+        .forward(&[17, 99, 1234], &mut plain, Outputs::All)
+        .unwrap();
+    assert!(c.iter().zip(&b).any(|(x, y)| (x - y).abs() > 0.01));
+    assert!(matches!(
+        g.shift(&mut gc, 10, 8),
+        Err(GpuError::Shape { .. })
+    ));
+}
+
+#[test]
 fn bad_inputs_are_typed_errors() {
     if !common::have_gpu() {
         return;

@@ -18,8 +18,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bitnet_engine::Session;
 use bitnet_engine::{Engine, FinishReason, StopMatcher};
-use bitnet_model::{Exec, KvCache, Outputs, Seq};
+use bitnet_model::Outputs;
 use bitnet_sampling::{Sampler, SamplerParams};
 use bitnet_tokenizer::{StreamDecoder, TokenKind};
 use tokio::sync::mpsc::UnboundedSender;
@@ -118,8 +119,9 @@ pub(crate) struct SchedConfig {
 
 #[derive(Debug)]
 struct Slot {
-    cache: KvCache,
-    /// Tokens whose K/V are in `cache` (`cache.len() == tokens.len()`).
+    /// The slot's KV cache (in memory, or on the GPU when the engine runs there).
+    cache: Session,
+    /// Tokens whose K/V are in `cache` (`cache.tokens() == tokens`).
     tokens: Vec<u32>,
     active: Option<Active>,
 }
@@ -173,13 +175,10 @@ impl Scheduler {
         cfg: SchedConfig,
         metrics: Arc<Metrics>,
         status: Arc<[SlotStatus]>,
-    ) -> Result<Self, bitnet_model::ModelError> {
+    ) -> Result<Self, bitnet_engine::EngineError> {
         let mut slots = Vec::with_capacity(cfg.parallel);
         for _ in 0..cfg.parallel {
-            let opts = engine.options();
-            let cache = engine
-                .model()
-                .new_cache(cfg.n_ctx, opts.kv_type, opts.kv_budget_bytes)?;
+            let cache = engine.new_session(cfg.n_ctx)?;
             slots.push(Slot {
                 cache,
                 tokens: Vec::new(),
@@ -463,28 +462,16 @@ impl Scheduler {
         plans
     }
 
-    fn forward(&mut self, plans: &[Plan]) -> bitnet_model::Result<Vec<Vec<f32>>> {
-        let engine = &self.engine;
-        let mut scratch = engine.scratch();
-        let mut exec = Exec {
-            backend: engine.backend(),
-            numerics: engine.options().numerics,
-            trace: None,
-            scratch: Some(&mut scratch),
-        };
+    fn forward(&mut self, plans: &[Plan]) -> Result<Vec<Vec<f32>>, bitnet_engine::EngineError> {
         // `plans` is sorted by slot; pair each plan with its slot's cache.
         let mut it = plans.iter().peekable();
-        let mut seqs: Vec<Seq<'_>> = Vec::with_capacity(plans.len());
+        let mut work: Vec<(&mut Session, &[u32], Outputs)> = Vec::with_capacity(plans.len());
         for (i, s) in self.slots.iter_mut().enumerate() {
             if let Some(p) = it.next_if(|p| p.slot == i) {
-                seqs.push(Seq {
-                    tokens: &p.tokens,
-                    cache: &mut s.cache,
-                    outputs: p.outputs,
-                });
+                work.push((&mut s.cache, &p.tokens, p.outputs));
             }
         }
-        engine.model().forward_seqs(&mut seqs, &mut exec)
+        self.engine.forward_sessions(&mut work)
     }
 
     /// Sample the next token of slot `i` from `logits`; `Some` when generation ends.
@@ -630,7 +617,7 @@ impl Scheduler {
         }
         // A token sampled but never evaluated is not in the cache; a prompt cut short
         // leaves a valid prefix in it. Either way `tokens` matches the cache.
-        debug_assert_eq!(slot.tokens.len(), slot.cache.len());
+        debug_assert_eq!(slot.tokens, slot.cache.tokens());
         self.metrics.slots_busy.fetch_sub(1, Relaxed);
         Some(a)
     }

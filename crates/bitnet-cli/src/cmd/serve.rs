@@ -65,8 +65,7 @@ fn model_name(a: &Args) -> String {
     file.strip_suffix(".gguf").unwrap_or(&file).to_string()
 }
 
-pub fn run(mut a: Args) -> Result<()> {
-    a.model.cpu_only("serve")?;
+pub fn run(a: Args) -> Result<()> {
     if a.model.ram_budget.is_some() && a.parallel > 1 {
         anyhow::bail!(
             "--ram-budget plans for one sequence: use -P 1 (each slot would need its own KV cache)"

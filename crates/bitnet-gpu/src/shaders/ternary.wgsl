@@ -6,12 +6,17 @@
 // consecutive elements, which meet one packed activation word.
 // mode 0 (I2_S): T = Σ (code − 1)·q in i32, y = (T / s)·β with β = sc[0].
 // mode 1 (TQ2_0): per 256-element block b, y = Σ_b T_b·d_b / s with d = sc[row·nb + b].
+// accumulate 1: y += Lin(W, x) (the O and down projections add into the residual stream).
 struct Dims {
     n_in: u32,
     n_out: u32,
     // u32 words of codes per row (n_in / 16)
     words: u32,
     mode: u32,
+    accumulate: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -81,6 +86,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         } else {
             v = redf[0][lid.x] / xs[t];
         }
-        y[t * dims.n_out + r] = v;
+        let o = t * dims.n_out + r;
+        if dims.accumulate == 1u {
+            y[o] = y[o] + v;
+        } else {
+            y[o] = v;
+        }
     }
 }
