@@ -351,6 +351,16 @@ impl Session {
 enum Next {
     Logits(Vec<f32>),
     Chosen(u32),
+    /// The device's most likely tokens (`bitnet_gpu::TOP_CANDIDATES`) with their logits.
+    Top(Vec<(u32, f32)>),
+}
+
+/// What a generation step reads back from the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadBack {
+    Logits,
+    Greedy,
+    Top,
 }
 
 /// A piece of generated output.
@@ -588,24 +598,48 @@ impl Engine {
         self.forward_sessions(&mut work)
     }
 
-    /// Evaluate `tokens` and return what picks the next token: the last position's logits, or
-    /// (`device_greedy`, on the GPU) the index of their maximum.
-    fn eval_next(&self, s: &mut Session, tokens: &[u32], device_greedy: bool) -> Result<Next> {
-        if let (true, Some(g), Cache::Gpu(c)) = (device_greedy, &self.gpu, &mut s.cache) {
-            if c.len() + tokens.len() > c.n_ctx() {
-                return Err(EngineError::ContextFull {
-                    n_past: c.len() + tokens.len(),
-                    n_ctx: c.n_ctx(),
-                });
-            }
-            let _guard = self.scratch();
-            let t = g.forward_greedy(tokens, c).inspect_err(|_| {
-                c.truncate(s.tokens.len());
-            })?;
-            s.tokens.extend_from_slice(tokens);
-            return Ok(Next::Chosen(t));
+    /// What a generation step reads back: on the GPU, greedy decoding without penalties
+    /// takes the device's argmax (the lowest id among equal maxima, as the sampler does, 8
+    /// bytes), a chain that only looks at the top-k takes the top candidates (512 bytes);
+    /// anything else (and the CPU) takes the last row of logits.
+    fn read_back(&self, sampler: &Sampler) -> ReadBack {
+        let p = sampler.params();
+        if self.gpu.is_none() {
+            ReadBack::Logits
+        } else if p.temperature <= 0.0
+            && p.repeat_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+        {
+            ReadBack::Greedy
+        } else if sampler.candidates_suffice(bitnet_gpu::TOP_CANDIDATES) {
+            ReadBack::Top
+        } else {
+            ReadBack::Logits
         }
-        Ok(Next::Logits(self.eval(s, tokens, Outputs::Last)?))
+    }
+
+    /// Evaluate `tokens` and return what picks the next token (see [`Engine::read_back`]).
+    fn eval_next(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Next> {
+        let (Some(g), Cache::Gpu(c), false) = (&self.gpu, &mut s.cache, rb == ReadBack::Logits)
+        else {
+            return Ok(Next::Logits(self.eval(s, tokens, Outputs::Last)?));
+        };
+        if c.len() + tokens.len() > c.n_ctx() {
+            return Err(EngineError::ContextFull {
+                n_past: c.len() + tokens.len(),
+                n_ctx: c.n_ctx(),
+            });
+        }
+        // One caller at a time on the device, as in `eval`.
+        let _guard = self.scratch();
+        let next = match rb {
+            ReadBack::Greedy => g.forward_greedy(tokens, c).map(Next::Chosen),
+            _ => g.forward_top(tokens, c).map(Next::Top),
+        };
+        let next = next.inspect_err(|_| c.truncate(s.tokens.len()))?;
+        s.tokens.extend_from_slice(tokens);
+        Ok(next)
     }
 
     /// One forward pass over several sessions, each with its own new tokens and outputs (a
@@ -704,24 +738,17 @@ impl Engine {
         s.tokens.truncate(common);
         let new = &full[common..];
 
-        // 2. Prefill.
-        let t0 = Instant::now();
-        // Greedy without penalties on the GPU: its argmax picks the token (the lowest id among
-        // equal maxima, as the sampler does) and 8 bytes come back instead of the logits.
-        let sp = &params.sampler;
-        let device_greedy = self.gpu.is_some()
-            && sp.temperature <= 0.0
-            && sp.repeat_penalty == 1.0
-            && sp.presence_penalty == 0.0
-            && sp.frequency_penalty == 0.0;
-        let mut next = self.eval_next(s, new, device_greedy)?;
-        let prompt_time = t0.elapsed();
-
-        // 3. Decode loop.
+        // 2. Prefill. The sampler comes first: on the GPU, what it needs decides what a step
+        // reads back.
         let mut sampler = Sampler::new(params.sampler.clone())?;
         for &t in &full {
             sampler.accept(t);
         }
+        let t0 = Instant::now();
+        let mut next = self.eval_next(s, new, self.read_back(&sampler))?;
+        let prompt_time = t0.elapsed();
+
+        // 3. Decode loop.
         let mut decoder = StreamDecoder::new();
         let mut stops = StopMatcher::new(&params.stop);
         let t1 = Instant::now();
@@ -733,6 +760,11 @@ impl Engine {
             let tok = match &next {
                 Next::Logits(l) => sampler.sample(l)?,
                 Next::Chosen(t) => *t,
+                Next::Top(c) => sampler.sample_candidates(
+                    c,
+                    bitnet_gpu::TOP_CANDIDATES,
+                    self.model().config.n_vocab,
+                )?,
             };
             sampler.accept(tok);
             generated += 1;
@@ -774,7 +806,7 @@ impl Engine {
                     ContextPolicy::Shift { keep } => self.shift(s, keep)?,
                 }
             }
-            next = self.eval_next(s, &[tok], device_greedy)?;
+            next = self.eval_next(s, &[tok], self.read_back(&sampler))?;
         };
         if !matches!(finish, FinishReason::StopString | FinishReason::Cancelled) {
             let tail = decoder.finish();

@@ -336,6 +336,8 @@ pub(crate) struct Kernels {
     pub head: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
     pub embed: wgpu::ComputePipeline,
+    pub topk_local: wgpu::ComputePipeline,
+    pub topk_merge: wgpu::ComputePipeline,
 }
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
@@ -367,6 +369,8 @@ impl Kernels {
             head: make("head", include_str!("shaders/head.wgsl")),
             argmax: make("argmax", include_str!("shaders/argmax.wgsl")),
             embed: make("embed", include_str!("shaders/embed.wgsl")),
+            topk_local: make("topk_local", include_str!("shaders/topk_local.wgsl")),
+            topk_merge: make("topk_merge", include_str!("shaders/topk_merge.wgsl")),
         }
     }
 }

@@ -14,6 +14,12 @@ pub(crate) const TERNARY_TOKENS: usize = 4;
 const HEAD_ROWS: usize = 4;
 /// Head size the attention kernel holds (`qs` and `ACC` in attention.wgsl).
 const MAX_HEAD_DIM: usize = 256;
+/// Tokens the top-k read-back returns (`K` in topk_local.wgsl and topk_merge.wgsl).
+pub const TOP_CANDIDATES: usize = 64;
+/// Workgroups of the top-k's first pass at most, and logits per workgroup at most (256 threads
+/// × `P` in topk_local.wgsl).
+const TOPK_GROUPS: usize = 256;
+const TOPK_CHUNK: usize = 4096;
 
 /// What a forward call reads back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +28,8 @@ pub enum GpuOutputs {
     Logits(Outputs),
     /// Only the index of the largest logit of the last position (greedy decoding).
     Greedy,
+    /// The [`TOP_CANDIDATES`] most likely tokens of the last position, with their logits.
+    Top,
 }
 
 /// Options of [`GpuModel::new`].
@@ -95,6 +103,8 @@ struct Activations {
     logits_staging: wgpu::Buffer,
     best: wgpu::Buffer,
     best_staging: wgpu::Buffer,
+    top: wgpu::Buffer,
+    top_staging: wgpu::Buffer,
 }
 
 /// A model resident on the GPU. Built from a bound [`Model`]; it keeps no reference to it.
@@ -115,6 +125,10 @@ pub struct GpuModel {
     final_norm: wgpu::BindGroup,
     head_binds: Vec<(usize, wgpu::BindGroup)>,
     argmax_bind: wgpu::BindGroup,
+    topk_local: wgpu::BindGroup,
+    topk_merge: wgpu::BindGroup,
+    /// Workgroups of the top-k's first pass.
+    topk_groups: u32,
     /// Bytes of weights and activation buffers on the device.
     bytes: u64,
 }
@@ -281,6 +295,20 @@ impl GpuModel {
         let hn = buf("hn", f32s(out_cap * e)?)?;
         let logits = buf("logits", f32s(mul(out_cap, nv, "logits")?)?)?;
         let best = buf("best", 8)?;
+        let top_bytes = bytes_of(TOP_CANDIDATES * 8)?;
+        let top = buf("top", top_bytes)?;
+        let topk_chunk = nv.div_ceil(TOPK_GROUPS).next_multiple_of(256).max(256);
+        if topk_chunk > TOPK_CHUNK {
+            return Err(GpuError::Unsupported(format!(
+                "a vocabulary of {nv} tokens (the top-k kernels take {})",
+                TOPK_GROUPS * TOPK_CHUNK
+            )));
+        }
+        let topk_groups = nv.div_ceil(topk_chunk);
+        let cand = buf(
+            "top candidates",
+            bytes_of(topk_groups * TOP_CANDIDATES * 8)?,
+        )?;
         let staging = |label: &str, size: u64| {
             gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -291,6 +319,7 @@ impl GpuModel {
         };
         let logits_staging = staging("logits staging", f32s(mul(out_cap, nv, "logits")?)?);
         let best_staging = staging("best staging", 8);
+        let top_staging = staging("top staging", top_bytes);
         let step = gpu.uniform("step", &[0, 0, 0, 0]);
 
         let kp = &gpu.k;
@@ -371,6 +400,16 @@ impl GpuModel {
         }
         let dims_nv = gpu.uniform("dims argmax", &[u32_of(nv, "n_vocab")?, 0, 0, 0]);
         let argmax_bind = gpu.bind(&kp.argmax, &[&step, &dims_nv, &logits, &best]);
+        let dims_local = gpu.uniform(
+            "dims topk",
+            &[u32_of(nv, "n_vocab")?, u32_of(topk_chunk, "n_vocab")?, 0, 0],
+        );
+        let topk_local = gpu.bind(&kp.topk_local, &[&step, &dims_local, &logits, &cand]);
+        let dims_merge = gpu.uniform(
+            "dims topk merge",
+            &[u32_of(topk_groups * TOP_CANDIDATES, "n_vocab")?, 0, 0, 0],
+        );
+        let topk_merge = gpu.bind(&kp.topk_merge, &[&step, &dims_merge, &cand, &top]);
         let embed_dims = gpu.uniform("dims embed", &[u32_of(e, "n_embd")?, embd_ty, 0, 0]);
         let embed_bind = gpu.bind(&kp.embed, &[&step, &embed_dims, &act_rows, &h]);
         gpu.wait()?;
@@ -389,6 +428,8 @@ impl GpuModel {
                 logits_staging,
                 best,
                 best_staging,
+                top,
+                top_staging,
             },
             layers,
             skip: model.skip.clone(),
@@ -398,6 +439,9 @@ impl GpuModel {
             final_norm,
             head_binds,
             argmax_bind,
+            topk_local,
+            topk_merge,
+            topk_groups: u32_of(topk_groups, "n_vocab")?,
             bytes,
             gpu,
         })
@@ -565,6 +609,23 @@ impl GpuModel {
         best.ok_or(GpuError::Readback("no argmax".to_string()))
     }
 
+    /// [`GpuModel::forward`] that returns only the [`TOP_CANDIDATES`] most likely tokens of
+    /// the last position as `(id, logit)`, most likely first (higher logit, then lower id;
+    /// NaN and -inf logits are never candidates), reading back 512 bytes. A sampler whose
+    /// chain only looks at the top-k (`bitnet_sampling::Sampler::candidates_suffice`) draws
+    /// from these what it would draw from the whole row.
+    pub fn forward_top(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<Vec<(u32, f32)>> {
+        let mut out = Vec::new();
+        self.run(tokens, cache, GpuOutputs::Top, &mut out)?;
+        Ok(out
+            .chunks_exact(2)
+            .filter_map(|p| {
+                let id = p[0].to_bits();
+                (id != u32::MAX).then_some((id, p[1]))
+            })
+            .collect())
+    }
+
     fn run(
         &self,
         tokens: &[u32],
@@ -609,7 +670,11 @@ impl GpuModel {
             let n = chunk.len();
             let (out_first, out_rows) = match want {
                 GpuOutputs::Logits(Outputs::All) => (0, n),
-                GpuOutputs::Logits(Outputs::Last) | GpuOutputs::Greedy if last => (n - 1, 1),
+                GpuOutputs::Logits(Outputs::Last) | GpuOutputs::Greedy | GpuOutputs::Top
+                    if last =>
+                {
+                    (n - 1, 1)
+                }
                 _ => (0, 0),
             };
             self.gpu.queue.write_buffer(
@@ -623,9 +688,19 @@ impl GpuModel {
                 ]),
             );
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            self.record(&mut enc, chunk, cache, out_rows, want == GpuOutputs::Greedy)?;
+            self.record(&mut enc, chunk, cache, out_rows, want)?;
             let nv = c.n_vocab;
-            if out_rows > 0 && want == GpuOutputs::Greedy {
+            if out_rows > 0 && want == GpuOutputs::Top {
+                let size = bytes_of(TOP_CANDIDATES * 8)?;
+                enc.copy_buffer_to_buffer(&self.act.top, 0, &self.act.top_staging, 0, size);
+                self.gpu.queue.submit([enc.finish()]);
+                let b = self.gpu.map_read(&self.act.top_staging, size)?;
+                // (id, logit bits) pairs, carried as f32 bit patterns.
+                out.extend(
+                    b.chunks_exact(4)
+                        .map(|w| f32::from_bits(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))),
+                );
+            } else if out_rows > 0 && want == GpuOutputs::Greedy {
                 enc.copy_buffer_to_buffer(&self.act.best, 0, &self.act.best_staging, 0, 8);
                 self.gpu.queue.submit([enc.finish()]);
                 let b = self.gpu.map_read(&self.act.best_staging, 8)?;
@@ -655,7 +730,7 @@ impl GpuModel {
         tokens: &[u32],
         cache: &GpuCache,
         out_rows: usize,
-        greedy: bool,
+        want: GpuOutputs,
     ) -> Result<()> {
         let c = &self.config;
         let kp = &self.gpu.k;
@@ -732,8 +807,19 @@ impl GpuModel {
                 let groups = u32_of(chunk_rows.div_ceil(HEAD_ROWS), "head rows")?;
                 dispatch(&mut p, &kp.head, bind, groups, rows);
             }
-            if greedy {
-                dispatch(&mut p, &kp.argmax, &self.argmax_bind, 1, 1);
+            match want {
+                GpuOutputs::Greedy => dispatch(&mut p, &kp.argmax, &self.argmax_bind, 1, 1),
+                GpuOutputs::Top => {
+                    dispatch(
+                        &mut p,
+                        &kp.topk_local,
+                        &self.topk_local,
+                        self.topk_groups,
+                        1,
+                    );
+                    dispatch(&mut p, &kp.topk_merge, &self.topk_merge, 1, 1);
+                }
+                GpuOutputs::Logits(_) => {}
             }
         }
         Ok(())

@@ -137,3 +137,31 @@ pub fn attention(gpu: &Gpu, s: AttnProbe, q: &[f32], k: &[f32], v: &[f32]) -> Re
     run(gpu, &gpu.k.attention, &bind, n32(s.n_head)?, n32(s.n)?)?;
     Ok(le_f32(&gpu.read(&out, u64::from(n32(q.len() * 4)?))?))
 }
+
+/// The two top-k passes over one row of `logits`: the [`crate::TOP_CANDIDATES`] most likely
+/// `(id, logit)` pairs, best first, empty slots left out.
+pub fn top_k(gpu: &Gpu, logits: &[f32]) -> Result<Vec<(u32, f32)>> {
+    let nv = logits.len();
+    let k = crate::TOP_CANDIDATES;
+    let chunk = nv.div_ceil(256).next_multiple_of(256).max(256);
+    let groups = nv.div_ceil(chunk);
+    let step = gpu.uniform("step", &[1, 0, 0, 1]);
+    let lb = gpu.upload("logits", bytemuck::cast_slice(logits))?;
+    let cand = rw(gpu, "cand", groups * k * 8)?;
+    let top = rw(gpu, "top", k * 8)?;
+    let d1 = gpu.uniform("dims", &[n32(nv)?, n32(chunk)?, 0, 0]);
+    let d2 = gpu.uniform("dims", &[n32(groups * k)?, 0, 0, 0]);
+    let b1 = gpu.bind(&gpu.k.topk_local, &[&step, &d1, &lb, &cand]);
+    let b2 = gpu.bind(&gpu.k.topk_merge, &[&step, &d2, &cand, &top]);
+    run(gpu, &gpu.k.topk_local, &b1, n32(groups)?, 1)?;
+    run(gpu, &gpu.k.topk_merge, &b2, 1, 1)?;
+    let raw = gpu.read(&top, u64::from(n32(k * 8)?))?;
+    Ok(raw
+        .chunks_exact(8)
+        .filter_map(|p| {
+            let id = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+            let v = f32::from_le_bytes([p[4], p[5], p[6], p[7]]);
+            (id != u32::MAX).then_some((id, v))
+        })
+        .collect())
+}

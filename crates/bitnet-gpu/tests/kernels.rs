@@ -292,3 +292,50 @@ fn attention_matches_the_reference() {
         }
     }
 }
+
+/// The most likely `k` of `logits` as the sampler orders them (higher logit, then lower id;
+/// NaN and -inf left out).
+fn top_ref(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut v: Vec<(u32, f32)> = (0u32..)
+        .zip(logits.iter().copied())
+        .filter(|(_, l)| !l.is_nan() && *l != f32::NEG_INFINITY)
+        .collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.truncate(k);
+    v
+}
+
+#[test]
+fn top_k_matches_a_sort() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for (case, n) in [1usize, 5, 63, 64, 65, 300, 4256, 16_384, 128_256, 200_001]
+        .into_iter()
+        .enumerate()
+    {
+        // Few distinct values, so many ties; NaN and -inf sprinkled in; +inf sometimes.
+        let mut logits: Vec<f32> = (0..n)
+            .map(|_| f32::from(rng.random_range(-40..40i16)) / 8.0)
+            .collect();
+        for _ in 0..n / 50 {
+            let i = rng.random_range(0..n);
+            logits[i] = if rng.random_range(0..2) == 0 {
+                f32::NAN
+            } else {
+                f32::NEG_INFINITY
+            };
+        }
+        if case % 3 == 0 && n > 10 {
+            logits[n / 2] = f32::INFINITY;
+        }
+        let got = probe::top_k(&gpu, &logits).unwrap();
+        let want = top_ref(&logits, 64);
+        assert_eq!(got.len(), want.len(), "n {n}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.0 == w.0 && g.1.to_bits() == w.1.to_bits(),
+                "n {n} [{i}]: gpu {g:?} sort {w:?}"
+            );
+        }
+    }
+}

@@ -5,7 +5,9 @@
 //!
 //! 1. repetition / presence / frequency penalties over the last `repeat_last_n`
 //!    accepted tokens,
-//! 2. top-k,
+//! 2. top-k (the kept candidates then in the order "higher logit, then lower id", so the
+//!    draw depends on the set alone: [`Sampler::sample_candidates`] draws the same token from
+//!    a device's top candidates),
 //! 3. top-p (nucleus, on the softmax at temperature 1),
 //! 4. min-p (relative to the most likely token),
 //! 5. temperature,
@@ -357,10 +359,21 @@ impl Sampler {
             .map(|(&logit, id)| Cand { id, logit });
         cands.clear();
         match usize::try_from(p.top_k) {
-            // top-k in one pass over the logits, without building the full list.
-            Ok(k) if k > 0 && k < logits.len() => top_k_scan(valid, k, cands),
+            // top-k in one pass over the logits, without building the full list, then in
+            // the total order "more likely first", so that the draw depends on the set
+            // alone (the same as from a device's top candidates, `sample_candidates`).
+            Ok(k) if k > 0 && k < logits.len() => {
+                top_k_scan(valid, k, cands);
+                cands.sort_unstable_by(more_likely_first);
+            }
             _ => cands.extend(valid),
         }
+        self.filter_and_draw(cands)
+    }
+
+    /// The stages after top-k: sanitize, top-p, min-p, temperature and the draw.
+    fn filter_and_draw(&mut self, cands: &mut Vec<Cand>) -> Result<u32, SamplingError> {
+        let p = &self.params;
         sanitize(cands);
         if cands.is_empty() {
             return Err(SamplingError::NoValidLogits);
@@ -368,6 +381,60 @@ impl Sampler {
         top_p(cands, p.top_p);
         min_p(cands, p.min_p);
         self.draw(cands)
+    }
+
+    /// Whether the `n` most likely tokens of a step are all [`Sampler::sample_candidates`]
+    /// needs: top-k is on with `top_k <= n`, the temperature is positive, and no penalty
+    /// applies (penalties change logits outside any fixed candidate set).
+    pub fn candidates_suffice(&self, n: usize) -> bool {
+        let p = &self.params;
+        let penalties = p.penalties_active() && !self.recent.is_empty();
+        let top_k = usize::try_from(p.top_k).is_ok_and(|k| k > 0 && k <= n);
+        !p.is_greedy() && top_k && !penalties
+    }
+
+    /// [`Sampler::sample`] from the most likely tokens only: `top` holds the `(id, logit)`
+    /// pairs of the `searched` most likely tokens of the full logits (fewer when the
+    /// vocabulary has fewer valid ones), e.g. a device's top-k read-back. It gives the same
+    /// token and the same RNG use as `sample` over the full logits whenever
+    /// [`Sampler::candidates_suffice`]`(searched)` holds, and is an error otherwise.
+    /// `n_vocab` is the full vocabulary's size (top-k is off when it is at least that).
+    pub fn sample_candidates(
+        &mut self,
+        top: &[(u32, f32)],
+        searched: usize,
+        n_vocab: usize,
+    ) -> Result<u32, SamplingError> {
+        if !self.candidates_suffice(searched) || top.len() > searched {
+            return Err(invalid(
+                "top_k",
+                format!(
+                    "the {searched} most likely tokens cannot stand for the full logits with \
+                     these parameters"
+                ),
+            ));
+        }
+        let mut cands = std::mem::take(&mut self.cands);
+        cands.clear();
+        cands.extend(
+            top.iter()
+                .filter(|(_, l)| !l.is_nan() && *l != f32::NEG_INFINITY)
+                .map(|&(id, logit)| Cand { id, logit }),
+        );
+        cands.sort_unstable_by(more_likely_first);
+        cands.dedup_by_key(|c| c.id);
+        if let Ok(k) = usize::try_from(self.params.top_k) {
+            if k < n_vocab {
+                cands.truncate(k);
+            }
+        }
+        let result = if cands.is_empty() {
+            Err(SamplingError::NoValidLogits)
+        } else {
+            self.filter_and_draw(&mut cands)
+        };
+        self.cands = cands;
+        result
     }
 
     /// `logits` with the penalties applied (borrowed when none apply).

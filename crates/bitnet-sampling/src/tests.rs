@@ -769,3 +769,63 @@ fn greedy_logprobs_are_the_full_softmax() {
     let got = s.sample_with_logprobs(&one, 5).unwrap();
     assert_eq!((got.id, got.logprob, got.top.len()), (4, 0.0, 1));
 }
+
+#[test]
+fn the_top_candidates_draw_what_the_full_logits_draw() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    for case in 0..200usize {
+        let n = 300 + (case % 7) * 50;
+        let mut logits: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0..4.0f32)).collect();
+        // Ties, NaN and -inf among the top.
+        logits[3] = logits[7];
+        if case % 5 == 0 {
+            logits[11] = f32::NAN;
+            logits[12] = f32::NEG_INFINITY;
+        }
+        let params = SamplerParams {
+            temperature: [0.3f32, 0.8, 1.5][case % 3],
+            top_k: [1, 5, 40, 64][case % 4],
+            top_p: [1.0f32, 0.95, 0.5][case % 3],
+            min_p: [0.0f32, 0.05][case % 2],
+            seed: u64::try_from(case).unwrap(),
+            ..SamplerParams::default()
+        };
+        let mut full = Sampler::new(params.clone()).unwrap();
+        let mut top = Sampler::new(params).unwrap();
+        assert!(top.candidates_suffice(64));
+        // The 64 most likely, in an order of their own (a device returns them as it likes).
+        let mut ids: Vec<usize> = (0..n).filter(|&i| !logits[i].is_nan()).collect();
+        ids.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let mut cands: Vec<(u32, f32)> = ids[..64]
+            .iter()
+            .map(|&i| (u32::try_from(i).unwrap(), logits[i]))
+            .collect();
+        cands.reverse();
+        for step in 0..5 {
+            let a = full.sample(&logits).unwrap();
+            let b = top.sample_candidates(&cands, 64, n).unwrap();
+            assert_eq!(a, b, "case {case} step {step}");
+        }
+    }
+    // Penalties with history, greedy, or top-k beyond the candidates: not enough.
+    let mut s = Sampler::new(SamplerParams {
+        repeat_penalty: 1.1,
+        ..SamplerParams::default()
+    })
+    .unwrap();
+    assert!(s.candidates_suffice(64));
+    s.accept(3);
+    assert!(!s.candidates_suffice(64));
+    assert!(!Sampler::new(SamplerParams::greedy())
+        .unwrap()
+        .candidates_suffice(64));
+    let wide = Sampler::new(SamplerParams {
+        top_k: 100,
+        ..SamplerParams::default()
+    })
+    .unwrap();
+    assert!(!wide.candidates_suffice(64));
+    let mut wide = wide;
+    assert!(wide.sample_candidates(&[(1, 0.5)], 64, 1000).is_err());
+}
