@@ -11,7 +11,7 @@ use crate::{GpuError, Result};
 /// Token rows per workgroup of the ternary kernel (`TT` in ternary.wgsl).
 pub(crate) const TERNARY_TOKENS: usize = 4;
 /// LM-head rows per workgroup (`RPW` in head.wgsl).
-const HEAD_ROWS: usize = 4;
+pub(crate) const HEAD_ROWS: usize = 4;
 /// Head size the attention kernel holds (`qs` and `ACC` in attention.wgsl).
 const MAX_HEAD_DIM: usize = 256;
 /// Tokens the top-k read-back returns (`K` in topk_local.wgsl and topk_merge.wgsl).
@@ -85,10 +85,10 @@ struct GpuLayer {
 /// Rows of an F16/F32 row matrix (the LM head, the embedding) split into buffers that each
 /// fit one storage binding.
 #[derive(Debug)]
-struct Chunks {
-    bufs: Vec<wgpu::Buffer>,
-    rows_per_chunk: usize,
-    row_bytes: usize,
+pub(crate) struct Chunks {
+    pub(crate) bufs: Vec<wgpu::Buffer>,
+    pub(crate) rows_per_chunk: usize,
+    pub(crate) row_bytes: usize,
 }
 
 #[derive(Debug)]
@@ -218,7 +218,7 @@ fn tq2_to_i2s_order(data: &[u8], n_out: usize, n_in: usize) -> Result<(Vec<u8>, 
     Ok((codes, scales))
 }
 
-fn ty_of(m: &RowMatrix<'_>, what: &str) -> Result<u32> {
+pub(crate) fn ty_of(m: &RowMatrix<'_>, what: &str) -> Result<u32> {
     match m.row_type() {
         RowType::F16 => Ok(0),
         RowType::F32 => Ok(1),
@@ -606,7 +606,9 @@ impl GpuModel {
     pub fn forward_greedy(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<u32> {
         let mut out = Vec::new();
         let best = self.run(tokens, cache, GpuOutputs::Greedy, &mut out)?;
-        best.ok_or(GpuError::Readback("no argmax".to_string()))
+        best.filter(|&b| b != u32::MAX).ok_or(GpuError::Readback(
+            "no valid logit to take the maximum of (every value NaN or -inf)".to_string(),
+        ))
     }
 
     /// [`GpuModel::forward`] that returns only the [`TOP_CANDIDATES`] most likely tokens of
@@ -983,7 +985,12 @@ pub(crate) fn upload_glu(
 }
 
 /// Split an F16/F32 row matrix into buffers of at most `limit` bytes.
-fn upload_chunks(gpu: &Gpu, m: &RowMatrix<'_>, limit: u64, label: &str) -> Result<Chunks> {
+pub(crate) fn upload_chunks(
+    gpu: &Gpu,
+    m: &RowMatrix<'_>,
+    limit: u64,
+    label: &str,
+) -> Result<Chunks> {
     let rows = m.rows();
     let data = m.data();
     let row_bytes = data.len() / rows.max(1);

@@ -165,3 +165,149 @@ pub fn top_k(gpu: &Gpu, logits: &[f32]) -> Result<Vec<(u32, f32)>> {
         })
         .collect())
 }
+
+/// The final norm: each `w.len()`-row of `x` RMS-normed.
+pub fn rmsnorm(gpu: &Gpu, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
+    let n = x.len() / w.len().max(1);
+    let step = gpu.uniform("step", &[n32(n)?, 0, 0, n32(n)?]);
+    let dims = gpu.uniform("dims", &[n32(w.len())?, eps.to_bits(), 0, 0]);
+    let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
+    let wb = gpu.upload("w", bytemuck::cast_slice(w))?;
+    let y = rw(gpu, "y", x.len() * 4)?;
+    let bind = gpu.bind(&gpu.k.rmsnorm, &[&step, &dims, &xb, &wb, &y]);
+    run(gpu, &gpu.k.rmsnorm, &bind, n32(n)?, 1)?;
+    Ok(le_f32(&gpu.read(&y, u64::from(n32(x.len() * 4)?))?))
+}
+
+/// Shape of a RoPE probe.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeProbe {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub base: f32,
+    pub pos0: usize,
+    pub n: usize,
+}
+
+/// NeoX RoPE in place on `n` rows of Q and K at positions `pos0..`: returns (q, k).
+pub fn rope(gpu: &Gpu, s: RopeProbe, q: &[f32], k: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+    let n_ctx = s.pos0 + s.n;
+    let half = s.n_rot / 2;
+    let mut table = vec![0f32; n_ctx * half * 2];
+    let (cos, sin) = table.split_at_mut(n_ctx * half);
+    for p in 0..n_ctx {
+        let r = bitnet_model::numerics::rope_row(p, s.n_rot, s.base);
+        cos[p * half..(p + 1) * half].copy_from_slice(&r.cos);
+        sin[p * half..(p + 1) * half].copy_from_slice(&r.sin);
+    }
+    let step = gpu.uniform("step", &[n32(s.n)?, n32(s.pos0)?, 0, 0]);
+    let dims = gpu.uniform(
+        "dims",
+        &[
+            n32(s.n_head)?,
+            n32(s.n_head_kv)?,
+            n32(s.head_dim)?,
+            n32(half)?,
+        ],
+    );
+    let ctx = gpu.uniform("ctx", &[n32(n_ctx)?, 0, 0, 0]);
+    let qb = gpu.upload("q", bytemuck::cast_slice(q))?;
+    let kb = gpu.upload("k", bytemuck::cast_slice(k))?;
+    let tb = gpu.upload("table", bytemuck::cast_slice(&table))?;
+    let bind = gpu.bind(&gpu.k.rope, &[&step, &dims, &qb, &kb, &tb, &ctx]);
+    run(
+        gpu,
+        &gpu.k.rope,
+        &bind,
+        n32(s.n)?,
+        n32(s.n_head + s.n_head_kv)?,
+    )?;
+    Ok((
+        le_f32(&gpu.read(&qb, u64::from(n32(q.len() * 4)?))?),
+        le_f32(&gpu.read(&kb, u64::from(n32(k.len() * 4)?))?),
+    ))
+}
+
+/// The LM head over an F16 or F32 row matrix, split into buffers of at most `chunk_bytes`:
+/// logits (`rows × m.rows()`) of `rows` hidden states `hn`.
+pub fn head(
+    gpu: &Gpu,
+    m: &bitnet_kernels::RowMatrix<'_>,
+    hn: &[f32],
+    rows: usize,
+    chunk_bytes: u64,
+) -> Result<Vec<f32>> {
+    let ty = crate::model::ty_of(m, "head")?;
+    let ch = crate::model::upload_chunks(gpu, m, chunk_bytes, "head")?;
+    let nv = m.rows();
+    let step = gpu.uniform("step", &[n32(rows)?, 0, 0, n32(rows)?]);
+    let hb = gpu.upload("hn", bytemuck::cast_slice(hn))?;
+    let out = rw(gpu, "logits", rows * nv * 4)?;
+    for (ci, b) in ch.bufs.iter().enumerate() {
+        let row0 = ci * ch.rows_per_chunk;
+        let n = ch.rows_per_chunk.min(nv - row0);
+        let dims = gpu.uniform(
+            "dims",
+            &[n32(m.cols())?, n32(n)?, n32(row0)?, n32(nv)?, ty, 0, 0, 0],
+        );
+        let bind = gpu.bind(&gpu.k.head, &[&step, &dims, b, &hb, &out]);
+        run(
+            gpu,
+            &gpu.k.head,
+            &bind,
+            n32(n.div_ceil(crate::model::HEAD_ROWS))?,
+            n32(rows)?,
+        )?;
+    }
+    Ok(le_f32(&gpu.read(&out, u64::from(n32(rows * nv * 4)?))?))
+}
+
+/// The embedding lookup: rows `ids` of an F16 or F32 row matrix (split into buffers of at
+/// most `chunk_bytes`), copied on the device and widened to f32.
+pub fn embed(
+    gpu: &Gpu,
+    m: &bitnet_kernels::RowMatrix<'_>,
+    ids: &[u32],
+    chunk_bytes: u64,
+) -> Result<Vec<f32>> {
+    let ty = crate::model::ty_of(m, "embedding")?;
+    let ch = crate::model::upload_chunks(gpu, m, chunk_bytes, "embedding")?;
+    let n = ids.len();
+    let e = m.cols();
+    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let dims = gpu.uniform("dims", &[n32(e)?, ty, 0, 0]);
+    let rows = rw(gpu, "rows", n * ch.row_bytes)?;
+    let h = rw(gpu, "h", n * e * 4)?;
+    let bind = gpu.bind(&gpu.k.embed, &[&step, &dims, &rows, &h]);
+    let rb = u64::from(n32(ch.row_bytes)?);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    for (i, &id) in (0u64..).zip(ids) {
+        let id = usize::try_from(id).map_err(|_| GpuError::Overflow("token id"))?;
+        let (c, r) = (id / ch.rows_per_chunk, id % ch.rows_per_chunk);
+        let buf = ch.bufs.get(c).ok_or(GpuError::Overflow("token id"))?;
+        enc.copy_buffer_to_buffer(buf, u64::from(n32(r)?) * rb, &rows, i * rb, rb);
+    }
+    {
+        let mut p = enc.begin_compute_pass(&Default::default());
+        p.set_pipeline(&gpu.k.embed);
+        p.set_bind_group(0, &bind, &[]);
+        p.dispatch_workgroups(n32(n)?, 1, 1);
+    }
+    gpu.queue.submit([enc.finish()]);
+    gpu.wait()?;
+    Ok(le_f32(&gpu.read(&h, u64::from(n32(n * e * 4)?))?))
+}
+
+/// The greedy argmax over one row of `logits`.
+pub fn argmax(gpu: &Gpu, logits: &[f32]) -> Result<u32> {
+    let step = gpu.uniform("step", &[1, 0, 0, 1]);
+    let dims = gpu.uniform("dims", &[n32(logits.len())?, 0, 0, 0]);
+    let lb = gpu.upload("logits", bytemuck::cast_slice(logits))?;
+    let best = rw(gpu, "best", 8)?;
+    let bind = gpu.bind(&gpu.k.argmax, &[&step, &dims, &lb, &best]);
+    run(gpu, &gpu.k.argmax, &bind, 1, 1)?;
+    let b = gpu.read(&best, 8)?;
+    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}

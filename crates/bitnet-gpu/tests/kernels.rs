@@ -10,9 +10,12 @@ mod common;
 
 use bitnet_gpu::probe::{self, AttnProbe};
 use bitnet_kernels::{act, Isa, Pool, TernaryLayout, TernaryMatrix};
-use bitnet_model::numerics::rms_norm;
+use bitnet_kernels::{RowMatrix, RowType};
+use bitnet_model::numerics::{rms_norm, rope_neox, rope_row};
+use bitnet_model::Numerics;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::borrow::Cow;
 
 /// Random I2_S bytes for `n_out × n_in` (codes 0–2, and some 3 when `code3`), then β.
 fn i2s_bytes(rng: &mut ChaCha8Rng, n_out: usize, n_in: usize, code3: bool) -> Vec<u8> {
@@ -336,6 +339,180 @@ fn top_k_matches_a_sort() {
                 g.0 == w.0 && g.1.to_bits() == w.1.to_bits(),
                 "n {n} [{i}]: gpu {g:?} sort {w:?}"
             );
+        }
+    }
+}
+
+#[test]
+fn final_norm_matches_rms_norm() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    for width in [1usize, 7, 256, 1000, 2560] {
+        let n = rng.random_range(1..5usize);
+        let x: Vec<f32> = (0..n * width)
+            .map(|_| rng.random_range(-6.0..6.0f32))
+            .collect();
+        let w: Vec<f32> = (0..width).map(|_| rng.random_range(0.1..2.0f32)).collect();
+        let got = probe::rmsnorm(&gpu, &x, &w, 1e-6).unwrap();
+        let mut want = vec![0f32; width];
+        for r in 0..n {
+            rms_norm(&x[r * width..(r + 1) * width], &w, 1e-6, &mut want);
+            for (i, (g, c)) in got[r * width..(r + 1) * width]
+                .iter()
+                .zip(&want)
+                .enumerate()
+            {
+                assert!(
+                    (g - c).abs() <= 1e-5 * c.abs().max(1.0),
+                    "width {width} row {r} [{i}]: {g} vs {c}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_matches_the_cpu() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    for (n_head, n_head_kv, head_dim, n_rot) in [
+        (4, 2, 64, 64),
+        (8, 8, 128, 128),
+        (3, 1, 80, 64),
+        (2, 1, 32, 16),
+    ] {
+        let (pos0, n) = (rng.random_range(0..3000usize), rng.random_range(1..6usize));
+        let s = probe::RopeProbe {
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot,
+            base: 500_000.0,
+            pos0,
+            n,
+        };
+        let q: Vec<f32> = (0..n * n_head * head_dim)
+            .map(|_| rng.random_range(-3.0..3.0f32))
+            .collect();
+        let k: Vec<f32> = (0..n * n_head_kv * head_dim)
+            .map(|_| rng.random_range(-3.0..3.0f32))
+            .collect();
+        let (gq, gk) = probe::rope(&gpu, s, &q, &k).unwrap();
+        let (mut wq, mut wk) = (q.clone(), k.clone());
+        for t in 0..n {
+            let r = rope_row(pos0 + t, n_rot, 500_000.0);
+            for head in
+                wq[t * n_head * head_dim..(t + 1) * n_head * head_dim].chunks_exact_mut(head_dim)
+            {
+                rope_neox(&mut head[..n_rot], &r, Numerics::Fast);
+            }
+            for head in wk[t * n_head_kv * head_dim..(t + 1) * n_head_kv * head_dim]
+                .chunks_exact_mut(head_dim)
+            {
+                rope_neox(&mut head[..n_rot], &r, Numerics::Fast);
+            }
+        }
+        for (g, w) in gq.iter().zip(&wq).chain(gk.iter().zip(&wk)) {
+            // The same table; a GPU may fuse the multiply-add.
+            assert!((g - w).abs() <= 1e-5, "{s:?}: {g} vs {w}");
+        }
+    }
+}
+
+fn row_matrix(rng: &mut ChaCha8Rng, ty: RowType, rows: usize, cols: usize) -> Vec<u8> {
+    let v: Vec<f32> = (0..rows * cols)
+        .map(|_| rng.random_range(-1.0..1.0f32))
+        .collect();
+    match ty {
+        RowType::F16 => v
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+#[test]
+fn head_and_embedding_match_the_rows() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    for (case, ty) in [RowType::F16, RowType::F32, RowType::F16]
+        .into_iter()
+        .enumerate()
+    {
+        let (rows, cols) = ([37usize, 200, 1001][case], [64usize, 256, 130][case]);
+        let bytes = row_matrix(&mut rng, ty, rows, cols);
+        let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&bytes)).unwrap();
+        let row_bytes = bytes.len() / rows;
+        // Chunks of 10 rows (ragged last one), and the whole matrix in one buffer.
+        for chunk in [10 * row_bytes, bytes.len()] {
+            let n = rng.random_range(1..4usize);
+            let hn: Vec<f32> = (0..n * cols)
+                .map(|_| rng.random_range(-2.0..2.0f32))
+                .collect();
+            let got = probe::head(&gpu, &m, &hn, n, chunk as u64).unwrap();
+            let mut w = vec![0f32; cols];
+            for r in 0..rows {
+                m.dequantize_row(r, &mut w).unwrap();
+                for t in 0..n {
+                    let want: f64 = w
+                        .iter()
+                        .zip(&hn[t * cols..(t + 1) * cols])
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum();
+                    let g = f64::from(got[t * rows + r]);
+                    assert!(
+                        (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+                        "{ty:?} chunk {chunk} row {r} token {t}: {g} vs {want}"
+                    );
+                }
+            }
+            let ids: Vec<u32> = (0..5)
+                .map(|_| rng.random_range(0..u32::try_from(rows).unwrap()))
+                .collect();
+            let got = probe::embed(&gpu, &m, &ids, chunk as u64).unwrap();
+            for (i, &id) in ids.iter().enumerate() {
+                m.dequantize_row(id as usize, &mut w).unwrap();
+                assert_eq!(
+                    &got[i * cols..(i + 1) * cols],
+                    &w[..],
+                    "{ty:?} embedding row {id}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn argmax_matches_the_sampler() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    for n in [1usize, 2, 255, 256, 257, 4256, 128_256] {
+        for case in 0..3 {
+            let mut logits: Vec<f32> = (0..n)
+                .map(|_| f32::from(rng.random_range(-20..20i16)) / 4.0)
+                .collect();
+            if case == 1 {
+                // The maximum tied at several places, NaN ahead of it.
+                let m = logits.iter().copied().fold(f32::MIN, f32::max);
+                logits[0] = f32::NAN;
+                logits[n - 1] = m;
+                logits[n / 2] = m;
+            }
+            if case == 2 {
+                logits
+                    .iter_mut()
+                    .step_by(3)
+                    .for_each(|x| *x = f32::NEG_INFINITY);
+            }
+            let want = bitnet_sampling::argmax(&logits);
+            if let Some(want) = want {
+                assert_eq!(
+                    probe::argmax(&gpu, &logits).unwrap(),
+                    want,
+                    "n {n} case {case}"
+                );
+            }
         }
     }
 }

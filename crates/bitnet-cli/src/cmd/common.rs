@@ -227,22 +227,6 @@ impl ModelArgs {
             .max(1)
     }
 
-    /// For commands that run on the CPU only: `--device gpu` is an error naming `what`,
-    /// `auto` becomes `cpu` with a note.
-    pub fn cpu_only(&mut self, what: &str) -> Result<()> {
-        match self.device {
-            DeviceArg::Cpu => {}
-            DeviceArg::Gpu => anyhow::bail!(
-                "{what} runs on the CPU (the GPU backend does not serve it yet): use --device cpu"
-            ),
-            DeviceArg::Auto => {
-                eprintln!("note: {what} runs on the CPU");
-                self.device = DeviceArg::Cpu;
-            }
-        }
-        Ok(())
-    }
-
     /// The thread count for commands that run one configuration: a list is an error.
     pub fn single_threads(&self) -> Result<usize> {
         if self.threads.len() > 1 {

@@ -33,8 +33,7 @@ pub struct Args {
     kl_divergence: bool,
 }
 
-pub fn run(mut a: Args) -> Result<()> {
-    a.model.cpu_only("perplexity")?;
+pub fn run(a: Args) -> Result<()> {
     if a.model.ram_budget.is_some() {
         bail!(
             "perplexity keeps the logits of whole chunks and is not planned for a RAM budget; \
