@@ -108,9 +108,12 @@ struct Activations {
 }
 
 /// A model resident on the GPU. Built from a bound [`Model`]; it keeps no reference to it.
+/// Calls from several threads take turns (its activation buffers are shared).
 #[derive(Debug)]
 pub struct GpuModel {
     gpu: Gpu,
+    /// Held for the whole of a call that writes the shared buffers.
+    turn: std::sync::Mutex<()>,
     config: Config,
     max_batch: usize,
     /// Rows of logits one submission may produce.
@@ -414,6 +417,7 @@ impl GpuModel {
         let embed_bind = gpu.bind(&kp.embed, &[&step, &embed_dims, &act_rows, &h]);
         gpu.wait()?;
         Ok(GpuModel {
+            turn: std::sync::Mutex::new(()),
             config: c,
             max_batch,
             out_cap,
@@ -543,6 +547,7 @@ impl GpuModel {
     /// by `discard` positions of RoPE. The cache makes one round trip through memory (a rare
     /// event: when a generation fills its context).
     pub fn shift(&self, cache: &mut GpuCache, keep: usize, discard: usize) -> Result<()> {
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
         let c = &self.config;
         let from = keep
             .checked_add(discard)
@@ -635,6 +640,8 @@ impl GpuModel {
         want: GpuOutputs,
         out: &mut Vec<f32>,
     ) -> Result<Option<u32>> {
+        // A call that panicked left only plain buffers behind.
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
         let c = &self.config;
         if tokens.is_empty() {
             return Err(GpuError::Shape {

@@ -261,6 +261,36 @@ fn context_shift_matches_the_cpu() {
 }
 
 #[test]
+fn calls_from_two_threads_take_turns() {
+    if !common::have_gpu() {
+        return;
+    }
+    let f = tiny();
+    let m = Model::load(&f).unwrap();
+    let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
+    let run = |seed: u32| {
+        let mut c = g.new_cache(64).unwrap();
+        let ids: Vec<u32> = (0..24u32).map(|i| (i * 97 + seed) % 4256).collect();
+        let mut out = g.forward(&ids, &mut c, Outputs::Last).unwrap();
+        for t in 0..8u32 {
+            out.extend(
+                g.forward(&[(t * 31 + seed) % 4256], &mut c, Outputs::Last)
+                    .unwrap(),
+            );
+        }
+        out
+    };
+    let (a, b) = (run(1), run(2));
+    let (pa, pb) = std::thread::scope(|s| {
+        let ta = s.spawn(|| run(1));
+        let tb = s.spawn(|| run(2));
+        (ta.join().unwrap(), tb.join().unwrap())
+    });
+    assert!(a.iter().zip(&pa).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(b.iter().zip(&pb).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
+
+#[test]
 fn bad_inputs_are_typed_errors() {
     if !common::have_gpu() {
         return;
