@@ -518,7 +518,14 @@ impl Engine {
     pub fn new_session(&self, n_ctx: usize) -> Result<Session> {
         let n_ctx = n_ctx.min(self.model().config.n_ctx_train).max(1);
         let cache = match &self.gpu {
-            Some(g) => Cache::Gpu(g.new_cache(n_ctx)?),
+            Some(g) => Cache::Gpu(g.new_cache(
+                n_ctx,
+                match self.opts.kv_type {
+                    KvType::F32 => bitnet_gpu::GpuKv::F32,
+                    // Load refuses the other types on the GPU.
+                    _ => bitnet_gpu::GpuKv::F16,
+                },
+            )?),
             None => Cache::Cpu(self.model().new_cache(
                 n_ctx,
                 self.opts.kv_type,

@@ -136,6 +136,9 @@ impl LoadOptions {
                     "a quantized LM head built at load (its head is the file's F16 rows)",
                 );
             }
+            if !matches!(self.kv_type, KvType::F16 | KvType::F32) {
+                return refuse("a Q8_0 KV cache (its cache is f16 or f32)");
+            }
         }
         if self.budget.is_some() {
             if self.in_memory {
@@ -256,6 +259,7 @@ fn gpu_wanted(opts: &LoadOptions) -> bool {
             opts.numerics == Numerics::Fast
                 && opts.budget.is_none()
                 && opts.lm_head == LmHeadFormat::File
+                && matches!(opts.kv_type, KvType::F16 | KvType::F32)
         }
     }
 }

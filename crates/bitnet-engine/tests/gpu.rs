@@ -163,6 +163,14 @@ fn what_the_gpu_does_not_run_is_refused_or_falls_back() {
         load(&path, &exact, &mut |_| {}),
         Err(EngineError::Device(_))
     ));
+    let kv_q8 = LoadOptions {
+        kv_type: bitnet_model::KvType::Q8_0,
+        ..opts(Device::Gpu)
+    };
+    assert!(matches!(
+        load(&path, &kv_q8, &mut |_| {}),
+        Err(EngineError::Device(_))
+    ));
     let q8 = LoadOptions {
         lm_head: bitnet_engine::LmHeadFormat::Q8_0,
         ..opts(Device::Gpu)

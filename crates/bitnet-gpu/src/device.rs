@@ -331,7 +331,9 @@ pub(crate) struct Kernels {
     pub rmsnorm: wgpu::ComputePipeline,
     pub ternary: wgpu::ComputePipeline,
     pub rope: wgpu::ComputePipeline,
-    pub attention: wgpu::ComputePipeline,
+    pub attention_f32: wgpu::ComputePipeline,
+    pub attention_f16: wgpu::ComputePipeline,
+    pub kv_store_f16: wgpu::ComputePipeline,
     pub ternary_glu: wgpu::ComputePipeline,
     pub head: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
@@ -341,6 +343,8 @@ pub(crate) struct Kernels {
 }
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
+/// The attention kernel's body; a prelude in front of it says how the cache is read.
+const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 
 impl Kernels {
     fn new(device: &wgpu::Device) -> Self {
@@ -364,7 +368,21 @@ impl Kernels {
             rmsnorm: make("rmsnorm", include_str!("shaders/rmsnorm.wgsl")),
             ternary: make("ternary", include_str!("shaders/ternary.wgsl")),
             rope: make("rope", include_str!("shaders/rope.wgsl")),
-            attention: make("attention", include_str!("shaders/attention.wgsl")),
+            attention_f32: make(
+                "attention_f32",
+                &format!(
+                    "{}\n{ATTENTION}",
+                    include_str!("shaders/attention_f32.wgsl")
+                ),
+            ),
+            attention_f16: make(
+                "attention_f16",
+                &format!(
+                    "{}\n{ATTENTION}",
+                    include_str!("shaders/attention_f16.wgsl")
+                ),
+            ),
+            kv_store_f16: make("kv_store_f16", include_str!("shaders/kv_store_f16.wgsl")),
             ternary_glu: make("ternary_glu", include_str!("shaders/ternary_glu.wgsl")),
             head: make("head", include_str!("shaders/head.wgsl")),
             argmax: make("argmax", include_str!("shaders/argmax.wgsl")),

@@ -17,4 +17,4 @@ pub mod probe;
 
 pub use device::{adapters, AdapterInfo, Gpu};
 pub use error::{GpuError, Result};
-pub use model::{GpuCache, GpuModel, GpuOptions, GpuOutputs, TOP_CANDIDATES};
+pub use model::{GpuCache, GpuKv, GpuModel, GpuOptions, GpuOutputs, TOP_CANDIDATES};

@@ -136,12 +136,23 @@ pub struct GpuModel {
     bytes: u64,
 }
 
-/// A sequence's KV cache on the device (f32), with its RoPE table.
+/// The element type of a [`GpuCache`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuKv {
+    /// Half the memory; values rounded to f16 as the CPU's default cache rounds them.
+    F16,
+    F32,
+}
+
+/// A sequence's KV cache on the device (f16 or f32), with its RoPE table.
 #[derive(Debug)]
 pub struct GpuCache {
+    ty: GpuKv,
     k: Vec<wgpu::Buffer>,
     v: Vec<wgpu::Buffer>,
     attn: Vec<wgpu::BindGroup>,
+    /// f16: the kernel that stores each block's new K and V rows.
+    store: Vec<wgpu::BindGroup>,
     rope: wgpu::BindGroup,
     len: usize,
     n_ctx: usize,
@@ -169,9 +180,13 @@ impl GpuCache {
     pub fn truncate(&mut self, n: usize) {
         self.len = self.len.min(n);
     }
-    /// Device bytes of K and V.
+    /// Device bytes of K and V (and the RoPE table).
     pub fn nbytes(&self) -> u64 {
         self.bytes
+    }
+    /// Its element type.
+    pub fn kv_type(&self) -> GpuKv {
+        self.ty
     }
 }
 
@@ -472,12 +487,16 @@ impl GpuModel {
         &self.config
     }
 
-    /// A KV cache of `n_ctx` positions on the device, with its RoPE table.
-    pub fn new_cache(&self, n_ctx: usize) -> Result<GpuCache> {
+    /// A KV cache of `n_ctx` positions of type `ty` on the device, with its RoPE table.
+    pub fn new_cache(&self, n_ctx: usize, ty: GpuKv) -> Result<GpuCache> {
         let c = &self.config;
         let n_ctx = n_ctx.max(1);
         let kv = c.n_embd_kv();
-        let per = bytes_of(mul(mul(n_ctx, kv, "cache")?, 4, "cache")?)?;
+        let elem = match ty {
+            GpuKv::F16 => 2,
+            GpuKv::F32 => 4,
+        };
+        let per = bytes_of(mul(mul(n_ctx, kv, "cache")?, elem, "cache")?)?;
         let usage = wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
         let mut k = Vec::with_capacity(c.n_layer);
         let mut v = Vec::with_capacity(c.n_layer);
@@ -522,17 +541,39 @@ impl GpuModel {
                 scale.to_bits(),
             ],
         );
+        let pipeline = match ty {
+            GpuKv::F16 => &kp.attention_f16,
+            GpuKv::F32 => &kp.attention_f32,
+        };
         let attn = (0..c.n_layer)
             .map(|il| {
                 self.gpu.bind(
-                    &kp.attention,
+                    pipeline,
                     &[&self.step, &attn_dims, &a.q, &k[il], &v[il], &a.o],
                 )
             })
             .collect();
+        let store = match ty {
+            GpuKv::F32 => Vec::new(),
+            GpuKv::F16 => {
+                let dims = self
+                    .gpu
+                    .uniform("dims kv store", &[u32_of(kv, "n_embd_kv")?, 0, 0, 0]);
+                (0..c.n_layer)
+                    .map(|il| {
+                        self.gpu.bind(
+                            &kp.kv_store_f16,
+                            &[&self.step, &dims, &a.k, &a.v, &k[il], &v[il]],
+                        )
+                    })
+                    .collect()
+            }
+        };
         self.gpu.wait()?;
         Ok(GpuCache {
             bytes: per * 2 * bytes_of(c.n_layer)? + tb.size(),
+            ty,
+            store,
             k,
             v,
             attn,
@@ -561,14 +602,24 @@ impl GpuModel {
         let rope = rope_row(discard, c.n_rot, c.rope_freq_base);
         let half = rope.cos.len();
         let moved = cache.len - from;
-        let bytes = bytes_of(mul(mul(cache.len, kv, "cache")?, 4, "cache")?)?;
+        let elem = match cache.ty {
+            GpuKv::F16 => 2,
+            GpuKv::F32 => 4,
+        };
+        let bytes = bytes_of(mul(mul(cache.len, kv, "cache")?, elem, "cache")?)?;
         for il in 0..c.n_layer {
             for (buf, is_k) in [(&cache.k[il], true), (&cache.v[il], false)] {
                 let raw = self.gpu.read(buf, bytes)?;
-                let mut rows: Vec<f32> = raw
-                    .chunks_exact(4)
-                    .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-                    .collect();
+                let mut rows: Vec<f32> = match cache.ty {
+                    GpuKv::F16 => raw
+                        .chunks_exact(2)
+                        .map(|w| half::f16::from_le_bytes([w[0], w[1]]).to_f32())
+                        .collect(),
+                    GpuKv::F32 => raw
+                        .chunks_exact(4)
+                        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+                        .collect(),
+                };
                 if is_k {
                     for head in rows[from * kv..].chunks_exact_mut(d) {
                         // Rotate by -discard: (x0, x1) -> (x0 c + x1 s, x1 c - x0 s).
@@ -580,12 +631,22 @@ impl GpuModel {
                         }
                     }
                 }
+                // Rotated keys are stored again in the cache's type, as the CPU does.
                 let tail = &rows[from * kv..(from + moved) * kv];
-                self.gpu.queue.write_buffer(
-                    buf,
-                    bytes_of(mul(keep, kv, "cache")? * 4)?,
-                    bytemuck::cast_slice(tail),
-                );
+                let at = bytes_of(mul(keep, kv, "cache")? * elem)?;
+                match cache.ty {
+                    GpuKv::F16 => {
+                        let h: Vec<u8> = tail
+                            .iter()
+                            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                            .collect();
+                        self.gpu.queue.write_buffer(buf, at, &h);
+                    }
+                    GpuKv::F32 => self
+                        .gpu
+                        .queue
+                        .write_buffer(buf, at, bytemuck::cast_slice(tail)),
+                }
             }
         }
         self.gpu.wait()?;
@@ -786,12 +847,22 @@ impl GpuModel {
                 lin(&mut p, &l.v)?;
                 // 3. RoPE on Q and K
                 dispatch(&mut p, &kp.rope, &cache.rope, n32, rope_heads);
+                // The new K and V rows into the cache (f16: rounded by one kernel).
+                if let Some(store) = cache.store.get(il) {
+                    dispatch(&mut p, &kp.kv_store_f16, store, n32, 1);
+                }
             }
-            enc.copy_buffer_to_buffer(&a.k, 0, &cache.k[il], kv_at, kv_bytes);
-            enc.copy_buffer_to_buffer(&a.v, 0, &cache.v[il], kv_at, kv_bytes);
+            if cache.ty == GpuKv::F32 {
+                enc.copy_buffer_to_buffer(&a.k, 0, &cache.k[il], kv_at, kv_bytes);
+                enc.copy_buffer_to_buffer(&a.v, 0, &cache.v[il], kv_at, kv_bytes);
+            }
             let mut p = enc.begin_compute_pass(&Default::default());
             // 4. O = Attn(Q, K, V)
-            dispatch(&mut p, &kp.attention, &cache.attn[il], heads, n32);
+            let attention = match cache.ty {
+                GpuKv::F16 => &kp.attention_f16,
+                GpuKv::F32 => &kp.attention_f32,
+            };
+            dispatch(&mut p, attention, &cache.attn[il], heads, n32);
             // 5.–6. h += Lin(Wo, RMS(O))
             dispatch(&mut p, &kp.norm_quant, &l.norm_sub, n32, 1);
             lin(&mut p, &l.o)?;

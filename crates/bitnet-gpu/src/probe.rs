@@ -115,8 +115,15 @@ pub struct AttnProbe {
 }
 
 /// The attention kernel: `q` is `n × n_head × head_dim`, `k`/`v` hold `pos0 + n` rows of
-/// `n_head_kv × head_dim`.
-pub fn attention(gpu: &Gpu, s: AttnProbe, q: &[f32], k: &[f32], v: &[f32]) -> Result<Vec<f32>> {
+/// `n_head_kv × head_dim`, stored as f16 (rounded to nearest even) when `f16`.
+pub fn attention(
+    gpu: &Gpu,
+    s: AttnProbe,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    f16: bool,
+) -> Result<Vec<f32>> {
     let step = gpu.uniform("step", &[n32(s.n)?, n32(s.pos0)?, 0, 0]);
     #[allow(clippy::cast_precision_loss)] // head sizes are small integers
     let scale = 1.0f32 / (s.head_dim as f32).sqrt();
@@ -130,11 +137,27 @@ pub fn attention(gpu: &Gpu, s: AttnProbe, q: &[f32], k: &[f32], v: &[f32]) -> Re
         ],
     );
     let qb = gpu.upload("q", bytemuck::cast_slice(q))?;
-    let kb = gpu.upload("k", bytemuck::cast_slice(k))?;
-    let vb = gpu.upload("v", bytemuck::cast_slice(v))?;
+    let halves = |x: &[f32]| -> Vec<u8> {
+        x.iter()
+            .flat_map(|&e| half::f16::from_f32(e).to_le_bytes())
+            .collect()
+    };
+    let (kb, vb, pipeline) = if f16 {
+        (
+            gpu.upload("k", &halves(k))?,
+            gpu.upload("v", &halves(v))?,
+            &gpu.k.attention_f16,
+        )
+    } else {
+        (
+            gpu.upload("k", bytemuck::cast_slice(k))?,
+            gpu.upload("v", bytemuck::cast_slice(v))?,
+            &gpu.k.attention_f32,
+        )
+    };
     let out = rw(gpu, "o", q.len() * 4)?;
-    let bind = gpu.bind(&gpu.k.attention, &[&step, &dims, &qb, &kb, &vb, &out]);
-    run(gpu, &gpu.k.attention, &bind, n32(s.n_head)?, n32(s.n)?)?;
+    let bind = gpu.bind(pipeline, &[&step, &dims, &qb, &kb, &vb, &out]);
+    run(gpu, pipeline, &bind, n32(s.n_head)?, n32(s.n)?)?;
     Ok(le_f32(&gpu.read(&out, u64::from(n32(q.len() * 4)?))?))
 }
 

@@ -284,14 +284,24 @@ fn attention_matches_the_reference() {
             let v: Vec<f32> = (0..rows * n_head_kv * head_dim)
                 .map(|_| rng.random_range(-2.0..2.0f32))
                 .collect();
-            let got = probe::attention(&gpu, s, &q, &k, &v).unwrap();
-            let want = attention_ref(s, &q, &k, &v);
-            let md = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(md <= 1e-4, "case {case} {s:?}: max |Δ| {md}");
+            let round = |x: &[f32]| -> Vec<f32> {
+                x.iter().map(|&e| half::f16::from_f32(e).to_f32()).collect()
+            };
+            for f16 in [false, true] {
+                let got = probe::attention(&gpu, s, &q, &k, &v, f16).unwrap();
+                // The f16 cache holds K and V rounded to f16 (as the CPU's does).
+                let want = if f16 {
+                    attention_ref(s, &q, &round(&k), &round(&v))
+                } else {
+                    attention_ref(s, &q, &k, &v)
+                };
+                let md = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(md <= 1e-4, "case {case} {s:?} f16 {f16}: max |Δ| {md}");
+            }
         }
     }
 }

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use bitnet_gguf::{Array, GgufFile, Limits, Value};
-use bitnet_gpu::{GpuError, GpuModel, GpuOptions};
+use bitnet_gpu::{GpuError, GpuKv, GpuModel, GpuOptions};
 use bitnet_kernels::Pool;
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
 use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
@@ -97,8 +97,16 @@ fn gate(what: &str, cpu: &[f32], gpu: &[f32]) {
     }
 }
 
+/// The CPU cache type that stores what `kv` stores.
+fn cpu_kv(kv: GpuKv) -> KvType {
+    match kv {
+        GpuKv::F16 => KvType::F16,
+        GpuKv::F32 => KvType::F32,
+    }
+}
+
 /// Every prompt position, then 32 steps fed the CPU's greedy choice, on both.
-fn compare(m: &Model<'_>, opts: GpuOptions, prompt: &[u32], what: &str) {
+fn compare(m: &Model<'_>, opts: GpuOptions, kv: GpuKv, prompt: &[u32], what: &str) {
     let g = GpuModel::new(m, opts).unwrap();
     let nv = m.config.n_vocab;
     let pool = Pool::new(2);
@@ -109,9 +117,9 @@ fn compare(m: &Model<'_>, opts: GpuOptions, prompt: &[u32], what: &str) {
         scratch: None,
     };
     let mut cache = m
-        .new_cache(prompt.len() + 40, KvType::F32, u64::MAX)
+        .new_cache(prompt.len() + 40, cpu_kv(kv), u64::MAX)
         .unwrap();
-    let mut gc = g.new_cache(prompt.len() + 40).unwrap();
+    let mut gc = g.new_cache(prompt.len() + 40, kv).unwrap();
     let cpu = m
         .forward(prompt, &mut cache, Outputs::All, &mut exec)
         .unwrap();
@@ -146,9 +154,9 @@ fn greedy(m: &Model<'_>, prompt: &[u32], what: &str) {
         scratch: None,
     };
     let mut cache = m
-        .new_cache(prompt.len() + 24, KvType::F32, u64::MAX)
+        .new_cache(prompt.len() + 24, KvType::F16, u64::MAX)
         .unwrap();
-    let mut gc = g.new_cache(prompt.len() + 24).unwrap();
+    let mut gc = g.new_cache(prompt.len() + 24, GpuKv::F16).unwrap();
     let mut logits = m
         .forward(prompt, &mut cache, Outputs::Last, &mut exec)
         .unwrap();
@@ -180,7 +188,20 @@ fn tiny_golden_model_matches_the_cpu() {
     }
     let f = tiny();
     let m = Model::load(&f).unwrap();
-    compare(&m, GpuOptions::default(), &PROMPT, "tiny");
+    compare(
+        &m,
+        GpuOptions::default(),
+        GpuKv::F16,
+        &PROMPT,
+        "tiny, f16 cache",
+    );
+    compare(
+        &m,
+        GpuOptions::default(),
+        GpuKv::F32,
+        &PROMPT,
+        "tiny, f32 cache",
+    );
     // Several submissions per prompt (3 rows each), and the head and embedding split into
     // chunks of 100 rows (ragged last chunk): the same logits.
     let small = GpuOptions {
@@ -188,7 +209,13 @@ fn tiny_golden_model_matches_the_cpu() {
         chunk_bytes: Some(100 * 512),
         ..GpuOptions::default()
     };
-    compare(&m, small, &PROMPT, "tiny, batches of 3, head in chunks");
+    compare(
+        &m,
+        small,
+        GpuKv::F16,
+        &PROMPT,
+        "tiny, batches of 3, head in chunks",
+    );
     greedy(&m, &PROMPT, "tiny");
 }
 
@@ -208,6 +235,7 @@ fn medium_synth_matches_the_cpu_in_i2s_and_tq2() {
         compare(
             &m,
             GpuOptions::default(),
+            GpuKv::F16,
             &prompt,
             &format!("medium {layout:?}"),
         );
@@ -230,32 +258,37 @@ fn context_shift_matches_the_cpu() {
         trace: None,
         scratch: None,
     };
-    let mut cache = m.new_cache(24, KvType::F32, u64::MAX).unwrap();
-    let mut gc = g.new_cache(24).unwrap();
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 211 + 5) % 4256).collect();
-    m.forward(&prompt, &mut cache, Outputs::None, &mut exec)
-        .unwrap();
-    g.forward(&prompt, &mut gc, Outputs::None).unwrap();
-    cache.shift(&m.config, 4, 8).unwrap();
-    g.shift(&mut gc, 4, 8).unwrap();
-    assert_eq!(gc.len(), 12);
-    let a = m
-        .forward(&[17, 99, 1234], &mut cache, Outputs::All, &mut exec)
-        .unwrap();
-    let b = g.forward(&[17, 99, 1234], &mut gc, Outputs::All).unwrap();
     let nv = m.config.n_vocab;
-    for (i, (x, y)) in a.chunks_exact(nv).zip(b.chunks_exact(nv)).enumerate() {
-        gate(&format!("after the shift, row {i}"), x, y);
+    let mut shifted = Vec::new();
+    for kv in [GpuKv::F16, GpuKv::F32] {
+        let mut cache = m.new_cache(24, cpu_kv(kv), u64::MAX).unwrap();
+        let mut gc = g.new_cache(24, kv).unwrap();
+        m.forward(&prompt, &mut cache, Outputs::None, &mut exec)
+            .unwrap();
+        g.forward(&prompt, &mut gc, Outputs::None).unwrap();
+        cache.shift(&m.config, 4, 8).unwrap();
+        g.shift(&mut gc, 4, 8).unwrap();
+        assert_eq!(gc.len(), 12);
+        let a = m
+            .forward(&[17, 99, 1234], &mut cache, Outputs::All, &mut exec)
+            .unwrap();
+        let b = g.forward(&[17, 99, 1234], &mut gc, Outputs::All).unwrap();
+        for (i, (x, y)) in a.chunks_exact(nv).zip(b.chunks_exact(nv)).enumerate() {
+            gate(&format!("{kv:?} cache after the shift, row {i}"), x, y);
+        }
+        shifted = b;
     }
+    let b = shifted;
     // Without the shift the logits differ: the test sees it.
-    let mut plain = g.new_cache(24).unwrap();
+    let mut plain = g.new_cache(24, GpuKv::F32).unwrap();
     g.forward(&prompt[..12], &mut plain, Outputs::None).unwrap();
     let c = g
         .forward(&[17, 99, 1234], &mut plain, Outputs::All)
         .unwrap();
     assert!(c.iter().zip(&b).any(|(x, y)| (x - y).abs() > 0.01));
     assert!(matches!(
-        g.shift(&mut gc, 10, 8),
+        g.shift(&mut plain, 10, 8),
         Err(GpuError::Shape { .. })
     ));
 }
@@ -269,7 +302,7 @@ fn calls_from_two_threads_take_turns() {
     let m = Model::load(&f).unwrap();
     let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
     let run = |seed: u32| {
-        let mut c = g.new_cache(64).unwrap();
+        let mut c = g.new_cache(64, GpuKv::F16).unwrap();
         let ids: Vec<u32> = (0..24u32).map(|i| (i * 97 + seed) % 4256).collect();
         let mut out = g.forward(&ids, &mut c, Outputs::Last).unwrap();
         for t in 0..8u32 {
@@ -298,7 +331,7 @@ fn bad_inputs_are_typed_errors() {
     let f = tiny();
     let m = Model::load(&f).unwrap();
     let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
-    let mut gc = g.new_cache(4).unwrap();
+    let mut gc = g.new_cache(4, GpuKv::F16).unwrap();
     let nv = u32::try_from(m.config.n_vocab).unwrap();
     assert!(matches!(
         g.forward(&[nv], &mut gc, Outputs::Last),

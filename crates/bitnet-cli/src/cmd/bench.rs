@@ -144,10 +144,11 @@ fn run_engine(a: &Args) -> Result<()> {
             );
         } else {
             println!(
-                "model {} | device {} | numerics {:?} | kv f32 on the device",
+                "model {} | device {} | numerics {:?} | kv {:?} on the device",
                 model_args.path()?.display(),
                 engine.device_name(),
                 a.model.numerics,
+                engine.options().kv_type
             );
         }
         println!(

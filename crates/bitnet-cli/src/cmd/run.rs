@@ -106,14 +106,17 @@ pub fn run(a: Args) -> Result<()> {
         return Err(e.into());
     }
     eprintln!(
-        "\nload {:.2} s | prompt {} tokens, {:.2} tok/s | generated {} tokens, {:.2} tok/s | finish: {:?} | threads {} | seed {} | peak RSS {}",
+        "\nload {:.2} s | prompt {} tokens, {:.2} tok/s | generated {} tokens, {:.2} tok/s | finish: {:?} | {} | seed {} | peak RSS {}",
         load_time.as_secs_f64(),
         stats.prompt_tokens,
         stats.prompt_tok_s(),
         stats.generated_tokens,
         stats.generation_tok_s(),
         stats.finish,
-        engine.pool().n_threads(),
+        match engine.gpu() {
+            Some(_) => engine.device_name(),
+            None => format!("threads {}", engine.pool().n_threads()),
+        },
         params.sampler.seed,
         peak_rss_bytes().map_or_else(|| "?".into(), human_bytes),
     );

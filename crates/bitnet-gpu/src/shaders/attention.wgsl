@@ -1,6 +1,8 @@
-// Causal GQA attention of one query row and head per workgroup over the f32 cache, in blocks
-// of 64 positions with an online softmax (running max m, sum l, rescaled accumulators), so
+// Causal GQA attention of one query row and head per workgroup over the cache, in blocks of
+// 64 positions with an online softmax (running max m, sum l, rescaled accumulators), so
 // memory does not grow with the context. Query head h reads KV head h / (n_head / n_head_kv).
+// The cache's element type comes from the prelude compiled in front of this file
+// (attention_f32.wgsl or attention_f16.wgsl): `k_at(i)` and `v_at(i)` read element i.
 struct Dims {
     n_head: u32,
     n_head_kv: u32,
@@ -11,8 +13,6 @@ struct Dims {
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> dims: Dims;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
-@group(0) @binding(3) var<storage, read> kc: array<f32>;
-@group(0) @binding(4) var<storage, read> vc: array<f32>;
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
 
 const WG: u32 = 64u;
@@ -45,7 +45,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             let ko = j * kv_stride + kvh * d;
             var dot = 0.0;
             for (var i = 0u; i < d; i++) {
-                dot += qs[i] * kc[ko + i];
+                dot += qs[i] * k_at(ko + i);
             }
             s = dot * dims.scale;
         }
@@ -81,7 +81,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if i < d {
                 var v = acc[a] * alpha;
                 for (var jj = 0u; jj < n; jj++) {
-                    v += p[jj] * vc[(c0 + jj) * kv_stride + kvh * d + i];
+                    v += p[jj] * v_at((c0 + jj) * kv_stride + kvh * d + i);
                 }
                 acc[a] = v;
             }
