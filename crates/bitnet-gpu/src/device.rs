@@ -76,10 +76,15 @@ pub struct Gpu {
     pub(crate) limits: wgpu::Limits,
     pub(crate) k: Kernels,
     faults: Arc<Faults>,
+    /// Bytes written with `write_buffer` since the queue last went idle: their staging
+    /// copies stay in memory until then.
+    staged: std::sync::atomic::AtomicU64,
 }
 
 /// Workgroup storage the kernels declare at most (the fused gate/up kernel: 4 × 64 × 16 bytes).
 const WORKGROUP_STORAGE: u32 = 4096;
+/// Staged upload bytes after which [`Gpu::upload`] waits for the queue.
+const STAGING_FLUSH: u64 = 64 << 20;
 /// Invocations per workgroup the kernels use at most.
 const INVOCATIONS: u32 = 256;
 
@@ -177,6 +182,7 @@ impl Gpu {
             limits: have,
             k,
             faults,
+            staged: std::sync::atomic::AtomicU64::new(0),
         };
         gpu.check()?;
         Ok(gpu)
@@ -253,6 +259,16 @@ impl Gpu {
             let mut tail = [0u8; 4];
             tail[..data.len() - whole].copy_from_slice(&data[whole..]);
             self.queue.write_buffer(&b, whole as u64, &tail);
+        }
+        // Uploading a model stages each tensor in memory until the queue runs; let it run
+        // every 64 MiB, so the staging copies never add up to the model's size.
+        let staged = self
+            .staged
+            .fetch_add(b.size(), std::sync::atomic::Ordering::Relaxed);
+        if staged + b.size() >= STAGING_FLUSH {
+            self.staged.store(0, std::sync::atomic::Ordering::Relaxed);
+            self.queue.submit(std::iter::empty());
+            self.wait()?;
         }
         Ok(b)
     }
