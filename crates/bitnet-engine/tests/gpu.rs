@@ -10,14 +10,7 @@ use bitnet_model::Numerics;
 use bitnet_sampling::SamplerParams;
 
 fn have_gpu() -> bool {
-    if !bitnet_gpu::adapters().is_empty() {
-        return true;
-    }
-    if std::env::var("BITNET_GPU_TESTS").as_deref() == Ok("skip") {
-        eprintln!("no GPU adapter; skipped (BITNET_GPU_TESTS=skip)");
-        return false;
-    }
-    panic!("no GPU adapter found: install mesa-vulkan-drivers and libvulkan1, or set BITNET_GPU_TESTS=skip");
+    bitnet_gpu::probe::gpu_tests_enabled()
 }
 
 fn opts(device: Device) -> LoadOptions {

@@ -361,6 +361,10 @@ pub(crate) struct Kernels {
 const COMMON: &str = include_str!("shaders/common.wgsl");
 /// The attention kernel's body; a prelude in front of it says how the cache is read.
 const ATTENTION: &str = include_str!("shaders/attention.wgsl");
+/// RMSNorm's bindings and row scale, shared by the two norm kernels.
+const NORM: &str = include_str!("shaders/norm_common.wgsl");
+/// The top-k kernels' shared selection.
+const TOPK: &str = include_str!("shaders/topk_select.wgsl");
 
 impl Kernels {
     fn new(device: &wgpu::Device) -> Self {
@@ -380,8 +384,14 @@ impl Kernels {
             })
         };
         Kernels {
-            norm_quant: make("norm_quant", include_str!("shaders/norm_quant.wgsl")),
-            rmsnorm: make("rmsnorm", include_str!("shaders/rmsnorm.wgsl")),
+            norm_quant: make(
+                "norm_quant",
+                &format!("{NORM}\n{}", include_str!("shaders/norm_quant.wgsl")),
+            ),
+            rmsnorm: make(
+                "rmsnorm",
+                &format!("{NORM}\n{}", include_str!("shaders/rmsnorm.wgsl")),
+            ),
             ternary: make("ternary", include_str!("shaders/ternary.wgsl")),
             rope: make("rope", include_str!("shaders/rope.wgsl")),
             attention_f32: make(
@@ -403,8 +413,14 @@ impl Kernels {
             head: make("head", include_str!("shaders/head.wgsl")),
             argmax: make("argmax", include_str!("shaders/argmax.wgsl")),
             embed: make("embed", include_str!("shaders/embed.wgsl")),
-            topk_local: make("topk_local", include_str!("shaders/topk_local.wgsl")),
-            topk_merge: make("topk_merge", include_str!("shaders/topk_merge.wgsl")),
+            topk_local: make(
+                "topk_local",
+                &format!("{TOPK}\n{}", include_str!("shaders/topk_local.wgsl")),
+            ),
+            topk_merge: make(
+                "topk_merge",
+                &format!("{TOPK}\n{}", include_str!("shaders/topk_merge.wgsl")),
+            ),
         }
     }
 }

@@ -17,9 +17,9 @@ const MAX_HEAD_DIM: usize = 256;
 /// Tokens the top-k read-back returns (`K` in topk_local.wgsl and topk_merge.wgsl).
 pub const TOP_CANDIDATES: usize = 64;
 /// Workgroups of the top-k's first pass at most, and logits per workgroup at most (256 threads
-/// × `P` in topk_local.wgsl).
+/// × `P` in topk_select.wgsl).
 const TOPK_GROUPS: usize = 256;
-const TOPK_CHUNK: usize = 4096;
+const TOPK_CHUNK: usize = 256 * 64;
 
 /// What a forward call reads back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,6 +4,24 @@
 
 use bitnet_kernels::TernaryMatrix;
 
+/// The GPU tests' gate (CI installs Mesa's software Vulkan driver): true when an adapter is
+/// there. Without one it panics, unless `BITNET_GPU_TESTS=skip` says to skip on purpose
+/// (then false, with a note), so that no GPU test passes silently for want of a GPU.
+#[allow(clippy::panic)]
+pub fn gpu_tests_enabled() -> bool {
+    if !crate::adapters().is_empty() {
+        return true;
+    }
+    if std::env::var("BITNET_GPU_TESTS").as_deref() == Ok("skip") {
+        eprintln!("no GPU adapter; skipped (BITNET_GPU_TESTS=skip)");
+        return false;
+    }
+    panic!(
+        "no GPU adapter found. Install a Vulkan driver (Debian: `apt-get install -y \
+         mesa-vulkan-drivers libvulkan1`) or set BITNET_GPU_TESTS=skip"
+    );
+}
+
 use crate::device::Gpu;
 use crate::model::{upload_glu, upload_matrix};
 use crate::{GpuError, Result};

@@ -1,22 +1,9 @@
 // y = RMS(x, w) (docs/MODEL.md), then BitNet's per-token int8 quantization of y
 // (docs/FORMATS.md §1): m = max(1e-5, max|y|), s = 127 / m, q = clamp(round_half_even(y·s)).
-// One workgroup per token row; codes packed four to a u32 (little-endian bytes).
-struct Dims {
-    width: u32,
-    eps: f32,
-    _p0: u32,
-    _p1: u32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> dims: Dims;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
-@group(0) @binding(3) var<storage, read> w: array<f32>;
+// One workgroup per token row; codes packed four to a u32 (little-endian bytes). The row
+// scale is norm_common.wgsl's.
 @group(0) @binding(4) var<storage, read_write> xq: array<u32>;
 @group(0) @binding(5) var<storage, read_write> xs: array<f32>;
-
-const WG: u32 = 256u;
-var<workgroup> red: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -25,21 +12,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         return;
     }
     let base = row * dims.width;
-    var ss = 0.0;
-    for (var i = lid.x; i < dims.width; i += WG) {
-        let v = x[base + i];
-        ss += v * v;
-    }
-    red[lid.x] = ss;
-    workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k >>= 1u) {
-        if lid.x < k {
-            red[lid.x] += red[lid.x + k];
-        }
-        workgroupBarrier();
-    }
-    let scale = 1.0 / sqrt(red[0] / f32(dims.width) + dims.eps);
-    workgroupBarrier();
+    let scale = rms_scale(base, lid.x);
     var m = 0.0;
     for (var i = lid.x; i < dims.width; i += WG) {
         m = max(m, abs((x[base + i] * scale) * w[i]));

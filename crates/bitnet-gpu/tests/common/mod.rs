@@ -4,19 +4,9 @@
 
 use bitnet_gpu::Gpu;
 
-/// True when the GPU tests should run; panics when they cannot and skipping was not asked.
+/// True when the GPU tests should run (see `bitnet_gpu::probe::gpu_tests_enabled`).
 pub fn have_gpu() -> bool {
-    if !bitnet_gpu::adapters().is_empty() {
-        return true;
-    }
-    if std::env::var("BITNET_GPU_TESTS").as_deref() == Ok("skip") {
-        eprintln!("no GPU adapter; skipped (BITNET_GPU_TESTS=skip)");
-        return false;
-    }
-    panic!(
-        "no GPU adapter found. Install a Vulkan driver (Debian: `apt-get install -y \
-         mesa-vulkan-drivers libvulkan1`) or set BITNET_GPU_TESTS=skip"
-    );
+    bitnet_gpu::probe::gpu_tests_enabled()
 }
 
 /// The first adapter, opened.

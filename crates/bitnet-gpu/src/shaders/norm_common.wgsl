@@ -1,0 +1,36 @@
+// Shared by norm_quant.wgsl and rmsnorm.wgsl: RMSNorm's bindings and its row scale.
+struct Dims {
+    width: u32,
+    eps: f32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> dims: Dims;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> w: array<f32>;
+
+const WG: u32 = 256u;
+var<workgroup> red: array<f32, 256>;
+
+// 1 / sqrt(mean(x²) + eps) of the row at x[base..base + width], for the whole workgroup
+// (leaves `red` free for the caller once every thread has it).
+fn rms_scale(base: u32, lid: u32) -> f32 {
+    var ss = 0.0;
+    for (var i = lid; i < dims.width; i += WG) {
+        let v = x[base + i];
+        ss += v * v;
+    }
+    red[lid] = ss;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k >>= 1u) {
+        if lid < k {
+            red[lid] += red[lid + k];
+        }
+        workgroupBarrier();
+    }
+    let scale = 1.0 / sqrt(red[0] / f32(dims.width) + dims.eps);
+    workgroupBarrier();
+    return scale;
+}
