@@ -88,6 +88,23 @@ async fn thirty_two_streaming_clients_against_four_slots() {
     assert!(growth < 64 << 20, "RSS grew by {growth} bytes");
 }
 
+/// A seed whose 400 sampled tokens after `prompt` hold no end-of-generation token, so that a
+/// request can only end by its client leaving (with a fresh seed per request, one could end
+/// by itself first and miss the cancellation count).
+fn seed_without_eog(prompt: &str) -> u64 {
+    let engine = tiny_engine();
+    let ids = engine.tokenizer.encode(prompt, true, false).unwrap();
+    (1..50)
+        .find(|&seed| {
+            let sampler = SamplerParams {
+                seed,
+                ..SamplerParams::default()
+            };
+            reference(&ids, 400, sampler).1 == 400
+        })
+        .expect("a seed among the first 49 generates 400 tokens")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_killed_mid_stream_free_their_slots() {
     let s = TestServer::start(ServerConfig {
@@ -98,8 +115,10 @@ async fn clients_killed_mid_stream_free_their_slots() {
         ..test_config()
     })
     .await;
+    let seed = seed_without_eog("Tell me a long story");
     let body =
-        json!({"prompt": "Tell me a long story", "max_tokens": 400, "stream": true}).to_string();
+        json!({"prompt": "Tell me a long story", "max_tokens": 400, "stream": true, "seed": seed})
+            .to_string();
     let t = Instant::now();
     for _round in 0..3 {
         // Four streams take the slots; read a little of each, then drop the connections.
@@ -151,7 +170,9 @@ async fn a_non_streaming_client_that_leaves_is_cancelled() {
         ..test_config()
     })
     .await;
-    let body = r#"{"prompt":"Once upon a time","max_tokens":400}"#;
+    let seed = seed_without_eog("Once upon a time");
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 400, "seed": seed}).to_string();
+    let body = body.as_str();
     let mut c = tokio::net::TcpStream::connect(s.addr).await.unwrap();
     use tokio::io::AsyncWriteExt;
     c.write_all(
