@@ -605,19 +605,14 @@ impl Engine {
         self.forward_sessions(&mut work)
     }
 
-    /// What a generation step reads back: on the GPU, greedy decoding without penalties
-    /// takes the device's argmax (the lowest id among equal maxima, as the sampler does, 8
-    /// bytes), a chain that only looks at the top-k takes the top candidates (512 bytes);
-    /// anything else (and the CPU) takes the last row of logits.
+    /// What a generation step reads back: on the GPU, a step the arg-max decides takes the
+    /// device's argmax (the lowest id among equal maxima, as the sampler does, 8 bytes), a
+    /// chain that only looks at the top-k takes the top candidates (512 bytes); anything
+    /// else (and the CPU) takes the last row of logits.
     fn read_back(&self, sampler: &Sampler) -> ReadBack {
-        let p = sampler.params();
         if self.gpu.is_none() {
             ReadBack::Logits
-        } else if p.temperature <= 0.0
-            && p.repeat_penalty == 1.0
-            && p.presence_penalty == 0.0
-            && p.frequency_penalty == 0.0
-        {
+        } else if sampler.argmax_suffices() {
             ReadBack::Greedy
         } else if sampler.candidates_suffice(bitnet_gpu::TOP_CANDIDATES) {
             ReadBack::Top

@@ -58,6 +58,14 @@ fn generate(device: Device, sampler: SamplerParams) -> (Vec<u32>, Vec<String>) {
 /// The GPU engine's greedy ids, fed back one at a time through `eval` on the same engine (its
 /// logits read back, the sampler's argmax): the device argmax `generate` uses must agree.
 fn stepwise(device: Device, n: usize) -> Vec<u32> {
+    stepwise_margins(device, n)
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect()
+}
+
+/// [`stepwise`] with each step's margin of the top logit over the second.
+fn stepwise_margins(device: Device, n: usize) -> Vec<(u32, f32)> {
     let path = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
     let e = load(&path, &opts(device), &mut |_| {}).unwrap();
     let prompt = e
@@ -71,7 +79,9 @@ fn stepwise(device: Device, n: usize) -> Vec<u32> {
     let mut ids = Vec::new();
     for _ in 0..n {
         let t = bitnet_sampling::argmax(&logits).unwrap();
-        ids.push(t);
+        let mut sorted = logits.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        ids.push((t, sorted[0] - sorted[1]));
         logits = e.eval(&mut s, &[t], bitnet_model::Outputs::Last).unwrap();
     }
     ids
@@ -92,10 +102,14 @@ fn greedy_generation_on_the_gpu() {
     let (auto, _) = generate(Device::Auto, SamplerParams::greedy());
     assert_eq!(auto, gpu);
     // The same loop on the CPU: the GPU's logits are within the tolerance of the CPU's (the
-    // bitnet-gpu tests), so the ids agree until the first near-tie. On this random model that
-    // comes early; the first ids agree.
-    let (cpu, _) = generate(Device::Cpu, SamplerParams::greedy());
-    assert_eq!(cpu[..3], gpu[..3]);
+    // bitnet-gpu tests), so the ids agree while the CPU's margins are clear (> 0.08, the
+    // issue's rule); on this random model a near-tie comes early.
+    for (k, (id, margin)) in stepwise_margins(Device::Cpu, 24).into_iter().enumerate() {
+        if margin <= 0.08 {
+            break;
+        }
+        assert_eq!(gpu[k], id, "step {k}, CPU margin {margin}");
+    }
     // Seeded sampling with top-k reads back the device's top candidates; the sampler draws
     // from them what it draws from the whole row of logits (the stepwise loop reads those).
     for (seed, top_k, temperature) in [(7, 40, 0.8), (8, 1, 1.0), (9, 64, 1.3)] {

@@ -2,7 +2,7 @@
 //! command buffer per call.
 
 use bitnet_kernels::{RowMatrix, RowType, TernaryLayout, TernaryMatrix};
-use bitnet_model::numerics::rope_row;
+use bitnet_model::numerics::{rope_neox_back, rope_row};
 use bitnet_model::{Activation, Config, Model, Outputs};
 
 use crate::device::Gpu;
@@ -600,7 +600,6 @@ impl GpuModel {
             })?;
         let (kv, d) = (c.n_embd_kv(), c.head_dim);
         let rope = rope_row(discard, c.n_rot, c.rope_freq_base);
-        let half = rope.cos.len();
         let moved = cache.len - from;
         let elem = match cache.ty {
             GpuKv::F16 => 2,
@@ -622,13 +621,7 @@ impl GpuModel {
                 };
                 if is_k {
                     for head in rows[from * kv..].chunks_exact_mut(d) {
-                        // Rotate by -discard: (x0, x1) -> (x0 c + x1 s, x1 c - x0 s).
-                        let (lo, hi) = head.split_at_mut(half);
-                        for i in 0..half.min(hi.len()) {
-                            let (x0, x1, co, si) = (lo[i], hi[i], rope.cos[i], rope.sin[i]);
-                            lo[i] = x0 * co + x1 * si;
-                            hi[i] = x1 * co - x0 * si;
-                        }
+                        rope_neox_back(head, &rope);
                     }
                 }
                 // Rotated keys are stored again in the cache's type, as the CPU does.

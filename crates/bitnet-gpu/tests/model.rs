@@ -54,16 +54,6 @@ fn medium(dir: &Path, layout: WeightLayout) -> PathBuf {
     path
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        ab += f64::from(x) * f64::from(y);
-        aa += f64::from(x) * f64::from(x);
-        bb += f64::from(y) * f64::from(y);
-    }
-    ab / (aa.sqrt() * bb.sqrt())
-}
-
 /// The index of the largest value and its margin over the second.
 fn top2(row: &[f32]) -> (usize, f32) {
     let mut best = (0, f32::NEG_INFINITY, f32::NEG_INFINITY);
@@ -79,22 +69,10 @@ fn top2(row: &[f32]) -> (usize, f32) {
 
 /// The gates on one row of logits.
 fn gate(what: &str, cpu: &[f32], gpu: &[f32]) {
-    let md = cpu
-        .iter()
-        .zip(gpu)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    let cos = cosine(cpu, gpu);
-    assert!(md <= 0.25, "{what}: max |Δ| {md}");
-    assert!(cos >= 0.995, "{what}: cosine {cos}");
-    let (ci, margin) = top2(cpu);
-    if margin > 0.08 {
-        assert_eq!(
-            ci,
-            top2(gpu).0,
-            "{what}: top-1 differs (CPU margin {margin})"
-        );
-    }
+    let g = bitnet_testdata::compare_logits(gpu, cpu, cpu.len(), 0.08);
+    assert!(g.max_abs <= 0.25, "{what}: max |Δ| {}", g.max_abs);
+    assert!(g.min_cos >= 0.995, "{what}: cosine {}", g.min_cos);
+    assert_eq!(g.top1_misses_above_margin, 0, "{what}: top-1 differs");
 }
 
 /// The CPU cache type that stores what `kv` stores.

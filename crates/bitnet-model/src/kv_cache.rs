@@ -231,7 +231,6 @@ impl KvCache {
             })?;
         let d = self.head_dim;
         let rope = crate::numerics::rope_row(discard, config.n_rot, config.rope_freq_base);
-        let half = rope.cos.len();
         let mut row = vec![0.0f32; d];
         for layer in 0..self.k.len() {
             for g in 0..self.n_head_kv {
@@ -239,13 +238,7 @@ impl KvCache {
                     let src = (g * self.n_ctx + p) * d;
                     let dst = (g * self.n_ctx + p - discard) * d;
                     self.k[layer].read(src, &mut row);
-                    // Rotate by -discard: (x0, x1) -> (x0 c + x1 s, x1 c - x0 s).
-                    let (lo, hi) = row.split_at_mut(half);
-                    for i in 0..half.min(hi.len()) {
-                        let (x0, x1, c, s) = (lo[i], hi[i], rope.cos[i], rope.sin[i]);
-                        lo[i] = x0 * c + x1 * s;
-                        hi[i] = x1 * c - x0 * s;
-                    }
+                    crate::numerics::rope_neox_back(&mut row, &rope);
                     self.k[layer].write(dst, &row);
                     self.v[layer].read(src, &mut row);
                     self.v[layer].write(dst, &row);

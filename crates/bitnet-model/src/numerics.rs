@@ -92,6 +92,20 @@ pub fn rope_neox(head: &mut [f32], rope: &RopeRow, numerics: Numerics) {
     }
 }
 
+/// [`rope_neox`] turned back (fast numerics): dim i and i + n_rot/2 of `head` (a whole head;
+/// dims past n_rot pass through) rotated by minus the angles of `rope`,
+/// `(x0, x1) -> (x0 c + x1 s, x1 c − x0 s)`. The context shift moves cached keys to earlier
+/// positions with it.
+pub fn rope_neox_back(head: &mut [f32], rope: &RopeRow) {
+    let half = rope.cos.len();
+    let (lo, hi) = head.split_at_mut(half.min(head.len()));
+    for i in 0..half.min(hi.len()) {
+        let (x0, x1, c, s) = (lo[i], hi[i], rope.cos[i], rope.sin[i]);
+        lo[i] = x0 * c + x1 * s;
+        hi[i] = x1 * c - x0 * s;
+    }
+}
+
 // The f16 rounding and bitnet.cpp's reductions live in the kernels crate (its attention
 // kernel is built from them); the model's exact paths use them from there.
 pub use bitnet_kernels::exact::{dot_f16_ggml, dot_tinyblas, round_f16, softmax_exact, v_expf};

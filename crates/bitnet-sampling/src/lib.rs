@@ -383,14 +383,24 @@ impl Sampler {
         self.draw(cands)
     }
 
+    /// Whether the next token is the arg-max of the logits as they are (lowest id on ties):
+    /// greedy decoding with no penalty that changes them (none set, or no history yet).
+    pub fn argmax_suffices(&self) -> bool {
+        self.params.is_greedy() && !self.penalties_apply()
+    }
+
+    /// Whether the penalties change the logits of the next step.
+    fn penalties_apply(&self) -> bool {
+        self.params.penalties_active() && !self.recent.is_empty()
+    }
+
     /// Whether the `n` most likely tokens of a step are all [`Sampler::sample_candidates`]
     /// needs: top-k is on with `top_k <= n`, the temperature is positive, and no penalty
     /// applies (penalties change logits outside any fixed candidate set).
     pub fn candidates_suffice(&self, n: usize) -> bool {
         let p = &self.params;
-        let penalties = p.penalties_active() && !self.recent.is_empty();
         let top_k = usize::try_from(p.top_k).is_ok_and(|k| k > 0 && k <= n);
-        !p.is_greedy() && top_k && !penalties
+        !p.is_greedy() && top_k && !self.penalties_apply()
     }
 
     /// [`Sampler::sample`] from the most likely tokens only: `top` holds the `(id, logit)`
@@ -439,7 +449,7 @@ impl Sampler {
 
     /// `logits` with the penalties applied (borrowed when none apply).
     fn penalized<'l>(&self, logits: &'l [f32]) -> std::borrow::Cow<'l, [f32]> {
-        if self.params.penalties_active() && !self.recent.is_empty() {
+        if self.penalties_apply() {
             let mut copy = logits.to_vec();
             self.apply_penalties(&mut copy);
             std::borrow::Cow::Owned(copy)

@@ -828,4 +828,14 @@ fn the_top_candidates_draw_what_the_full_logits_draw() {
     assert!(!wide.candidates_suffice(64));
     let mut wide = wide;
     assert!(wide.sample_candidates(&[(1, 0.5)], 64, 1000).is_err());
+    // The arg-max alone decides greedy steps, unless a penalty has history to act on.
+    let mut g = Sampler::new(SamplerParams {
+        repeat_penalty: 1.1,
+        ..SamplerParams::greedy()
+    })
+    .unwrap();
+    assert!(g.argmax_suffices());
+    g.accept(3);
+    assert!(!g.argmax_suffices());
+    assert!(!s.argmax_suffices());
 }

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use bitnet_engine::{load, ContextPolicy, Device, Engine, Event, GenParams, LoadOptions};
+use bitnet_engine::{load, Device, Engine, LoadOptions};
 use bitnet_sampling::SamplerParams;
 use bitnet_server::ServerConfig;
 use common::*;
@@ -26,27 +26,12 @@ fn gpu_engine() -> Result<Engine, String> {
 /// The engine's single-sequence generation, as text.
 fn generate(engine: &Engine, prompt: &str, temperature: f32, seed: u64) -> String {
     let ids = engine.tokenizer.encode(prompt, true, false).unwrap();
-    let params = GenParams {
-        max_tokens: 24,
-        sampler: SamplerParams {
-            temperature,
-            seed,
-            ..SamplerParams::default()
-        },
-        stop: Vec::new(),
-        context_policy: ContextPolicy::Stop,
+    let sampler = SamplerParams {
+        temperature,
+        seed,
+        ..SamplerParams::default()
     };
-    let mut session = engine.new_session(512).unwrap();
-    let mut text = String::new();
-    engine
-        .generate(&mut session, &ids, false, &params, &mut |ev| {
-            if let Event::Text(t) = ev {
-                text.push_str(t);
-            }
-            true
-        })
-        .unwrap();
-    text
+    reference_pieces_on(engine, &ids, 24, sampler).0.concat()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

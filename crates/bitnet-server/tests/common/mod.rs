@@ -52,7 +52,16 @@ pub fn reference_pieces(
     max_tokens: usize,
     sampler: bitnet_sampling::SamplerParams,
 ) -> (Vec<String>, usize) {
-    let engine = tiny_engine();
+    reference_pieces_on(&tiny_engine(), prompt, max_tokens, sampler)
+}
+
+/// [`reference_pieces`] on a given engine (the GPU tests pass one loaded on the GPU).
+pub fn reference_pieces_on(
+    engine: &Engine,
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: bitnet_sampling::SamplerParams,
+) -> (Vec<String>, usize) {
     let mut session = engine.new_session(512).unwrap();
     let mut pieces = Vec::new();
     let params = bitnet_engine::GenParams {
