@@ -58,6 +58,9 @@
 // `bitnet_config.kv_type`: ggml Q8_0 KV cache (fast numerics only).
 #define BITNET_KV_Q8_0 2
 
+// `bitnet_config.kv_type`: ggml Q4_0 KV cache (fast numerics only).
+#define BITNET_KV_Q4_0 3
+
 // `bitnet_config.lm_head`: the file's own head (the default; needed by exact numerics).
 #define BITNET_LM_HEAD_FILE 0
 

@@ -50,6 +50,8 @@ pub const BITNET_KV_F16: i32 = 0;
 pub const BITNET_KV_F32: i32 = 1;
 /// `bitnet_config.kv_type`: ggml Q8_0 KV cache (fast numerics only).
 pub const BITNET_KV_Q8_0: i32 = 2;
+/// `bitnet_config.kv_type`: ggml Q4_0 KV cache (fast numerics only).
+pub const BITNET_KV_Q4_0: i32 = 3;
 
 /// `bitnet_config.lm_head`: the file's own head (the default; needed by exact numerics).
 pub const BITNET_LM_HEAD_FILE: i32 = 0;
@@ -376,6 +378,7 @@ fn load_options(c: &bitnet_config) -> Res<LoadOptions> {
         BITNET_KV_F16 => KvType::F16,
         BITNET_KV_F32 => KvType::F32,
         BITNET_KV_Q8_0 => KvType::Q8_0,
+        BITNET_KV_Q4_0 => KvType::Q4_0,
         n => return Err(invalid(format!("kv_type = {n} is not a BITNET_KV_* value"))),
     };
     let lm_head = match c.lm_head {

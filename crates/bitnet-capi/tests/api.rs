@@ -161,6 +161,15 @@ fn bad_load_arguments_are_codes_with_messages() {
         (
             bitnet_config {
                 numerics: BITNET_NUMERICS_EXACT,
+                kv_type: BITNET_KV_Q4_0,
+                ..cfg()
+            },
+            BITNET_ERR_INVALID,
+            "f16",
+        ),
+        (
+            bitnet_config {
+                numerics: BITNET_NUMERICS_EXACT,
                 lm_head: BITNET_LM_HEAD_Q8_0,
                 ..cfg()
             },

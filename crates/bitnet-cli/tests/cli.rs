@@ -585,8 +585,10 @@ fn perplexity_and_kl_divergence_against_a_saved_base() {
         same.contains("mean KL divergence 0.000000") && same.contains("top-1 agreement 100.000%"),
         "{same}"
     );
-    let q = compare(&["--kv-cache", "q8_0"]);
-    assert!(!q.contains("top-1 agreement 100.000%"), "{q}");
+    for kv in ["q8_0", "q4_0"] {
+        let q = compare(&["--kv-cache", kv]);
+        assert!(!q.contains("top-1 agreement 100.000%"), "{kv}: {q}");
+    }
 
     // A truncated base, and a text too short for one chunk, are errors.
     let bytes = std::fs::read(&base).unwrap();

@@ -140,8 +140,8 @@ fn scratch_bytes(c: &Config, n: usize, n_ctx: usize, threads: usize) -> u64 {
 
 /// Fits the model into `req.bytes`: the weight window, a head chunk, the KV cache of the
 /// requested (or largest fitting) context, the forward pass's buffers and what the process
-/// already holds (`runtime_bytes`: code, tokenizer). Lowers the KV type (f16 → q8_0) unless it
-/// was chosen explicitly, then the window (2 → 1 blocks: no read-ahead), then the context
+/// already holds (`runtime_bytes`: code, tokenizer). Lowers the KV type (f16 → q8_0 → q4_0)
+/// unless it was chosen explicitly, then the window (2 → 1 blocks: no read-ahead), then the context
 /// unless it was given; never silently below what was asked for.
 #[allow(clippy::too_many_arguments)]
 pub fn plan(
@@ -174,7 +174,7 @@ pub fn plan(
         && numerics == Numerics::Fast
         && c.head_dim.is_multiple_of(32)
     {
-        kv_types.push(KvType::Q8_0);
+        kv_types.extend([KvType::Q8_0, KvType::Q4_0]);
     }
     let kv_bytes = |n: usize, t: KvType| c.kv_cache_bytes(n, t).map_err(EngineError::from);
     let mut notes = Vec::new();

@@ -137,7 +137,7 @@ impl LoadOptions {
                 );
             }
             if !matches!(self.kv_type, KvType::F16 | KvType::F32) {
-                return refuse("a Q8_0 KV cache (its cache is f16 or f32)");
+                return refuse("a quantized KV cache (its cache is f16 or f32)");
             }
         }
         if self.budget.is_some() {

@@ -152,6 +152,21 @@ fn the_plan_lowers_what_was_not_asked_for_and_refuses_what_was() {
     );
     assert!(p.total() <= bytes);
     assert!(p.notes.iter().any(|n| n.contains("q8_0")));
+    // Room for 512 positions of Q4_0 beside one block only: Q4_0, before the window gives up
+    // Q8_0's room.
+    let one_block = fixed - u64::try_from(layers[0].len()).unwrap();
+    let p = plan(
+        one_block + kv(512, KvType::Q4_0),
+        Some(512),
+        false,
+        Numerics::Fast,
+    )
+    .unwrap();
+    assert_eq!(
+        (p.kv_type, p.n_ctx, p.window_layers),
+        (KvType::Q4_0, 512, 1)
+    );
+    assert!(p.notes.iter().any(|n| n.contains("q4_0")), "{:?}", p.notes);
     // ...unless it was chosen: then the explicit context does not fit, and the error says
     // what would.
     match plan(bytes, Some(512), true, Numerics::Fast) {
@@ -174,7 +189,6 @@ fn the_plan_lowers_what_was_not_asked_for_and_refuses_what_was() {
     assert_eq!((p.n_ctx, p.kv_type), (256, KvType::F16));
     assert!(p.notes.iter().any(|n| n.contains("context lowered")));
     // Not even 256 positions beside two blocks: one block resident.
-    let one_block = fixed - u64::try_from(layers[0].len()).unwrap();
     let p = plan(one_block + kv(256, KvType::F16), None, true, Numerics::Fast).unwrap();
     assert_eq!((p.window_layers, p.n_ctx), (1, 256));
     // A budget below the model's minimum.

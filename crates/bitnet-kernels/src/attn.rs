@@ -2,7 +2,7 @@
 //!
 //! `out = softmax(q · Kᵀ · scale, causal) · V` for `n` query rows at positions `pos0..pos0+n`,
 //! with the K and V rows of positions `0..pos0+n` read straight from the cache in its own
-//! element type (f16, f32, or Q8_0 codes with their scales): no per-step conversion of the
+//! element type (f16, f32, or Q8_0 / Q4_0 codes with their scales): no per-step conversion of the
 //! history, and no `[n][n_kv]` score matrix, so memory does not grow with n².
 //!
 //! **Work split.** A work item is (a block of up to [`TOKEN_BLOCK`] query rows, one KV head,
@@ -69,6 +69,14 @@ pub enum KvRows<'a> {
         q: &'a [i8],
         d: &'a [f32],
     },
+    /// Q4_0: ggml's Q4_0 blocks, nibbles and scales apart (as
+    /// [`crate::rows::quantize_q4_0_split`] writes them). Byte `16b + j` holds element
+    /// `32b + j` in its low nibble and element `32b + j + 16` in its high nibble; element `e`
+    /// is `(nibble − 8) · d[e / 32]`. Needs `head_dim` and both strides to be multiples of 32.
+    Q4 {
+        q: &'a [u8],
+        d: &'a [f32],
+    },
 }
 
 impl KvRows<'_> {
@@ -78,15 +86,24 @@ impl KvRows<'_> {
             KvRows::F16(s) => s.len(),
             KvRows::F32(s) => s.len(),
             KvRows::Q8 { q, d } => q.len().min(d.len().saturating_mul(Q8_BLOCK)),
+            KvRows::Q4 { q, d } => q
+                .len()
+                .saturating_mul(2)
+                .min(d.len().saturating_mul(Q8_BLOCK)),
         }
     }
 
-    fn is_q8(&self) -> bool {
-        matches!(self, KvRows::Q8 { .. })
+    /// 0 for f16/f32 elements, 1 for Q8_0 blocks, 2 for Q4_0 blocks.
+    fn block_kind(&self) -> u8 {
+        match self {
+            KvRows::F16(_) | KvRows::F32(_) => 0,
+            KvRows::Q8 { .. } => 1,
+            KvRows::Q4 { .. } => 2,
+        }
     }
 }
 
-/// Elements per Q8_0 scale.
+/// Elements per Q8_0 (and Q4_0) scale.
 pub const Q8_BLOCK: usize = 32;
 
 /// Head counts and size of an attention call.
@@ -253,12 +270,12 @@ pub fn attend_isa(
     }
     need("attention keys", kv_len, k.len())?;
     need("attention values", kv_len, v.len())?;
-    if k.is_q8() || v.is_q8() {
-        // A Q8 row must start on a block boundary and hold whole blocks.
+    if k.block_kind() != 0 || v.block_kind() != 0 {
+        // A quantized row must start on a block boundary and hold whole blocks.
         for (what, x) in [
-            ("Q8 attention head size", d),
-            ("Q8 attention position stride", layout.pos_stride),
-            ("Q8 attention head stride", layout.head_stride),
+            ("quantized attention head size", d),
+            ("quantized attention position stride", layout.pos_stride),
+            ("quantized attention head stride", layout.head_stride),
         ] {
             if !x.is_multiple_of(Q8_BLOCK) {
                 return Err(KernelError::ShapeMismatch {
@@ -268,11 +285,11 @@ pub fn attend_isa(
                 });
             }
         }
-        if k.is_q8() != v.is_q8() {
+        if k.block_kind() != v.block_kind() {
             return Err(KernelError::ShapeMismatch {
-                what: "attention cache types (Q8 keys need Q8 values and back)",
-                expected: 1,
-                got: 0,
+                what: "attention cache types (quantized keys need values of the same type)",
+                expected: usize::from(k.block_kind()),
+                got: usize::from(v.block_kind()),
             });
         }
     }
@@ -508,51 +525,54 @@ fn item_avx512(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
     unsafe { inner(job, it, s, part) }
 }
 
-/// A cache element type (f16, f32, or an i8 Q8_0 code): widened to f32 exactly, by any
-/// instruction.
+/// A cache storage unit (an f16 or f32 element, an i8 Q8_0 code, or a byte of two Q4_0
+/// nibbles): widened to f32 exactly, by any instruction. Rows are addressed in units
+/// (`PER` elements each) and read in 16-element chunks.
 pub(crate) trait KvElem: Copy + Send + Sync {
     /// The element is an IEEE half.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     const HALF: bool;
-    /// The element is a Q8_0 code, to be multiplied by its block's scale.
+    /// The element is a code, to be multiplied by its 32-element block's scale.
     const SCALED: bool;
-    /// The element's value (for a code, before its scale).
-    fn widen(self) -> f32;
-    /// 16 elements at `p`, widened.
+    /// Elements per unit (2 for Q4_0 bytes, else 1).
+    const PER: usize = 1;
+    /// Element `e` of a row that starts at `row[0]` (for a code, before its scale).
+    fn elem(row: &[Self], e: usize) -> f32;
+    /// Elements `16c..16c+16` of the row at `row`, widened.
     ///
     /// # Safety
-    /// AVX-512 F and F16C are enabled in the caller (this is inlined into it); 16 elements
-    /// are readable at `p`.
+    /// AVX-512 F and F16C are enabled in the caller (this is inlined into it); the row holds
+    /// at least `16c + 16` elements.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn ld16(p: *const Self) -> std::arch::x86_64::__m512;
-    /// 8 elements at `p`, widened.
+    unsafe fn chunk16(row: *const Self, c: usize) -> std::arch::x86_64::__m512;
+    /// Elements `16c + 8h..16c + 8h + 8` (`h` 0 or 1) of the row at `row`, widened.
     ///
     /// # Safety
-    /// AVX and F16C are enabled in the caller; 8 elements are readable at `p`.
+    /// AVX2 and F16C are enabled in the caller; the row holds at least `16c + 16` elements.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn ld8(p: *const Self) -> std::arch::x86_64::__m256;
+    unsafe fn chunk8(row: *const Self, c: usize, h: usize) -> std::arch::x86_64::__m256;
 }
 
 impl KvElem for f16 {
     const HALF: bool = true;
     const SCALED: bool = false;
     #[inline(always)]
-    fn widen(self) -> f32 {
-        self.to_f32()
+    fn elem(row: &[Self], e: usize) -> f32 {
+        row[e].to_f32()
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn ld16(p: *const Self) -> std::arch::x86_64::__m512 {
+    unsafe fn chunk16(row: *const Self, c: usize) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::{_mm256_loadu_si256, _mm512_cvtph_ps};
         // SAFETY: the caller's contract.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(row.add(c * LANES).cast())) }
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn ld8(p: *const Self) -> std::arch::x86_64::__m256 {
+    unsafe fn chunk8(row: *const Self, c: usize, h: usize) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::{_mm256_cvtph_ps, _mm_loadu_si128};
         // SAFETY: the caller's contract.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(row.add(c * LANES + 8 * h).cast())) }
     }
 }
 
@@ -560,20 +580,20 @@ impl KvElem for f32 {
     const HALF: bool = false;
     const SCALED: bool = false;
     #[inline(always)]
-    fn widen(self) -> f32 {
-        self
+    fn elem(row: &[Self], e: usize) -> f32 {
+        row[e]
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn ld16(p: *const Self) -> std::arch::x86_64::__m512 {
+    unsafe fn chunk16(row: *const Self, c: usize) -> std::arch::x86_64::__m512 {
         // SAFETY: the caller's contract.
-        unsafe { std::arch::x86_64::_mm512_loadu_ps(p) }
+        unsafe { std::arch::x86_64::_mm512_loadu_ps(row.add(c * LANES)) }
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn ld8(p: *const Self) -> std::arch::x86_64::__m256 {
+    unsafe fn chunk8(row: *const Self, c: usize, h: usize) -> std::arch::x86_64::__m256 {
         // SAFETY: the caller's contract.
-        unsafe { std::arch::x86_64::_mm256_loadu_ps(p) }
+        unsafe { std::arch::x86_64::_mm256_loadu_ps(row.add(c * LANES + 8 * h)) }
     }
 }
 
@@ -581,31 +601,89 @@ impl KvElem for i8 {
     const HALF: bool = false;
     const SCALED: bool = true;
     #[inline(always)]
-    fn widen(self) -> f32 {
-        f32::from(self)
+    fn elem(row: &[Self], e: usize) -> f32 {
+        f32::from(row[e])
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn ld16(p: *const Self) -> std::arch::x86_64::__m512 {
+    unsafe fn chunk16(row: *const Self, c: usize) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64::{_mm512_cvtepi32_ps, _mm512_cvtepi8_epi32, _mm_loadu_si128};
         // SAFETY: the caller's contract.
-        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
+        unsafe {
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                row.add(c * LANES).cast(),
+            )))
+        }
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    unsafe fn ld8(p: *const Self) -> std::arch::x86_64::__m256 {
+    unsafe fn chunk8(row: *const Self, c: usize, h: usize) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64::{_mm256_cvtepi32_ps, _mm256_cvtepi8_epi32, _mm_loadl_epi64};
         // SAFETY: the caller's contract (AVX2 enabled in the caller: the AVX2 tier's loops).
-        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))) }
+        unsafe {
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                row.add(c * LANES + 8 * h).cast(),
+            )))
+        }
     }
 }
 
-/// Ask for the cache lines of the `d` elements at `at` (no effect on results).
+/// Q4_0 bytes: element `e` of a row is the low nibble of byte `16(e / 32) + e mod 16` when
+/// `e mod 32 < 16`, else its high nibble; its code is the nibble minus 8. Chunk `c` (16
+/// elements) is one nibble half of the 16 bytes of block `c / 2`: low for even `c`.
+impl KvElem for u8 {
+    const HALF: bool = false;
+    const SCALED: bool = true;
+    const PER: usize = 2;
+    #[inline(always)]
+    fn elem(row: &[Self], e: usize) -> f32 {
+        let b = row[e / 32 * 16 + e % 16];
+        let nib = if e % 32 < 16 { b & 15 } else { b >> 4 };
+        f32::from(nib) - 8.0
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn chunk16(row: *const Self, c: usize) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract: block c / 2 (16 bytes) lies inside the row.
+        unsafe {
+            let b = _mm_loadu_si128(row.add(c / 2 * 16).cast());
+            let b = if c % 2 == 0 {
+                b
+            } else {
+                _mm_srli_epi16::<4>(b)
+            };
+            let n = _mm_and_si128(b, _mm_set1_epi8(15));
+            let w = _mm512_sub_epi32(_mm512_cvtepu8_epi32(n), _mm512_set1_epi32(8));
+            _mm512_cvtepi32_ps(w)
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn chunk8(row: *const Self, c: usize, h: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract: bytes 8h..8h+8 of block c / 2 lie inside the row.
+        unsafe {
+            let b = _mm_loadl_epi64(row.add(c / 2 * 16 + 8 * h).cast());
+            let b = if c % 2 == 0 {
+                b
+            } else {
+                _mm_srli_epi16::<4>(b)
+            };
+            let n = _mm_and_si128(b, _mm_set1_epi8(15));
+            let w = _mm256_sub_epi32(_mm256_cvtepu8_epi32(n), _mm256_set1_epi32(8));
+            _mm256_cvtepi32_ps(w)
+        }
+    }
+}
+
+/// Ask for the cache lines of the `d` elements at element `at` (no effect on results).
 #[inline(always)]
-fn prefetch<T>(s: &[T], at: usize, d: usize) {
+fn prefetch<T: KvElem>(s: &[T], at: usize, d: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (at, d) = (at / T::PER, d.div_ceil(T::PER));
         if at + d > s.len() {
             return;
         }
@@ -622,21 +700,24 @@ fn prefetch<T>(s: &[T], at: usize, d: usize) {
     let _ = (s, at, d);
 }
 
-/// The K or V rows of one block: `n ≥ 1` rows of `d` elements, `stride` apart, from the start
-/// of `s` (which ends with the last row); for Q8 codes, `sc` holds the scales of the same
-/// elements (`sc[e / 32]` for element `e` of `s`; the block starts on a scale boundary).
+/// The K or V rows of one block: `n ≥ 1` rows of `d` elements, `stride` units apart, from
+/// the start of `s` (which ends with the last row); for codes, `sc` holds the scales of the
+/// same elements (`sc[e / 32]` for element `e` of `s`; the block starts on a scale boundary).
 #[derive(Clone, Copy)]
 struct Block<'a, T> {
     s: &'a [T],
     sc: &'a [f32],
+    /// Units from one row to the next.
     stride: usize,
     n: usize,
+    /// Elements per row.
     d: usize,
 }
 
 impl<'a, T: KvElem> Block<'a, T> {
-    /// Rows `at`, `at + stride`, … of `all` (with `scales` for Q8 codes, else empty); panics
-    /// when they do not fit (the caller checked).
+    /// Rows at elements `at`, `at + stride`, … of `all` (with `scales` for codes, else
+    /// empty); `at` and `stride` are whole units (the caller checked: multiples of 32 for
+    /// codes). Panics when the rows do not fit (the caller checked).
     fn new(
         all: &'a [T],
         scales: &'a [f32],
@@ -652,34 +733,35 @@ impl<'a, T: KvElem> Block<'a, T> {
             &[]
         };
         Block {
-            s: &all[at..at + len],
+            s: &all[at / T::PER..(at + len).div_ceil(T::PER)],
             sc,
-            stride,
+            stride: stride / T::PER,
             n,
             d,
         }
     }
 
+    /// Row `jj`'s units.
     fn row(&self, jj: usize) -> &'a [T] {
-        &self.s[jj * self.stride..][..self.d]
+        &self.s[jj * self.stride..][..self.d.div_ceil(T::PER)]
     }
 
-    /// The scale of lanes `16c..16c+16` of row `jj` (Q8 codes only).
+    /// The scale of lanes `16c..16c+16` of row `jj` (codes only).
     #[inline(always)]
     fn scale(&self, jj: usize, c: usize) -> f32 {
-        self.sc[(jj * self.stride + c * LANES) / Q8_BLOCK]
+        self.sc[(jj * self.stride * T::PER + c * LANES) / Q8_BLOCK]
     }
 
-    /// Where row `jj`'s scales start: lanes `16c..` use element `c / 2` (Q8 codes only).
+    /// Where row `jj`'s scales start: lanes `16c..` use element `c / 2` (codes only).
     ///
     /// # Safety
     /// `T::SCALED` and `jj < n`; reads through the pointer stay below `d / 16` chunks.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn scales_of(&self, jj: usize) -> *const f32 {
-        // SAFETY: row jj starts at element jj·stride (a multiple of 32) inside `s`, so its
-        // first scale is inside `sc`.
-        unsafe { self.sc.as_ptr().add(jj * self.stride / Q8_BLOCK) }
+        // SAFETY: row jj starts at element jj·stride·PER (a multiple of 32) inside `s`, so
+        // its first scale is inside `sc`.
+        unsafe { self.sc.as_ptr().add(jj * self.stride * T::PER / Q8_BLOCK) }
     }
 
     /// Lanes `16c..16c+16` of row `jj` as values, zero past the row's end (the plain way).
@@ -688,12 +770,12 @@ impl<'a, T: KvElem> Block<'a, T> {
         let r = self.row(jj);
         let mut out = [0f32; LANES];
         let lo = c * LANES;
-        let hi = (lo + LANES).min(r.len());
-        for (o, x) in out.iter_mut().zip(&r[lo..hi]) {
-            *o = x.widen();
+        let hi = (lo + LANES).min(self.d);
+        for (o, e) in out.iter_mut().zip(lo..hi) {
+            *o = T::elem(r, e);
         }
         if T::SCALED {
-            // An exact product: a code of 8 bits times a half's 11-bit significand.
+            // An exact product: a code of at most 8 bits times a half's 11-bit significand.
             let d = self.scale(jj, c);
             for o in &mut out {
                 *o *= d;
@@ -941,7 +1023,10 @@ fn item_impl<const TIER: u8>(job: &Job<'_>, it: usize, sc: &mut Scratch, part: &
         (KvRows::Q8 { q: k, d: kd }, KvRows::Q8 { q: v, d: vd }) => {
             item_typed::<TIER, _, _>(job, (k, kd), (v, vd), it, sc, part);
         }
-        // `attend_isa` refuses Q8 beside another type.
+        (KvRows::Q4 { q: k, d: kd }, KvRows::Q4 { q: v, d: vd }) => {
+            item_typed::<TIER, _, _>(job, (k, kd), (v, vd), it, sc, part);
+        }
+        // `attend_isa` refuses a quantized type beside another type.
         _ => {}
     }
 }
@@ -1280,10 +1365,10 @@ mod x86 {
                 for c in 0..dp / LANES {
                     // SAFETY: each row holds dp = 16·(dp/16) elements.
                     let mut kc: [__m512; R] =
-                        std::array::from_fn(|r| unsafe { T::ld16(rp[r].add(c * LANES)) });
+                        std::array::from_fn(|r| unsafe { T::chunk16(rp[r], c) });
                     if T::SCALED {
                         for (r, x) in kc.iter_mut().enumerate() {
-                            // SAFETY: Q8 rows; the row index is ≤ last; chunk c < dp/16.
+                            // SAFETY: code rows; the row index is ≤ last; chunk c < dp/16.
                             let d = unsafe { *kb.scales_of((jb + r).min(last)).add(c / 2) };
                             *x = _mm512_mul_ps(*x, _mm512_set1_ps(d));
                         }
@@ -1362,12 +1447,11 @@ mod x86 {
                 for (h, acc) in halves.iter_mut().enumerate() {
                     for c in 0..dp / LANES {
                         // SAFETY: each row holds dp elements; 16c + 8h + 8 ≤ dp.
-                        let mut kc: [__m256; R] = std::array::from_fn(|r| unsafe {
-                            T::ld8(rp[r].add(c * LANES + 8 * h))
-                        });
+                        let mut kc: [__m256; R] =
+                            std::array::from_fn(|r| unsafe { T::chunk8(rp[r], c, h) });
                         if T::SCALED {
                             for (r, x) in kc.iter_mut().enumerate() {
-                                // SAFETY: Q8 rows; the row index is ≤ last; chunk c < dp/16.
+                                // SAFETY: code rows; the row index is ≤ last; chunk c < dp/16.
                                 let d = unsafe { *kb.scales_of((jb + r).min(last)).add(c / 2) };
                                 *x = _mm256_mul_ps(*x, _mm256_set1_ps(d));
                             }
@@ -1474,11 +1558,10 @@ mod x86 {
         }
         for jj in 0..vb.n {
             // SAFETY: row jj < n starts inside `vb.s` and holds dp elements; 16(c0+ci)+16 ≤ dp.
-            let mut v: [__m512; CA] = std::array::from_fn(|ci| unsafe {
-                T::ld16(vp.add(jj * vb.stride + (c0 + ci) * LANES))
-            });
+            let mut v: [__m512; CA] =
+                std::array::from_fn(|ci| unsafe { T::chunk16(vp.add(jj * vb.stride), c0 + ci) });
             if T::SCALED {
-                // SAFETY: Q8 rows, jj < n; chunk c0 + ci < dp/16.
+                // SAFETY: code rows, jj < n; chunk c0 + ci < dp/16.
                 let sp = unsafe { vb.scales_of(jj) };
                 for (ci, x) in v.iter_mut().enumerate() {
                     // SAFETY: as above.
@@ -1558,11 +1641,11 @@ mod x86 {
             for jj in 0..vb.n {
                 // SAFETY: row jj < n holds dp elements; 16c + 16 ≤ dp.
                 let (mut v_lo, mut v_hi) = unsafe {
-                    let r = vp.add(jj * vb.stride + c * LANES);
-                    (T::ld8(r), T::ld8(r.add(8)))
+                    let r = vp.add(jj * vb.stride);
+                    (T::chunk8(r, c, 0), T::chunk8(r, c, 1))
                 };
                 if T::SCALED {
-                    // SAFETY: Q8 rows, jj < n; chunk c < dp/16.
+                    // SAFETY: code rows, jj < n; chunk c < dp/16.
                     let d = _mm256_set1_ps(unsafe { *vb.scales_of(jj).add(c / 2) });
                     v_lo = _mm256_mul_ps(v_lo, d);
                     v_hi = _mm256_mul_ps(v_hi, d);

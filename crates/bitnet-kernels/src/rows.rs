@@ -605,6 +605,31 @@ pub fn quantize_q8_0_split(x: &[f32], q: &mut [i8], d: &mut [f32]) -> Result<(),
     Ok(())
 }
 
+/// Encode `x` (a multiple of 32 long) with the Q4_0 quantizer of [`quantize_row_into`], split
+/// into nibbles (`q`, 16 bytes per block in ggml's order: byte `j` of block `b` holds element
+/// `32b + j` low and `32b + j + 16` high) and scales (`d`, each block's f16 scale widened to
+/// f32): element `i` decodes as `(nibble − 8) · d[i / 32]`. The Q4_0 KV cache uses it.
+pub fn quantize_q4_0_split(x: &[f32], q: &mut [u8], d: &mut [f32]) -> Result<(), KernelError> {
+    if !x.len().is_multiple_of(32) || q.len() * 2 != x.len() || d.len() != x.len() / 32 {
+        return Err(KernelError::ShapeMismatch {
+            what: "Q4_0 nibbles and scales",
+            expected: x.len().next_multiple_of(32) / 2,
+            got: q.len(),
+        });
+    }
+    let mut blk = [0u8; 18];
+    for ((xb, qb), db) in x
+        .chunks_exact(32)
+        .zip(q.chunks_exact_mut(16))
+        .zip(d.iter_mut())
+    {
+        quantize_row_into(RowType::Q4_0, xb, &mut blk);
+        *db = read_f16(&blk, 0);
+        qb.copy_from_slice(&blk[2..]);
+    }
+    Ok(())
+}
+
 /// Encode one f32 row into `ty` (`out.len()` = the row's bytes).
 pub fn quantize_row_into(ty: RowType, x: &[f32], out: &mut [u8]) {
     match ty {

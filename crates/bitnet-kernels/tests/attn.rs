@@ -320,43 +320,117 @@ fn bad_shapes_are_errors() {
     assert!(matches!(e, Err(KernelError::ShapeMismatch { .. })), "{e:?}");
 }
 
-/// K and V quantized to Q8_0 (as a `--kv-cache q8_0` cache holds them), with their values.
-fn q8_case(x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<f32>) {
-    let mut q = vec![0i8; x.len()];
-    let mut d = vec![0f32; x.len() / 32];
-    bitnet_kernels::rows::quantize_q8_0_split(x, &mut q, &mut d).unwrap();
-    let deq = q
-        .iter()
-        .enumerate()
-        .map(|(i, &c)| f32::from(c) * d[i / 32])
-        .collect();
-    (q, d, deq)
+/// K or V quantized as a `--kv-cache q8_0` or `q4_0` cache holds it: codes and scales.
+enum Coded {
+    Q8(Vec<i8>, Vec<f32>),
+    Q4(Vec<u8>, Vec<f32>),
+}
+
+impl Coded {
+    /// `x` encoded (Q4_0 when `q4`), with the values the codes stand for.
+    fn encode(q4: bool, x: &[f32]) -> (Coded, Vec<f32>) {
+        let mut d = vec![0f32; x.len() / 32];
+        if q4 {
+            let mut q = vec![0u8; x.len() / 2];
+            bitnet_kernels::rows::quantize_q4_0_split(x, &mut q, &mut d).unwrap();
+            // ggml's Q4_0 order: byte j of a block holds element j (low) and j + 16 (high).
+            let deq = (0..x.len())
+                .map(|i| {
+                    let (blk, e) = (i / 32, i % 32);
+                    let b = q[blk * 16 + e % 16];
+                    let nib = if e < 16 { b & 15 } else { b >> 4 };
+                    (f32::from(nib) - 8.0) * d[blk]
+                })
+                .collect();
+            (Coded::Q4(q, d), deq)
+        } else {
+            let mut q = vec![0i8; x.len()];
+            bitnet_kernels::rows::quantize_q8_0_split(x, &mut q, &mut d).unwrap();
+            let deq = q
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| f32::from(c) * d[i / 32])
+                .collect();
+            (Coded::Q8(q, d), deq)
+        }
+    }
+
+    fn rows(&self) -> KvRows<'_> {
+        match self {
+            Coded::Q8(q, d) => KvRows::Q8 { q, d },
+            Coded::Q4(q, d) => KvRows::Q4 { q, d },
+        }
+    }
+
+    /// The same codes in the head-major layout for `n_ctx` positions.
+    fn head_major(&self, shape: &AttnShape, n_ctx: usize) -> Coded {
+        let per = |n: usize| AttnShape {
+            head_dim: shape.head_dim / n,
+            ..*shape
+        };
+        match self {
+            Coded::Q8(q, d) => Coded::Q8(
+                to_head_major(q, shape, n_ctx),
+                to_head_major(d, &per(32), n_ctx),
+            ),
+            Coded::Q4(q, d) => Coded::Q4(
+                to_head_major(q, &per(2), n_ctx),
+                to_head_major(d, &per(32), n_ctx),
+            ),
+        }
+    }
+
+    /// The largest distance of a value from what it encodes, for block scale `d`: Q8_0 is
+    /// within half a step plus what rounding the scale to f16 moves a code of up to 127
+    /// (127 · 2⁻¹¹ of a step); Q4_0 maps the largest magnitude to −8, so its opposite clamps
+    /// at 7 (a whole step), plus 8 · 2⁻¹¹ of a step.
+    fn bound(&self, d: f32) -> f32 {
+        match self {
+            Coded::Q8(..) => 0.563 * d.abs() + 1e-7,
+            Coded::Q4(..) => 1.004 * d.abs() + 1e-7,
+        }
+    }
+
+    fn scales(&self) -> &[f32] {
+        match self {
+            Coded::Q8(_, d) | Coded::Q4(_, d) => d,
+        }
+    }
 }
 
 #[test]
-fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
+fn quantized_caches_are_bit_identical_across_tiers_and_close_to_f64() {
     let mut rng = Rng::new(23);
     let pools = [Pool::new(1), Pool::new(2)];
-    for round in 0..30 {
+    for round in 0..40 {
         let (shape, pos0, n) = random_shape(&mut rng, round, &[128, 64, 32, 96]);
-        let head_dim = shape.head_dim;
         let c = case(&mut rng, shape, pos0, n, 4.0);
-        let (kq, kd, kdeq) = q8_case(&c.k);
-        let (vq, vd, vdeq) = q8_case(&c.v);
-        // Within half a step of the block's scale, plus what rounding the scale to f16 moves
-        // a code of up to 127 (127 · 2⁻¹¹ of a step).
-        for (i, (&a, &b)) in c.k.iter().zip(&kdeq).enumerate() {
-            assert!((a - b).abs() <= 0.563 * kd[i / 32] + 1e-7, "{a} vs {b}");
+        let q4 = round % 2 == 1;
+        let (kc, kdeq) = Coded::encode(q4, &c.k);
+        let (vc, vdeq) = Coded::encode(q4, &c.v);
+        for (coded, x, deq) in [(&kc, &c.k, &kdeq), (&vc, &c.v, &vdeq)] {
+            for (i, (&a, &b)) in x.iter().zip(deq).enumerate() {
+                let bound = coded.bound(coded.scales()[i / 32]);
+                assert!((a - b).abs() <= bound, "q4 {q4}: {a} vs {b}");
+            }
         }
         let want = reference(&shape, &c.q, &kdeq, &vdeq, pos0, n, c.scale);
         let layout = KvLayout::position_major(&shape);
-        let k = KvRows::Q8 { q: &kq, d: &kd };
-        let v = KvRows::Q8 { q: &vq, d: &vd };
         for pool in &pools {
             let go = |isa: Isa| {
                 let mut out = vec![f32::NAN; c.q.len()];
                 attend_isa(
-                    isa, &shape, &c.q, k, v, layout, pos0, n, c.scale, &mut out, pool,
+                    isa,
+                    &shape,
+                    &c.q,
+                    kc.rows(),
+                    vc.rows(),
+                    layout,
+                    pos0,
+                    n,
+                    c.scale,
+                    &mut out,
+                    pool,
                 )
                 .unwrap();
                 out
@@ -365,10 +439,10 @@ fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
             for (i, (&a, &b)) in plain.iter().zip(&want).enumerate() {
                 assert!(
                     (a - b).abs() <= 2e-5 + 2e-5 * b.abs(),
-                    "{shape:?} pos0 {pos0} n {n}: element {i}: {a} vs {b}"
+                    "q4 {q4} {shape:?} pos0 {pos0} n {n}: element {i}: {a} vs {b}"
                 );
             }
-            // The same cache read as f32 values gives the same bits: a Q8 value is exact.
+            // The same cache read as f32 values gives the same bits: a coded value is exact.
             let mut out32 = vec![f32::NAN; c.q.len()];
             attend_isa(
                 Isa::Scalar,
@@ -384,34 +458,23 @@ fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
                 pool,
             )
             .unwrap();
-            assert!(same_bits(&plain, &out32));
+            assert!(same_bits(&plain, &out32), "q4 {q4}");
             for isa in supported_isas() {
                 let got = go(isa);
                 assert!(
                     same_bits(&got, &plain),
-                    "{isa:?} differs from the plain build: {shape:?} pos0 {pos0} n {n}"
+                    "{isa:?} differs from the plain build: q4 {q4} {shape:?} pos0 {pos0} n {n}"
                 );
             }
             // The head-major layout (the model's) gives the same bits.
             let n_ctx = pos0 + n + 3;
-            let blocks = AttnShape {
-                head_dim: head_dim / 32,
-                ..shape
-            };
-            let (kq2, vq2) = (
-                to_head_major(&kq, &shape, n_ctx),
-                to_head_major(&vq, &shape, n_ctx),
-            );
-            let (kd2, vd2) = (
-                to_head_major(&kd, &blocks, n_ctx),
-                to_head_major(&vd, &blocks, n_ctx),
-            );
+            let (k2, v2) = (kc.head_major(&shape, n_ctx), vc.head_major(&shape, n_ctx));
             let mut out2 = vec![f32::NAN; c.q.len()];
             attend(
                 &shape,
                 &c.q,
-                KvRows::Q8 { q: &kq2, d: &kd2 },
-                KvRows::Q8 { q: &vq2, d: &vd2 },
+                k2.rows(),
+                v2.rows(),
                 KvLayout::head_major(&shape, n_ctx),
                 pos0,
                 n,
@@ -420,13 +483,13 @@ fn a_q8_cache_is_bit_identical_across_tiers_and_close_to_f64() {
                 pool,
             )
             .unwrap();
-            assert!(same_bits(&plain, &out2));
+            assert!(same_bits(&plain, &out2), "q4 {q4}");
         }
     }
 }
 
 #[test]
-fn a_q8_cache_needs_whole_blocks_and_q8_on_both_sides() {
+fn quantized_caches_need_whole_blocks_and_one_type_on_both_sides() {
     let pool = Pool::new(1);
     let q = vec![0.5f32; 40];
     let mut out = vec![0f32; 40];
@@ -502,4 +565,49 @@ fn a_q8_cache_needs_whole_blocks_and_q8_on_both_sides() {
         matches!(err, Err(KernelError::ShapeMismatch { .. })),
         "{err:?}"
     );
+    // Q4_0: keys and values of one type; 16 bytes of nibbles per 32 elements.
+    let nibbles = vec![0x98u8; 16];
+    let q4 = |n: usize| KvRows::Q4 {
+        q: &nibbles[..n],
+        d: &scales[..1],
+    };
+    let q8_32 = KvRows::Q8 {
+        q: &codes[..32],
+        d: &scales[..1],
+    };
+    for (k, v) in [(q4(16), q8_32), (q8_32, q4(16)), (q4(15), q4(16))] {
+        let err = attend(
+            &shape,
+            &q[..32],
+            k,
+            v,
+            KvLayout::position_major(&shape),
+            0,
+            1,
+            1.0,
+            &mut out[..32],
+            &pool,
+        );
+        assert!(
+            matches!(err, Err(KernelError::ShapeMismatch { .. })),
+            "{err:?}"
+        );
+    }
+    // And a whole Q4_0 block works: every value is (9 − 8)·1 or (8 − 8)·1 by nibble, so
+    // with one position the output is V's row.
+    attend(
+        &shape,
+        &q[..32],
+        q4(16),
+        q4(16),
+        KvLayout::position_major(&shape),
+        0,
+        1,
+        1.0,
+        &mut out[..32],
+        &pool,
+    )
+    .unwrap();
+    let want: Vec<f32> = (0..32).map(|e| if e < 16 { 0.0 } else { 1.0 }).collect();
+    assert_eq!(&out[..32], &want[..]);
 }

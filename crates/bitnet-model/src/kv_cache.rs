@@ -6,11 +6,13 @@
 //! Element type f32, f16 (the default; exact numerics requires it, as bitnet.cpp stores f16) or
 //! Q8_0 (`--kv-cache q8_0`, llama.cpp's `-ctk q8_0 -ctv q8_0`: ggml's Q8_0 blocks of 32 values,
 //! the codes and the scales in two arrays; 1.125 bytes per value, so a deep decode step streams
-//! 0.56 × the bytes of f16; needs a head size that is a multiple of 32).
+//! 0.56 × the bytes of f16) or Q4_0 (`--kv-cache q4_0`, `-ctk q4_0 -ctv q4_0`: ggml's Q4_0
+//! nibbles and scales apart, 0.625 bytes per value, 0.31 × f16). The quantized types need a
+//! head size that is a multiple of 32.
 
 use bitnet_kernels::aligned::AlignedBuf;
 use bitnet_kernels::attn::{KvLayout, KvRows, Q8_BLOCK};
-use bitnet_kernels::rows::quantize_q8_0_split;
+use bitnet_kernels::rows::{quantize_q4_0_split, quantize_q8_0_split};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -24,6 +26,8 @@ pub enum KvType {
     F16,
     /// ggml's Q8_0: a code per value, an f16 scale per 32 (held widened to f32).
     Q8_0,
+    /// ggml's Q4_0: a nibble per value, an f16 scale per 32 (held widened to f32).
+    Q4_0,
 }
 
 impl KvType {
@@ -34,7 +38,13 @@ impl KvType {
             KvType::F32 => "f32",
             KvType::F16 => "f16",
             KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
         }
+    }
+
+    /// Stored as codes in blocks of 32 values with a scale each.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, KvType::Q8_0 | KvType::Q4_0)
     }
 
     pub fn bytes_for(self, n: u64) -> Option<u64> {
@@ -43,6 +53,8 @@ impl KvType {
             KvType::F16 => n.checked_mul(2),
             // A code per value, an f32 scale per 32 values.
             KvType::Q8_0 => n.checked_add(n.div_ceil(32).checked_mul(4)?),
+            // Half a byte per value, an f32 scale per 32 values.
+            KvType::Q4_0 => n.div_ceil(2).checked_add(n.div_ceil(32).checked_mul(4)?),
         }
     }
 }
@@ -54,7 +66,8 @@ impl std::str::FromStr for KvType {
             "f32" => Ok(KvType::F32),
             "f16" => Ok(KvType::F16),
             "q8_0" => Ok(KvType::Q8_0),
-            _ => Err(format!("unknown KV cache type '{s}' (f32|f16|q8_0)")),
+            "q4_0" => Ok(KvType::Q4_0),
+            _ => Err(format!("unknown KV cache type '{s}' (f32|f16|q8_0|q4_0)")),
         }
     }
 }
@@ -68,6 +81,11 @@ enum Store {
     /// Codes (one per value) and scales (one per 32 values, same indexing / 32).
     Q8 {
         q: AlignedBuf<i8>,
+        d: AlignedBuf<f32>,
+    },
+    /// Nibbles (ggml's Q4_0 order, 16 bytes per 32 values) and scales (one per 32 values).
+    Q4 {
+        q: AlignedBuf<u8>,
         d: AlignedBuf<f32>,
     },
 }
@@ -89,10 +107,14 @@ impl Store {
                 q: AlignedBuf::try_zeroed(n).map_err(over)?,
                 d: AlignedBuf::try_zeroed(n.div_ceil(Q8_BLOCK)).map_err(over)?,
             },
+            KvType::Q4_0 => Store::Q4 {
+                q: AlignedBuf::try_zeroed(n.div_ceil(2)).map_err(over)?,
+                d: AlignedBuf::try_zeroed(n.div_ceil(Q8_BLOCK)).map_err(over)?,
+            },
         })
     }
 
-    /// Store one row at element `at` (for Q8, `at` and the row's length are multiples of 32,
+    /// Store one row at element `at` (for Q8/Q4, `at` and the row's length are multiples of 32,
     /// which `KvCache::new` ensures).
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
@@ -104,6 +126,13 @@ impl Store {
                 let (b0, nb) = (at / Q8_BLOCK, src.len() / Q8_BLOCK);
                 // Lengths agree by construction (whole blocks of a row inside the store).
                 let r = quantize_q8_0_split(src, &mut q[at..at + src.len()], &mut d[b0..b0 + nb]);
+                debug_assert!(r.is_ok(), "{r:?}");
+            }
+            Store::Q4 { q, d } => {
+                let (b0, nb) = (at / Q8_BLOCK, src.len() / Q8_BLOCK);
+                let q = &mut q[at / 2..(at + src.len()) / 2];
+                // Lengths agree by construction, as for Q8.
+                let r = quantize_q4_0_split(src, q, &mut d[b0..b0 + nb]);
                 debug_assert!(r.is_ok(), "{r:?}");
             }
         }
@@ -120,6 +149,15 @@ impl Store {
                 for (i, o) in dst.iter_mut().enumerate() {
                     let e = at + i;
                     *o = f32::from(q[e]) * d[e / Q8_BLOCK];
+                }
+            }
+            Store::Q4 { q, d } => {
+                for (i, o) in dst.iter_mut().enumerate() {
+                    // ggml's order: byte j of a block holds element j (low) and j + 16 (high).
+                    let e = at + i;
+                    let b = q[e / Q8_BLOCK * 16 + e % 16];
+                    let nib = if e % Q8_BLOCK < 16 { b & 15 } else { b >> 4 };
+                    *o = (f32::from(nib) - 8.0) * d[e / Q8_BLOCK];
                 }
             }
         }
@@ -152,11 +190,11 @@ impl KvCache {
                 why: "must be at least 1",
             });
         }
-        if ty == KvType::Q8_0 && !config.head_dim.is_multiple_of(Q8_BLOCK) {
+        if ty.is_quantized() && !config.head_dim.is_multiple_of(Q8_BLOCK) {
             return Err(ModelError::BadHparam {
                 key: "head_dim".into(),
                 value: config.head_dim.to_string(),
-                why: "a Q8_0 KV cache needs a head size that is a multiple of 32",
+                why: "a Q8_0 or Q4_0 KV cache needs a head size that is a multiple of 32",
             });
         }
         let needed = config.kv_cache_bytes(n_ctx, ty)?;
@@ -313,6 +351,7 @@ impl KvCache {
                 Store::F32(v) => KvRows::F32(v),
                 Store::F16(v) => KvRows::F16(v),
                 Store::Q8 { q, d } => KvRows::Q8 { q, d },
+                Store::Q4 { q, d } => KvRows::Q4 { q, d },
             }
         }
         let layout = KvLayout {
@@ -357,6 +396,9 @@ mod tests {
             (KvType::F32, 1e-5),
             (KvType::F16, 4e-3),
             (KvType::Q8_0, 2e-2),
+            // A step is 1/8 of the block's largest |x| ≤ 1, up to a whole step at the clamped
+            // end; the shift stores the keys again (a second rounding).
+            (KvType::Q4_0, 0.26),
         ] {
             let mut cache = KvCache::new(&c, n_ctx, ty, u64::MAX).unwrap();
             let n = 40;

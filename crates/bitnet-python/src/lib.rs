@@ -81,9 +81,10 @@ fn parse_options(
         "f16" => KvType::F16,
         "f32" => KvType::F32,
         "q8_0" => KvType::Q8_0,
+        "q4_0" => KvType::Q4_0,
         o => {
             return Err(PyValueError::new_err(format!(
-                "kv_cache={o:?}: use \"f16\", \"f32\" or \"q8_0\""
+                "kv_cache={o:?}: use \"f16\", \"f32\", \"q8_0\" or \"q4_0\""
             )))
         }
     };

@@ -178,6 +178,7 @@ def test_generation_runs_beside_other_threads(fast):
     (dict(n_threads=0), ValueError, "n_threads"),
     (dict(n_ctx=0), ValueError, "n_ctx"),
     (dict(numerics="exact", kv_cache="q8_0"), ValueError, "f16"),
+    (dict(numerics="exact", kv_cache="q4_0"), ValueError, "f16"),
 ])
 def test_bad_model_arguments_raise(kwargs, exc, word):
     with pytest.raises(exc, match=word):

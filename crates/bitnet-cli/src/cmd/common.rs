@@ -65,8 +65,9 @@ pub struct ModelArgs {
     /// fast (default) or exact (bit-identical to bitnet.cpp's logits).
     #[arg(long, default_value = "fast")]
     pub numerics: bitnet_model::Numerics,
-    /// KV cache element type: f16 (default), f32, or q8_0 (ggml Q8_0 blocks: 0.56 × the bytes of
-    /// f16; fast numerics only).
+    /// KV cache element type: f16 (default), f32, q8_0 (ggml Q8_0 blocks: 0.56 × the bytes of
+    /// f16) or q4_0 (ggml Q4_0 blocks: 0.31 × f16, coarser); the quantized types need fast
+    /// numerics.
     #[arg(long)]
     pub kv_cache: Option<bitnet_model::KvType>,
     /// Run within this much RAM (e.g. 200M, 1G): the low-memory mode streams the weights
