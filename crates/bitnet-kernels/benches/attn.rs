@@ -1,8 +1,8 @@
 //! Attention benchmark: `cargo bench -p bitnet-kernels --bench attn`.
 //!
 //! One decode step (one query row) of the 2B-4T attention shape (20 query heads, 5 KV heads of
-//! 128, f16 cache in the head-major layout the model uses) at several depths, per tier and
-//! thread count. Each call reads a different layer's cache out of 30, as a decode step does,
+//! 128, in the head-major layout the model uses) at several depths, per cache type (f16, and
+//! the same values as Q8_0 and Q4_0), tier and thread count. Each call reads a different layer's cache out of 30, as a decode step does,
 //! so the cache streams from memory rather than staying in the last-level cache. Prints µs per
 //! layer, the cache bytes per second, the ratio against a plain read of the same buffers in
 //! the same run, and the speed-up over the plain (scalar twin) tier.
@@ -33,6 +33,49 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// One layer's K or V in a cache type.
+enum Cache {
+    F16(Vec<f16>),
+    Q8(Vec<i8>, Vec<f32>),
+    Q4(Vec<u8>, Vec<f32>),
+}
+
+impl Cache {
+    fn new(ty: &str, x: &[f16]) -> Cache {
+        let f: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let mut d = vec![0f32; f.len() / 32];
+        match ty {
+            "q8_0" => {
+                let mut q = vec![0i8; f.len()];
+                bitnet_kernels::rows::quantize_q8_0_split(&f, &mut q, &mut d).unwrap();
+                Cache::Q8(q, d)
+            }
+            "q4_0" => {
+                let mut q = vec![0u8; f.len() / 2];
+                bitnet_kernels::rows::quantize_q4_0_split(&f, &mut q, &mut d).unwrap();
+                Cache::Q4(q, d)
+            }
+            _ => Cache::F16(x.to_vec()),
+        }
+    }
+
+    fn rows(&self) -> KvRows<'_> {
+        match self {
+            Cache::F16(x) => KvRows::F16(x),
+            Cache::Q8(q, d) => KvRows::Q8 { q, d },
+            Cache::Q4(q, d) => KvRows::Q4 { q, d },
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Cache::F16(x) => 2 * x.len(),
+            Cache::Q8(q, d) => q.len() + 4 * d.len(),
+            Cache::Q4(q, d) => q.len() + 4 * d.len(),
+        }
+    }
+}
+
 /// `len` cache values in [−0.5, 0.5), a different pattern per `salt`.
 fn cache_values(len: usize, salt: usize) -> Vec<f16> {
     (0..len)
@@ -52,8 +95,8 @@ fn main() {
         .collect();
     let mut out = vec![0f32; 2560];
     println!(
-        "{:<8} {:>7} {:>7} {:>12} {:>10} {:>10} {:>8} {:>10}",
-        "isa", "threads", "depth", "us/layer", "GB/s", "read GB/s", "ratio", "vs plain"
+        "{:<8} {:>5} {:>7} {:>7} {:>12} {:>10} {:>10} {:>8} {:>10}",
+        "isa", "cache", "threads", "depth", "us/layer", "GB/s", "read GB/s", "ratio", "vs plain"
     );
     for depth in [512usize, 4096] {
         let per_layer = depth * shape.n_head_kv * shape.head_dim;
@@ -95,44 +138,51 @@ fn main() {
                 }
                 bytes as f64 / median(times) / 1e9
             };
-            let mut plain_us = f64::NAN;
-            let mut isas = vec![Isa::Scalar];
-            isas.extend(supported_isas().into_iter().filter(|&i| i != Isa::Scalar));
-            for isa in isas {
-                let mut times = Vec::new();
-                for _ in 0..reps {
-                    let t = Instant::now();
-                    for (k, v) in &caches {
-                        attend_isa(
-                            isa,
-                            &shape,
-                            &q,
-                            KvRows::F16(k),
-                            KvRows::F16(v),
-                            layout,
-                            depth - 1,
-                            1,
-                            0.088,
-                            &mut out,
-                            &pool,
-                        )
-                        .unwrap();
-                        black_box(&out);
+            for ty in ["f16", "q8_0", "q4_0"] {
+                let typed: Vec<(Cache, Cache)> = caches
+                    .iter()
+                    .map(|(k, v)| (Cache::new(ty, k), Cache::new(ty, v)))
+                    .collect();
+                let bytes = typed[0].0.bytes() + typed[0].1.bytes();
+                let mut plain_us = f64::NAN;
+                let mut isas = vec![Isa::Scalar];
+                isas.extend(supported_isas().into_iter().filter(|&i| i != Isa::Scalar));
+                for isa in isas {
+                    let mut times = Vec::new();
+                    for _ in 0..reps {
+                        let t = Instant::now();
+                        for (k, v) in &typed {
+                            attend_isa(
+                                isa,
+                                &shape,
+                                &q,
+                                k.rows(),
+                                v.rows(),
+                                layout,
+                                depth - 1,
+                                1,
+                                0.088,
+                                &mut out,
+                                &pool,
+                            )
+                            .unwrap();
+                            black_box(&out);
+                        }
+                        times.push(t.elapsed().as_secs_f64() / LAYERS as f64);
                     }
-                    times.push(t.elapsed().as_secs_f64() / LAYERS as f64);
-                }
-                let s = median(times);
-                if isa == Isa::Scalar {
-                    plain_us = s * 1e6;
-                }
-                let gbs = bytes as f64 / s / 1e9;
-                println!(
-                    "{:<8} {threads:>7} {depth:>7} {:>12.1} {gbs:>10.2} {read_gbs:>10.2} {:>8.2} {:>9.1}x",
+                    let s = median(times);
+                    if isa == Isa::Scalar {
+                        plain_us = s * 1e6;
+                    }
+                    let gbs = bytes as f64 / s / 1e9;
+                    println!(
+                    "{:<8} {ty:>5} {threads:>7} {depth:>7} {:>12.1} {gbs:>10.2} {read_gbs:>10.2} {:>8.2} {:>9.1}x",
                     isa.name(),
                     s * 1e6,
                     gbs / read_gbs,
                     plain_us / (s * 1e6)
                 );
+                }
             }
         }
     }

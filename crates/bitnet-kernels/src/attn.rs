@@ -545,6 +545,18 @@ pub(crate) trait KvElem: Copy + Send + Sync {
     /// at least `16c + 16` elements.
     #[cfg(target_arch = "x86_64")]
     unsafe fn chunk16(row: *const Self, c: usize) -> std::arch::x86_64::__m512;
+    /// [`Self::chunk16`] times the chunk's scale `d` (codes only): each lane the exact
+    /// product `code · d`, however it is formed.
+    ///
+    /// # Safety
+    /// As [`Self::chunk16`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn chunk16_scaled(row: *const Self, c: usize, d: f32) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::{_mm512_mul_ps, _mm512_set1_ps};
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_mul_ps(Self::chunk16(row, c), _mm512_set1_ps(d)) }
+    }
     /// Elements `16c + 8h..16c + 8h + 8` (`h` 0 or 1) of the row at `row`, widened.
     ///
     /// # Safety
@@ -653,9 +665,30 @@ impl KvElem for u8 {
             } else {
                 _mm_srli_epi16::<4>(b)
             };
-            let n = _mm_and_si128(b, _mm_set1_epi8(15));
-            let w = _mm512_sub_epi32(_mm512_cvtepu8_epi32(n), _mm512_set1_epi32(8));
-            _mm512_cvtepi32_ps(w)
+            let n = _mm_sub_epi8(_mm_and_si128(b, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(n))
+        }
+    }
+    /// The 16 products `(n − 8) · d` as a table, looked up by nibble (the permute reads the
+    /// low 4 bits of each index): no conversion and no multiply per element.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn chunk16_scaled(row: *const Self, c: usize, d: f32) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract: block c / 2 (16 bytes) lies inside the row.
+        unsafe {
+            let codes = _mm512_setr_ps(
+                -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
+                7.0,
+            );
+            let table = _mm512_mul_ps(codes, _mm512_set1_ps(d));
+            let w = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.add(c / 2 * 16).cast()));
+            let idx = if c % 2 == 0 {
+                w
+            } else {
+                _mm512_srli_epi32::<4>(w)
+            };
+            _mm512_permutexvar_ps(idx, table)
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -670,9 +703,8 @@ impl KvElem for u8 {
             } else {
                 _mm_srli_epi16::<4>(b)
             };
-            let n = _mm_and_si128(b, _mm_set1_epi8(15));
-            let w = _mm256_sub_epi32(_mm256_cvtepu8_epi32(n), _mm256_set1_epi32(8));
-            _mm256_cvtepi32_ps(w)
+            let n = _mm_sub_epi8(_mm_and_si128(b, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(n))
         }
     }
 }
@@ -1363,16 +1395,16 @@ mod x86 {
                     std::array::from_fn(|r| unsafe { kp.add((jb + r).min(last) * kb.stride) });
                 let mut acc = [_mm512_setzero_ps(); 16];
                 for c in 0..dp / LANES {
-                    // SAFETY: each row holds dp = 16·(dp/16) elements.
-                    let mut kc: [__m512; R] =
-                        std::array::from_fn(|r| unsafe { T::chunk16(rp[r], c) });
-                    if T::SCALED {
-                        for (r, x) in kc.iter_mut().enumerate() {
-                            // SAFETY: code rows; the row index is ≤ last; chunk c < dp/16.
-                            let d = unsafe { *kb.scales_of((jb + r).min(last)).add(c / 2) };
-                            *x = _mm512_mul_ps(*x, _mm512_set1_ps(d));
+                    // SAFETY: each row holds dp = 16·(dp/16) elements; for codes, the row
+                    // index is ≤ last and chunk c < dp/16, so its scale is inside `kb.sc`.
+                    let kc: [__m512; R] = std::array::from_fn(|r| unsafe {
+                        if T::SCALED {
+                            let d = *kb.scales_of((jb + r).min(last)).add(c / 2);
+                            T::chunk16_scaled(rp[r], c, d)
+                        } else {
+                            T::chunk16(rp[r], c)
                         }
-                    }
+                    });
                     // Accumulator p = r·Q + i: position jb + r, vector qg + i.
                     for (p, a) in acc.iter_mut().enumerate() {
                         let (r, i) = (p / Q, p % Q);
@@ -1557,18 +1589,16 @@ mod x86 {
             }
         }
         for jj in 0..vb.n {
-            // SAFETY: row jj < n starts inside `vb.s` and holds dp elements; 16(c0+ci)+16 ≤ dp.
-            let mut v: [__m512; CA] =
-                std::array::from_fn(|ci| unsafe { T::chunk16(vp.add(jj * vb.stride), c0 + ci) });
-            if T::SCALED {
-                // SAFETY: code rows, jj < n; chunk c0 + ci < dp/16.
-                let sp = unsafe { vb.scales_of(jj) };
-                for (ci, x) in v.iter_mut().enumerate() {
-                    // SAFETY: as above.
-                    let d = unsafe { *sp.add((c0 + ci) / 2) };
-                    *x = _mm512_mul_ps(*x, _mm512_set1_ps(d));
+            // SAFETY: row jj < n starts inside `vb.s` and holds dp elements; 16(c0+ci)+16 ≤ dp;
+            // for codes, chunk c0 + ci < dp/16 has its scale inside `vb.sc`.
+            let v: [__m512; CA] = std::array::from_fn(|ci| unsafe {
+                let row = vp.add(jj * vb.stride);
+                if T::SCALED {
+                    T::chunk16_scaled(row, c0 + ci, *vb.scales_of(jj).add((c0 + ci) / 2))
+                } else {
+                    T::chunk16(row, c0 + ci)
                 }
-            }
+            });
             let prow = &st[jj * nqp + qg..][..QA];
             for (ai, &p) in a.iter_mut().zip(prow) {
                 let p = _mm512_set1_ps(p);

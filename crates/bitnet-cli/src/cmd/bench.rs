@@ -31,9 +31,13 @@ pub struct Args {
     /// One JSON object per test on stdout.
     #[arg(long)]
     json: bool,
+    /// Tokens per prefill batch (llama-bench's `-ub`; default: the engine's, which `run`
+    /// uses): a prompt longer than this is evaluated in batches of it.
+    #[arg(long = "ubatch-size", short = 'u', value_name = "N")]
+    ubatch: Option<usize>,
     /// Context depths, comma separated (llama-bench's `-d`): pp and tg run with this many
-    /// tokens already in the KV cache (filled once per thread count, untimed, in batches of
-    /// 512); tests at a depth are named like `tg64@d4096`. Batched decode runs at depth 0.
+    /// tokens already in the KV cache (filled once per thread count, untimed, in prefill
+    /// batches); tests at a depth are named like `tg64@d4096`. Batched decode runs at depth 0.
     #[arg(
         short = 'd',
         long = "n-depth",
@@ -108,6 +112,9 @@ fn run_engine(a: &Args) -> Result<()> {
     }
     if !a.batch.is_empty() {
         bail!("{what} runs one sequence: drop --batch");
+    }
+    if a.ubatch.is_some() {
+        bail!("{what} prefills in the engine's batches: drop --ubatch-size");
     }
     let t = a
         .threads_list
@@ -251,6 +258,17 @@ pub fn run(a: Args) -> Result<()> {
     if a.model.ram_budget.is_some() || a.model.device != super::common::DeviceArg::Cpu {
         return run_engine(&a);
     }
+    let ubatch = a
+        .ubatch
+        .unwrap_or(bitnet_engine::EngineOptions::default().n_batch);
+    if ubatch == 0 {
+        bail!("--ubatch-size must be at least 1");
+    }
+    if a.model.numerics == bitnet_model::Numerics::Exact && ubatch != 512 {
+        bail!(
+            "exact numerics prefills in batches of 512 (bitnet.cpp's ubatch): drop --ubatch-size"
+        );
+    }
     let path = a.model.path()?;
     let file = open_gguf(&path, a.model.in_memory)?;
     let mut model = Model::load(&file).context("cannot load model")?;
@@ -348,7 +366,7 @@ pub fn run(a: Args) -> Result<()> {
             };
             // The history every repetition starts from; each one truncates back to it.
             let mut cache = model.new_cache(depth + n_ctx, a.model.kv_type(), u64::MAX)?;
-            for chunk in tokens(depth, n_vocab, 3).chunks(512) {
+            for chunk in tokens(depth, n_vocab, 3).chunks(ubatch) {
                 model.forward(chunk, &mut cache, Outputs::None, &mut exec)?;
             }
             if a.n_prompt > 0 {
@@ -358,7 +376,17 @@ pub fn run(a: Args) -> Result<()> {
                 for rep in 0..=a.repetitions {
                     cache.truncate(depth);
                     let t0 = Instant::now();
-                    model.forward(&prompt, &mut cache, Outputs::Last, &mut exec)?;
+                    // In prefill batches, as `run` prefills; only the last batch's last row
+                    // is projected to logits.
+                    let batches: Vec<&[u32]> = prompt.chunks(ubatch).collect();
+                    for (i, b) in batches.iter().enumerate() {
+                        let out = if i + 1 == batches.len() {
+                            Outputs::Last
+                        } else {
+                            Outputs::None
+                        };
+                        model.forward(b, &mut cache, out, &mut exec)?;
+                    }
                     if rep > 0 {
                         rates.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
                     }
