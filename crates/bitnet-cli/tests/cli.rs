@@ -311,6 +311,29 @@ fn bench_json_reports_every_test_including_batched_decode() {
     ]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--batch"));
+    // Prefill batches: a prompt longer than -u is evaluated in batches of it; 0, and anything
+    // but 512 with exact numerics, are refused.
+    let tiny = golden("tiny/bitnet-tiny-i2_s.gguf");
+    let ok = bitnet(&[
+        "bench", "-m", &tiny, "-p", "9", "-n", "0", "-r", "1", "-t", "1", "-u", "4",
+    ]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("pp9"));
+    for (extra, word) in [
+        (&["-u", "0"][..], "--ubatch-size"),
+        (&["-u", "128", "--numerics", "exact"][..], "512"),
+    ] {
+        let mut args = vec!["bench", "-m", &tiny, "-p", "8", "-n", "0", "-r", "1"];
+        args.extend_from_slice(extra);
+        let bad = bitnet(&args);
+        assert!(!bad.status.success());
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert!(err.contains(word), "{err}");
+    }
     // A thread list is for bench only.
     let bad = bitnet(&[
         "run",

@@ -140,9 +140,10 @@ fn scratch_bytes(c: &Config, n: usize, n_ctx: usize, threads: usize) -> u64 {
 
 /// Fits the model into `req.bytes`: the weight window, a head chunk, the KV cache of the
 /// requested (or largest fitting) context, the forward pass's buffers and what the process
-/// already holds (`runtime_bytes`: code, tokenizer). Lowers the KV type (f16 → q8_0 → q4_0)
-/// unless it was chosen explicitly, then the window (2 → 1 blocks: no read-ahead), then the context
-/// unless it was given; never silently below what was asked for.
+/// already holds (`runtime_bytes`: code, tokenizer). Lowers the KV type to q8_0 unless it was
+/// chosen explicitly, then the window (2 → 1 blocks: no read-ahead), then the KV type to q4_0
+/// (coarser: it costs more quality than the read-ahead costs speed), then the context unless
+/// it was given; never silently below what was asked for.
 #[allow(clippy::too_many_arguments)]
 pub fn plan(
     model: &Model<'_>,
@@ -176,16 +177,26 @@ pub fn plan(
     {
         kv_types.extend([KvType::Q8_0, KvType::Q4_0]);
     }
+    // (window, KV type) in order of preference: every type but a lowered q4_0 with two blocks,
+    // then with one; a lowered q4_0 only after that.
+    let lowered_q4 = |t: KvType| t == KvType::Q4_0 && t != kv_type;
+    let (last, first): (Vec<KvType>, Vec<KvType>) = kv_types.iter().partition(|&&t| lowered_q4(t));
+    let tries: Vec<(usize, KvType)> = [&first, &last]
+        .into_iter()
+        .flat_map(|ts| {
+            [2usize, 1]
+                .into_iter()
+                .flat_map(move |w| ts.iter().map(move |&t| (w, t)))
+        })
+        .collect();
     let kv_bytes = |n: usize, t: KvType| c.kv_cache_bytes(n, t).map_err(EngineError::from);
     let mut notes = Vec::new();
-    // In order: the KV type, then the window, then (when not given) the context.
+    // In order: the KV type and window as above, then (when not given) the context.
     let mut chosen = None;
-    'fit: for w in [2usize, 1] {
-        for &t in &kv_types {
-            if fixed(w) + kv_bytes(n_ctx_want, t)? <= req.bytes {
-                chosen = Some((w, t, n_ctx_want));
-                break 'fit;
-            }
+    for &(w, t) in &tries {
+        if fixed(w) + kv_bytes(n_ctx_want, t)? <= req.bytes {
+            chosen = Some((w, t, n_ctx_want));
+            break;
         }
     }
     if chosen.is_none() && req.n_ctx.is_none() {

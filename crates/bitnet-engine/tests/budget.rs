@@ -152,9 +152,21 @@ fn the_plan_lowers_what_was_not_asked_for_and_refuses_what_was() {
     );
     assert!(p.total() <= bytes);
     assert!(p.notes.iter().any(|n| n.contains("q8_0")));
-    // Room for 512 positions of Q4_0 beside one block only: Q4_0, before the window gives up
-    // Q8_0's room.
+    // Room for 512 positions of Q8_0 beside one block: one block and Q8_0, not two blocks
+    // and the coarser Q4_0 (whether or not that would fit too).
     let one_block = fixed - u64::try_from(layers[0].len()).unwrap();
+    let p = plan(
+        one_block + kv(512, KvType::Q8_0),
+        Some(512),
+        false,
+        Numerics::Fast,
+    )
+    .unwrap();
+    assert_eq!(
+        (p.kv_type, p.n_ctx, p.window_layers),
+        (KvType::Q8_0, 512, 1)
+    );
+    // Room for 512 positions of Q4_0 beside one block only: Q4_0.
     let p = plan(
         one_block + kv(512, KvType::Q4_0),
         Some(512),
