@@ -423,6 +423,7 @@ fn load_options(c: &bitnet_config) -> Res<LoadOptions> {
             bytes: c.ram_budget,
             n_ctx: usize::try_from(c.n_ctx).ok().filter(|&n| n != 0),
             kv_type_explicit: kv_type != KvType::F16,
+            stream: ::bitnet_engine::budget::StreamMode::default(),
         }),
         ..LoadOptions::default()
     };

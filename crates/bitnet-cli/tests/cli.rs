@@ -473,6 +473,45 @@ fn ram_budget_streams_the_model_within_the_budget() {
     let (normal_text, normal_err) = run(&[]);
     let (text, err) = run(&["--ram-budget", "48M"]);
     assert_eq!(text, normal_text, "the same greedy text");
+    // Both ways of streaming give the logits of normal mode bit for bit (every prompt
+    // position, then steps), within the budget.
+    let logits = |extra: &[&str]| {
+        let mut args = vec![
+            "logits",
+            "-m",
+            m,
+            "-p",
+            "Hello there, streaming",
+            "--then",
+            "5,77,300,9",
+            "-c",
+            "512",
+            "-t",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        let out = bitnet(&args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        assert!(!out.stdout.is_empty());
+        (out.stdout, err)
+    };
+    let (plain, _) = logits(&[]);
+    for mode in ["pread", "mmap"] {
+        let (streamed, err) = logits(&["--ram-budget", "48M", "--stream", mode]);
+        assert!(err.contains("weights: 2 of 6 blocks"), "{mode}: {err}");
+        assert!(
+            streamed == plain,
+            "{mode}: streamed logits differ from normal mode"
+        );
+        let (t, err) = run(&["--ram-budget", "48M", "--stream", mode]);
+        assert_eq!(t, normal_text, "{mode}: the same greedy text");
+        let peak = peak_rss_mib(&err);
+        assert!(
+            peak < 48.0,
+            "{mode}: peak RSS {peak} MiB over the 48 MiB budget"
+        );
+    }
     assert!(
         err.contains("memory plan for a budget of 48.0 MiB"),
         "{err}"

@@ -1,13 +1,19 @@
 //! Low-memory mode: a RAM budget, the plan that fits the model into it, and the backend
-//! that streams the weights through a window of two layers.
+//! that streams the weights through a window of two layers, in one of two ways
+//! ([`StreamMode`]):
 //!
-//! The weights stay in the memory-mapped file. Before block `il` runs, the streamer asks the
-//! OS to read block `il + 1` ahead (`MADV_WILLNEED`) and drops the pages of the block before
-//! `il` from the process (`MADV_DONTNEED`): resident weights stay within two blocks. The LM
-//! head (the tied F16 embedding of the official file, 656 MB for the 2B model) is computed
-//! in chunks of rows, each released once used; an embedding lookup releases the row it read.
-//! The kernels are the same as in normal mode (the file's layout, not the repacked panels,
-//! which would be a resident copy), so the logits are the same bits.
+//! - **pread** (the default): an I/O thread copies block `il + 1`'s bytes into a second
+//!   reusable buffer while block `il` computes from the first ([`crate::pread`]); the mapped
+//!   file's pages are never touched, so there are no page faults and nothing to drop.
+//! - **mmap**: the weights are read where they are mapped. Before block `il` runs, the
+//!   streamer asks the OS to read block `il + 1` ahead (`MADV_WILLNEED`) and drops the pages
+//!   of the block before `il` from the process (`MADV_DONTNEED`).
+//!
+//! Either way resident weights stay within two blocks. The LM head (the tied F16 embedding of
+//! the official file, 656 MB for the 2B model) is computed in chunks of rows, each dropped once
+//! used; an embedding lookup reads (or releases) just its row. The kernels are the same as in
+//! normal mode (the file's layout, not the repacked panels, which would be a resident copy),
+//! so the logits are the same bits.
 
 use std::fmt::Write as _;
 use std::ops::Range;
@@ -17,6 +23,7 @@ use bitnet_gguf::GgufFile;
 use bitnet_kernels::{Pool, RowMatrix, TernaryMatrix};
 use bitnet_model::{Backend, Config, KvCache, KvType, Model, ModelError, Numerics};
 
+use crate::pread::{Key, PreadIo};
 use crate::{EngineError, Result};
 
 /// Bytes of LM-head rows computed (and released) at a time.
@@ -38,6 +45,18 @@ pub struct BudgetRequest {
     pub n_ctx: Option<usize>,
     /// Whether the KV type was chosen explicitly (then the plan never lowers it).
     pub kv_type_explicit: bool,
+    /// How the weights are brought in.
+    pub stream: StreamMode,
+}
+
+/// How the low-memory mode brings each block's weights in (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamMode {
+    /// `pread` into two reusable buffers on an I/O thread.
+    #[default]
+    Pread,
+    /// The mapped file, with `MADV_WILLNEED` ahead and `MADV_DONTNEED` behind.
+    Mmap,
 }
 
 /// One line of the plan.
@@ -346,6 +365,10 @@ pub(crate) struct LayerStreamer {
     pub(crate) pinned_layers: usize,
     /// File bytes never released (the start of the LM head).
     pub(crate) pinned: Range<usize>,
+    /// The pread reader; `None`: the mmap window.
+    pub(crate) io: Option<PreadIo>,
+    /// The block whose bytes the pread reader holds now, and the buffer.
+    pub(crate) current: std::sync::Mutex<Option<(usize, Vec<u8>)>>,
 }
 
 impl LayerStreamer {
@@ -397,6 +420,22 @@ impl Backend for LayerStreamer {
         // the next one as well (two blocks in all).
         let prev = (il + n - 1) % n;
         let next = (il + 1) % n;
+        if let Some(io) = &self.io {
+            // The buffer of the block before goes back first, so that two buffers suffice.
+            let mut cur = self.current.lock().map_err(|_| {
+                ModelError::Backend("the low-memory reader's state was poisoned".into())
+            })?;
+            if let Some((done, buf)) = cur.take() {
+                io.recycle(Key::Layer(done), buf)?;
+            }
+            if il >= self.pinned_layers {
+                *cur = Some((il, io.take(Key::Layer(il), self.layers[il].clone())?));
+            }
+            if self.read_ahead && next != il && next >= self.pinned_layers {
+                io.request(Key::Layer(next), self.layers[next].clone())?;
+            }
+            return Ok(());
+        }
         if prev != il && prev != next && prev >= self.pinned_layers {
             self.release(self.bytes(&self.layers[prev]))?;
         }
@@ -412,10 +451,25 @@ impl Backend for LayerStreamer {
         r: usize,
         out: &mut [f32],
     ) -> bitnet_model::Result<()> {
-        embd.dequantize_row(r, out)?;
         let rb = embd.row_type().row_bytes(embd.cols())?;
         let start = r.saturating_mul(rb);
-        if let Some(row) = embd.data().get(start..start.saturating_add(rb)) {
+        let row = embd.data().get(start..start.saturating_add(rb));
+        if let (Some(_), Some(row), Some(at)) = (&self.io, row, self.file.range_of(embd.data())) {
+            // Just this row, copied: the map's page stays out of the process.
+            let mut bytes = vec![0u8; rb];
+            self.file.read_at(at.start + start, &mut bytes)?;
+            let one = RowMatrix::new(
+                embd.row_type(),
+                1,
+                embd.cols(),
+                std::borrow::Cow::Borrowed(&bytes[..]),
+            )?;
+            debug_assert_eq!(&bytes[..], row);
+            one.dequantize_row(0, out)?;
+            return Ok(());
+        }
+        embd.dequantize_row(r, out)?;
+        if let Some(row) = row {
             self.release(row)?;
         }
         Ok(())
@@ -428,6 +482,24 @@ impl Backend for LayerStreamer {
         scales: &[f32],
         out: &mut [f32],
     ) -> bitnet_model::Result<()> {
+        if self.io.is_some() {
+            let cur = self.current.lock().map_err(|_| {
+                ModelError::Backend("the low-memory reader's state was poisoned".into())
+            })?;
+            if let (Some((il, buf)), Some(at)) = (&*cur, self.file.range_of(w.packed_data())) {
+                let block = &self.layers[*il];
+                if at.start >= block.start && at.end <= block.end {
+                    let copy = buf
+                        .get(at.start - block.start..at.end - block.start)
+                        .ok_or_else(|| {
+                            ModelError::Backend("a block buffer shorter than its block".into())
+                        })?;
+                    return self
+                        .pool
+                        .ternary_matmul(&w.with_packed(copy)?, xq, scales, out);
+                }
+            }
+        }
         self.pool.ternary_matmul(w, xq, scales, out)
     }
 
@@ -441,7 +513,21 @@ impl Backend for LayerStreamer {
     ) -> bitnet_model::Result<()> {
         let n_vocab = head.rows();
         let rb = head.row_type().row_bytes(head.cols())?;
-        let chunk = (HEAD_CHUNK_BYTES / rb.max(1)).clamp(1, n_vocab.max(1));
+        // The pread reader holds two chunks at a time (one computing, one being read): half
+        // the size each, so that together they take the plan's one chunk.
+        let chunk_bytes = if self.io.is_some() {
+            HEAD_CHUNK_BYTES / 2
+        } else {
+            HEAD_CHUNK_BYTES
+        };
+        let chunk = (chunk_bytes / rb.max(1)).clamp(1, n_vocab.max(1));
+        let head_at = self.file.range_of(head.data());
+        // The file range of rows r0..r1, when the pread reader should read them (not pinned).
+        let to_read = |r0: usize, r1: usize| {
+            let at = head_at.as_ref()?;
+            let range = at.start + r0 * rb..at.start + r1 * rb;
+            (self.io.is_some() && range.end > self.pinned.end).then_some(range)
+        };
         let mut tmp = vec![0.0f32; rows * chunk];
         let mut r0 = 0;
         while r0 < n_vocab {
@@ -453,21 +539,37 @@ impl Backend for LayerStreamer {
                     got: head.data().len(),
                 },
             ))?;
-            if let Some(next) = head.data().get(r1 * rb..(r1 + chunk).min(n_vocab) * rb) {
-                self.will_need(next)?;
-            }
+            let r2 = (r1 + chunk).min(n_vocab);
+            let copy = match (&self.io, to_read(r0, r1)) {
+                (Some(io), Some(range)) => {
+                    let buf = io.take(Key::Head(r0), range)?;
+                    if let Some(next) = to_read(r1, r2).filter(|_| r1 < r2) {
+                        io.request(Key::Head(r1), next)?;
+                    }
+                    Some(buf)
+                }
+                _ => {
+                    if let Some(next) = head.data().get(r1 * rb..r2 * rb) {
+                        self.will_need(next)?;
+                    }
+                    None
+                }
+            };
             let sub = RowMatrix::new(
                 head.row_type(),
                 r1 - r0,
                 head.cols(),
-                std::borrow::Cow::Borrowed(bytes),
+                std::borrow::Cow::Borrowed(copy.as_deref().unwrap_or(bytes)),
             )?;
             let t = &mut tmp[..rows * (r1 - r0)];
             self.pool.lm_head(&sub, hn, rows, numerics, t)?;
             for (dst, src) in out.chunks_exact_mut(n_vocab).zip(t.chunks_exact(r1 - r0)) {
                 dst[r0..r1].copy_from_slice(src);
             }
-            self.release(bytes)?;
+            match (&self.io, copy) {
+                (Some(io), Some(buf)) => io.recycle(Key::Head(r0), buf)?,
+                _ => self.release(bytes)?,
+            }
             r0 = r1;
         }
         Ok(())

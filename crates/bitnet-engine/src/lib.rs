@@ -30,6 +30,7 @@
 
 pub mod budget;
 mod load;
+mod pread;
 pub mod quality;
 pub mod skip;
 mod stop;
@@ -410,10 +411,28 @@ impl Engine {
         }
     }
 
-    /// Switch to the low-memory backend with `plan` (see [`budget`]).
-    pub(crate) fn stream(mut self, plan: budget::MemoryPlan) -> Result<Self> {
+    /// Switch to the low-memory backend with `plan` (see [`budget`]), streaming as `mode`
+    /// says (the mmap window for a file held in memory or in a container without a file
+    /// handle: `pread` has nothing to read from there).
+    pub(crate) fn stream(
+        mut self,
+        plan: budget::MemoryPlan,
+        mode: budget::StreamMode,
+    ) -> Result<Self> {
         let layers = budget::layer_ranges(self.model.model(), self.model.file())?;
+        let io = match mode {
+            budget::StreamMode::Pread if self.model.file().is_mapped() => {
+                Some(pread::PreadIo::new(self.model.file_arc()).map_err(|e| {
+                    EngineError::Budget {
+                        reason: format!("cannot start the low-memory reader's I/O thread: {e}"),
+                    }
+                })?)
+            }
+            _ => None,
+        };
         self.streamer = Some(budget::LayerStreamer {
+            io,
+            current: std::sync::Mutex::new(None),
             pool: std::sync::Arc::clone(&self.pool),
             file: self.model.file_arc(),
             layers,

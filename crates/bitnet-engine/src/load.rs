@@ -329,7 +329,7 @@ fn load_budgeted(
     let mut eo = opts.engine_options();
     eo.kv_type = plan.kv_type;
     eo.n_batch = plan.n_batch;
-    Engine::new(model, tokenizer, eo)?.stream(plan)
+    Engine::new(model, tokenizer, eo)?.stream(plan, req.stream)
 }
 
 /// Open a GGUF file, memory-mapped or (`in_memory`) read whole, with the default limits.

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use bitnet_engine::budget::{self, BudgetRequest};
+use bitnet_engine::budget::{self, BudgetRequest, StreamMode};
 use bitnet_engine::{load, Engine, EngineError, LmHeadFormat, LoadEvent, LoadOptions};
 use bitnet_model::{KvType, Numerics, Outputs};
 use bitnet_testkit::synth::{self, Preset, SynthSpec};
@@ -29,6 +29,7 @@ fn budget(bytes: u64) -> Option<BudgetRequest> {
         bytes,
         n_ctx: Some(256),
         kv_type_explicit: true,
+        stream: StreamMode::default(),
     })
 }
 
@@ -86,6 +87,7 @@ fn the_plan_is_reported_and_fits_the_budget() {
                 bytes: 512 << 20,
                 n_ctx: None,
                 kv_type_explicit: false,
+                stream: StreamMode::default(),
             }),
             ..LoadOptions::default()
         },
@@ -124,6 +126,7 @@ fn the_plan_lowers_what_was_not_asked_for_and_refuses_what_was() {
             bytes,
             n_ctx,
             kv_type_explicit: explicit,
+            stream: StreamMode::default(),
         };
         budget::plan(model, &layers, &req, KvType::F16, numerics, 2, 0)
     };

@@ -103,6 +103,9 @@ enum Backing {
 pub struct GgufFile {
     backing: Backing,
     parsed: Parsed,
+    /// The open file behind a map made by [`GgufFile::open`], for [`GgufFile::read_at`].
+    #[cfg_attr(not(unix), allow(dead_code))]
+    file: Option<File>,
 }
 
 fn to_u64(n: usize) -> u64 {
@@ -139,6 +142,7 @@ impl GgufFile {
         Ok(Self {
             backing: Backing::Mmap(map),
             parsed,
+            file: Some(file),
         })
     }
 
@@ -170,6 +174,7 @@ impl GgufFile {
     pub fn from_bytes(bytes: Vec<u8>, limits: &Limits) -> Result<Self, GgufError> {
         let parsed = parse(&bytes, limits)?;
         Ok(Self {
+            file: None,
             backing: Backing::Owned(bytes),
             parsed,
         })
@@ -272,6 +277,7 @@ impl GgufFile {
         };
         Ok(GgufFile {
             backing,
+            file: None,
             parsed: Parsed {
                 version: 3,
                 alignment: DEFAULT_ALIGNMENT,
@@ -386,6 +392,27 @@ impl GgufFile {
             #[cfg(not(unix))]
             Some(_) => Ok(false),
         }
+    }
+
+    /// Copies `out.len()` bytes of the file, from byte `offset` of [`Self::as_bytes`], into
+    /// `out`: with `pread` from the open file when [`Self::open`] mapped it (the map's pages are
+    /// not touched, so they do not join this process's resident set), else from the bytes
+    /// themselves (for a mapped QSF container, whose pages are then released again).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<(), GgufError> {
+        let end = offset
+            .checked_add(out.len())
+            .filter(|&e| e <= self.bytes().len())
+            .ok_or(GgufError::NotInFile { len: out.len() })?;
+        #[cfg(unix)]
+        if let Some(f) = &self.file {
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(out, to_u64(offset))?;
+            return Ok(());
+        }
+        let src = &self.bytes()[offset..end];
+        out.copy_from_slice(src);
+        self.release(src)?;
+        Ok(())
     }
 
     /// Whether the file is memory-mapped (rather than held in memory).

@@ -339,6 +339,32 @@ impl<'a> TernaryMatrix<'a> {
         self.data
     }
 
+    /// The same matrix over `data`, a copy of [`Self::packed_data`] held elsewhere (a buffer
+    /// the weights were read into): scales, repacked panels and the code check are shared. The
+    /// copy must be exactly as long (checked) and hold the same bytes (the caller's to ensure;
+    /// other bytes give other results, never unsafety).
+    pub fn with_packed<'b>(&self, data: &'b [u8]) -> Result<TernaryMatrix<'b>, KernelError>
+    where
+        'a: 'b,
+    {
+        if data.len() != self.data.len() {
+            return Err(KernelError::SizeMismatch {
+                layout: self.layout,
+                what: "weights (a copy of the packed bytes)",
+                rows: self.n_out,
+                cols: self.n_in,
+                expected: self.data.len(),
+                got: data.len(),
+            });
+        }
+        Ok(TernaryMatrix {
+            data,
+            scales: self.scales.clone(),
+            panels: self.panels.clone(),
+            ..*self
+        })
+    }
+
     /// Repack an I2_S matrix into panels when the selected tier has a panel kernel
     /// ([`crate::isa`]); returns the bytes of the new copy (0 when nothing was done: other
     /// layouts, or a tier without the kernel). Results are bit-identical either way; once

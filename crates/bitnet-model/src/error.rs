@@ -59,6 +59,9 @@ pub enum ModelError {
     },
     #[error("size overflow computing {0}")]
     Overflow(&'static str),
+    /// A backend could not run (its worker stopped, its state is unusable).
+    #[error("backend: {0}")]
+    Backend(String),
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

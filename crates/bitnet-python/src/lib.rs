@@ -129,6 +129,7 @@ fn parse_options(
             bytes,
             n_ctx,
             kv_type_explicit: kv_cache.is_some(),
+            stream: ::bitnet_engine::budget::StreamMode::default(),
         }),
         ..LoadOptions::default()
     };

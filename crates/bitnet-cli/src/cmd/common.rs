@@ -75,6 +75,10 @@ pub struct ModelArgs {
     /// printing its plan. Bytes, or a number with K, M or G (powers of 1024).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub ram_budget: Option<u64>,
+    /// How --ram-budget brings each block in: pread (copies into two reusable buffers on an
+    /// I/O thread; default) or mmap (the mapped pages, read ahead and dropped behind).
+    #[arg(long, default_value = "pread")]
+    pub stream: StreamArg,
     /// Skip these blocks (comma-separated indices), or `auto`: the least important ones
     /// (1 − cosine of a block's input and output over built-in calibration text), up to
     /// --skip-fraction of the blocks, never the first or last two. An approximation: check it
@@ -107,6 +111,13 @@ pub struct ModelArgs {
     /// The GPU adapter to use (its index in `bitnet inspect --system`; default: the best found).
     #[arg(long, value_name = "N")]
     pub gpu: Option<usize>,
+}
+
+/// `--stream`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StreamArg {
+    Pread,
+    Mmap,
 }
 
 /// `--device`.
@@ -270,6 +281,10 @@ impl ModelArgs {
                     bytes,
                     n_ctx: self.ctx_size,
                     kv_type_explicit: self.kv_cache.is_some(),
+                    stream: match self.stream {
+                        StreamArg::Pread => bitnet_engine::budget::StreamMode::Pread,
+                        StreamArg::Mmap => bitnet_engine::budget::StreamMode::Mmap,
+                    },
                 }),
             ..Default::default()
         })
