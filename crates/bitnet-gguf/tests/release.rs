@@ -78,4 +78,30 @@ fn release_drops_mapped_pages_and_keeps_contents() {
     assert!(!m.release(md).unwrap());
     assert_eq!(md, &big[..]);
     assert!(m.release(data).is_err());
+
+    // read_at: the same bytes, copied with pread from a mapped file (its pages stay out of the
+    // process), or from memory; ranges past the end are refused.
+    let at = r.start + 4096 * 3 + 5;
+    let mut out = vec![0u8; 1 << 20];
+    assert!(f.release(f.as_bytes()).unwrap());
+    #[cfg(target_os = "linux")]
+    let before = rss_file_kib();
+    f.read_at(at, &mut out).unwrap();
+    assert_eq!(&out[..], &bytes[at..at + out.len()]);
+    #[cfg(target_os = "linux")]
+    {
+        let after = rss_file_kib();
+        assert!(after < before + 512, "RssFile {before} KiB -> {after} KiB");
+    }
+    let mut again = vec![0u8; out.len()];
+    m.read_at(at, &mut again).unwrap();
+    assert_eq!(again, out);
+    let len = bytes.len();
+    let mut tail = [0u8; 2];
+    assert!(matches!(
+        f.read_at(len - 1, &mut tail),
+        Err(GgufError::NotInFile { .. })
+    ));
+    assert!(f.read_at(usize::MAX, &mut tail).is_err());
+    assert!(f.read_at(len - 2, &mut tail).is_ok());
 }

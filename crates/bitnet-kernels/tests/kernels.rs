@@ -213,6 +213,40 @@ fn every_tier_matches_scalar_and_reference() {
     }
 }
 
+/// A matrix over a copy of its packed bytes (the low-memory reader's buffers) computes the
+/// same bits as the original; a copy of another length is refused; a different copy gives
+/// other results (the copy is what is read).
+#[test]
+fn a_matrix_over_a_copy_of_its_bytes_is_the_same_matrix() {
+    let mut rng = Rng::new(31);
+    let pool = Pool::new(2);
+    for layout in TernaryLayout::ALL {
+        let (n_out, k) = shapes(layout, &mut rng)[0];
+        let (w, sib) = random_tensor(&mut rng, layout, n_out, k);
+        let m = TernaryMatrix::new(layout, n_out, k, &w, sib.as_deref()).unwrap();
+        let (q, s) = random_acts(&mut rng, 3, k);
+        let run = |m: &TernaryMatrix<'_>| {
+            let mut out = vec![f32::NAN; 3 * n_out];
+            m.matmul(&q, &s, &mut out, &pool).unwrap();
+            out
+        };
+        let want = run(&m);
+        let mut copy = m.packed_data().to_vec();
+        let same = run(&m.with_packed(&copy).unwrap());
+        assert!(
+            same.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{layout:?}"
+        );
+        assert!(m.with_packed(&copy[1..]).is_err(), "{layout:?}");
+        for b in copy.iter_mut() {
+            *b = !*b;
+        }
+        assert_ne!(run(&m.with_packed(&copy).unwrap()), want, "{layout:?}");
+    }
+}
+
 #[test]
 fn default_tier_is_used_and_reported() {
     let r = bitnet_kernels::isa_report();
