@@ -424,6 +424,7 @@ fn load_options(c: &bitnet_config) -> Res<LoadOptions> {
             n_ctx: usize::try_from(c.n_ctx).ok().filter(|&n| n != 0),
             kv_type_explicit: kv_type != KvType::F16,
             stream: ::bitnet_engine::budget::StreamMode::default(),
+            reserve_bytes: 0,
         }),
         ..LoadOptions::default()
     };

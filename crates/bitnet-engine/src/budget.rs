@@ -47,6 +47,9 @@ pub struct BudgetRequest {
     pub kv_type_explicit: bool,
     /// How the weights are brought in.
     pub stream: StreamMode,
+    /// Bytes the caller will hold besides the engine once it runs (a server's threads,
+    /// connections and request buffers), planned as a line of their own.
+    pub reserve_bytes: u64,
 }
 
 /// How the low-memory mode brings each block's weights in (see the module docs).
@@ -186,7 +189,9 @@ pub fn plan(
     let head = model.lm_head();
     let head_chunk = u64_of(HEAD_CHUNK_BYTES.min(head.nbytes()));
     let scratch = scratch_bytes(c, n_batch, n_ctx_want, threads);
-    let fixed = |w: usize| runtime_bytes + window(w) + head_chunk + scratch + OTHER_BYTES;
+    let fixed = |w: usize| {
+        runtime_bytes + req.reserve_bytes + window(w) + head_chunk + scratch + OTHER_BYTES
+    };
 
     let mut kv_types = vec![kv_type];
     if !req.kv_type_explicit
@@ -322,6 +327,12 @@ pub fn plan(
             bytes: OTHER_BYTES,
         },
     ];
+    if req.reserve_bytes > 0 {
+        items.push(PlanItem {
+            what: "reserved (server threads and requests)".into(),
+            bytes: req.reserve_bytes,
+        });
+    }
     if pinned_layers > 0 {
         let pinned: u64 = layers
             .iter()

@@ -30,6 +30,7 @@ fn budget(bytes: u64) -> Option<BudgetRequest> {
         n_ctx: Some(256),
         kv_type_explicit: true,
         stream: StreamMode::default(),
+        reserve_bytes: 0,
     })
 }
 
@@ -88,6 +89,7 @@ fn the_plan_is_reported_and_fits_the_budget() {
                 n_ctx: None,
                 kv_type_explicit: false,
                 stream: StreamMode::default(),
+                reserve_bytes: 0,
             }),
             ..LoadOptions::default()
         },
@@ -127,6 +129,7 @@ fn the_plan_lowers_what_was_not_asked_for_and_refuses_what_was() {
             n_ctx,
             kv_type_explicit: explicit,
             stream: StreamMode::default(),
+            reserve_bytes: 0,
         };
         budget::plan(model, &layers, &req, KvType::F16, numerics, 2, 0)
     };

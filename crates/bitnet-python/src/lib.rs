@@ -130,6 +130,7 @@ fn parse_options(
             n_ctx,
             kv_type_explicit: kv_cache.is_some(),
             stream: ::bitnet_engine::budget::StreamMode::default(),
+            reserve_bytes: 0,
         }),
         ..LoadOptions::default()
     };

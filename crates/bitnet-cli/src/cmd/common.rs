@@ -285,6 +285,7 @@ impl ModelArgs {
                         StreamArg::Pread => bitnet_engine::budget::StreamMode::Pread,
                         StreamArg::Mmap => bitnet_engine::budget::StreamMode::Mmap,
                     },
+                    reserve_bytes: 0,
                 }),
             ..Default::default()
         })

@@ -9,6 +9,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use super::common::ModelArgs;
 
+/// What the server holds besides the engine under `--ram-budget` (its runtime's threads,
+/// connections, request and response buffers, the slot's sampling state), planned as its own
+/// line: with the 2b synth under `--ram-budget 200M`, a plan without it (195.4 MiB) peaked at
+/// 205 MiB after a few requests.
+const SERVE_RESERVE_BYTES: u64 = 20 << 20;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
@@ -114,7 +120,10 @@ pub fn run(a: Args) -> Result<()> {
             .map_err(|e| format!("{e:#}"))?;
         b.inc(1);
         b.set_message(format!("loading {}", path.display()));
-        let opts = model_args.load_options().map_err(|e| format!("{e:#}"))?;
+        let mut opts = model_args.load_options().map_err(|e| format!("{e:#}"))?;
+        if let Some(b) = &mut opts.budget {
+            b.reserve_bytes = SERVE_RESERVE_BYTES;
+        }
         let skip = model_args.skip_layers().map_err(|e| format!("{e:#}"))?;
         let mut progress = super::common::LoadProgress::new();
         let mut engine = b
