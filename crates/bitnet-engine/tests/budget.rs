@@ -147,6 +147,39 @@ fn the_plan_lowers_what_was_not_asked_for_and_refuses_what_was() {
         .map(|i| i.bytes)
         .sum();
 
+    // A caller's reserve (the server's) is a line of the plan and counts against the budget.
+    let exact_fit = fixed + kv(512, KvType::F16);
+    assert_eq!(
+        plan(exact_fit, Some(512), true, Numerics::Fast)
+            .unwrap()
+            .window_layers,
+        2
+    );
+    let reserved = |reserve_bytes: u64| {
+        let req = BudgetRequest {
+            bytes: exact_fit,
+            n_ctx: Some(512),
+            kv_type_explicit: true,
+            stream: StreamMode::default(),
+            reserve_bytes,
+        };
+        budget::plan(model, &layers, &req, KvType::F16, Numerics::Fast, 2, 0)
+    };
+    let p = reserved(64 << 10).unwrap();
+    assert_eq!(
+        p.window_layers, 1,
+        "the reserve takes the read-ahead's room"
+    );
+    assert!(p
+        .items
+        .iter()
+        .any(|i| i.what.starts_with("reserved") && i.bytes == 64 << 10));
+    assert!(p.total() <= exact_fit);
+    assert!(matches!(
+        reserved(exact_fit),
+        Err(EngineError::BudgetTooSmall { .. })
+    ));
+
     // Room for 512 positions of Q8_0, and not of F16 even with one block of weights
     // resident instead of two: the KV type is lowered...
     let bytes = fixed + kv(512, KvType::Q8_0);
