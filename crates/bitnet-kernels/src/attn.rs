@@ -660,7 +660,7 @@ impl KvElem for u8 {
         // SAFETY: the caller's contract: block c / 2 (16 bytes) lies inside the row.
         unsafe {
             let b = _mm_loadu_si128(row.add(c / 2 * 16).cast());
-            let b = if c % 2 == 0 {
+            let b = if c.is_multiple_of(2) {
                 b
             } else {
                 _mm_srli_epi16::<4>(b)
@@ -683,7 +683,7 @@ impl KvElem for u8 {
             );
             let table = _mm512_mul_ps(codes, _mm512_set1_ps(d));
             let w = _mm512_cvtepu8_epi32(_mm_loadu_si128(row.add(c / 2 * 16).cast()));
-            let idx = if c % 2 == 0 {
+            let idx = if c.is_multiple_of(2) {
                 w
             } else {
                 _mm512_srli_epi32::<4>(w)
@@ -698,7 +698,7 @@ impl KvElem for u8 {
         // SAFETY: the caller's contract: bytes 8h..8h+8 of block c / 2 lie inside the row.
         unsafe {
             let b = _mm_loadl_epi64(row.add(c / 2 * 16 + 8 * h).cast());
-            let b = if c % 2 == 0 {
+            let b = if c.is_multiple_of(2) {
                 b
             } else {
                 _mm_srli_epi16::<4>(b)

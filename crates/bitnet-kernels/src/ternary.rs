@@ -359,7 +359,7 @@ impl<'a> TernaryMatrix<'a> {
         }
         Ok(TernaryMatrix {
             data,
-            scales: self.scales.clone(),
+            scales: self.scales,
             panels: self.panels.clone(),
             ..*self
         })

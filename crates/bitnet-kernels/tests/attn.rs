@@ -566,7 +566,7 @@ fn quantized_caches_need_whole_blocks_and_one_type_on_both_sides() {
         "{err:?}"
     );
     // Q4_0: keys and values of one type; 16 bytes of nibbles per 32 elements.
-    let nibbles = vec![0x98u8; 16];
+    let nibbles = [0x98u8; 16];
     let q4 = |n: usize| KvRows::Q4 {
         q: &nibbles[..n],
         d: &scales[..1],
