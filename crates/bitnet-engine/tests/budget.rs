@@ -191,33 +191,6 @@ fn the_plan_lowers_what_was_not_asked_for_and_refuses_what_was() {
     );
     assert!(p.total() <= bytes);
     assert!(p.notes.iter().any(|n| n.contains("q8_0")));
-    // Room for 512 positions of Q8_0 beside one block: one block and Q8_0, not two blocks
-    // and the coarser Q4_0 (whether or not that would fit too).
-    let one_block = fixed - u64::try_from(layers[0].len()).unwrap();
-    let p = plan(
-        one_block + kv(512, KvType::Q8_0),
-        Some(512),
-        false,
-        Numerics::Fast,
-    )
-    .unwrap();
-    assert_eq!(
-        (p.kv_type, p.n_ctx, p.window_layers),
-        (KvType::Q8_0, 512, 1)
-    );
-    // Room for 512 positions of Q4_0 beside one block only: Q4_0.
-    let p = plan(
-        one_block + kv(512, KvType::Q4_0),
-        Some(512),
-        false,
-        Numerics::Fast,
-    )
-    .unwrap();
-    assert_eq!(
-        (p.kv_type, p.n_ctx, p.window_layers),
-        (KvType::Q4_0, 512, 1)
-    );
-    assert!(p.notes.iter().any(|n| n.contains("q4_0")), "{:?}", p.notes);
     // ...unless it was chosen: then the explicit context does not fit, and the error says
     // what would.
     match plan(bytes, Some(512), true, Numerics::Fast) {
@@ -229,6 +202,19 @@ fn the_plan_lowers_what_was_not_asked_for_and_refuses_what_was() {
             );
         }
         other => panic!("expected BudgetTooSmall, got {other:?}"),
+    }
+    // Beside one block only: room for 512 positions of Q8_0 gives one block and Q8_0, not two
+    // blocks and the coarser Q4_0 (whether or not that would fit too); room for Q4_0 only
+    // gives Q4_0.
+    let one_block = fixed - u64::try_from(layers[0].len()).unwrap();
+    for t in [KvType::Q8_0, KvType::Q4_0] {
+        let p = plan(one_block + kv(512, t), Some(512), false, Numerics::Fast).unwrap();
+        assert_eq!((p.kv_type, p.n_ctx, p.window_layers), (t, 512, 1));
+        assert!(
+            p.notes.iter().any(|n| n.contains(t.name())),
+            "{:?}",
+            p.notes
+        );
     }
     // Exact numerics keeps f16 (its batch of 512 also needs more room for activations).
     assert!(matches!(

@@ -590,19 +590,36 @@ pub fn quantize_q8_0_split(x: &[f32], q: &mut [i8], d: &mut [f32]) -> Result<(),
             got: q.len(),
         });
     }
-    let mut blk = [0u8; 34];
-    for ((xb, qb), db) in x
-        .chunks_exact(32)
-        .zip(q.chunks_exact_mut(32))
-        .zip(d.iter_mut())
-    {
-        quantize_row_into(RowType::Q8_0, xb, &mut blk);
-        *db = read_f16(&blk, 0);
-        for (o, &b) in qb.iter_mut().zip(&blk[2..]) {
+    split_blocks(RowType::Q8_0, x, q, 32, d, |codes, out| {
+        for (o, &b) in out.iter_mut().zip(codes) {
             *o = i8::from_le_bytes([b]);
         }
-    }
+    });
     Ok(())
+}
+
+/// Quantize `x` block by block (32 values) with `ty`'s quantizer (a block of an f16 scale and
+/// its code bytes): each scale, widened, into `d`; each block's code bytes handed to `put`
+/// with that block's `per_block` elements of `q`. Shapes are the callers' to check.
+fn split_blocks<Q>(
+    ty: RowType,
+    x: &[f32],
+    q: &mut [Q],
+    per_block: usize,
+    d: &mut [f32],
+    put: impl Fn(&[u8], &mut [Q]),
+) {
+    let mut blk = [0u8; 34];
+    let bytes = ty.block_bytes();
+    for ((xb, qb), db) in x
+        .chunks_exact(32)
+        .zip(q.chunks_exact_mut(per_block))
+        .zip(d.iter_mut())
+    {
+        quantize_row_into(ty, xb, &mut blk[..bytes]);
+        *db = read_f16(&blk, 0);
+        put(&blk[2..bytes], qb);
+    }
 }
 
 /// Encode `x` (a multiple of 32 long) with the Q4_0 quantizer of [`quantize_row_into`], split
@@ -617,16 +634,9 @@ pub fn quantize_q4_0_split(x: &[f32], q: &mut [u8], d: &mut [f32]) -> Result<(),
             got: q.len(),
         });
     }
-    let mut blk = [0u8; 18];
-    for ((xb, qb), db) in x
-        .chunks_exact(32)
-        .zip(q.chunks_exact_mut(16))
-        .zip(d.iter_mut())
-    {
-        quantize_row_into(RowType::Q4_0, xb, &mut blk);
-        *db = read_f16(&blk, 0);
-        qb.copy_from_slice(&blk[2..]);
-    }
+    split_blocks(RowType::Q4_0, x, q, 16, d, |codes, out| {
+        out.copy_from_slice(codes)
+    });
     Ok(())
 }
 
