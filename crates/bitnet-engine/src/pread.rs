@@ -58,24 +58,6 @@ pub(crate) struct PreadIo {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Job({:?} at {}, {} bytes)",
-            self.key,
-            self.at,
-            self.buf.len()
-        )
-    }
-}
-
-impl std::fmt::Debug for Done {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Done({:?}, {} bytes)", self.key, self.buf.len())
-    }
-}
-
 fn poisoned() -> ModelError {
     ModelError::Backend("the low-memory reader's state was poisoned by a panic".into())
 }
