@@ -666,3 +666,49 @@ async fn an_end_of_generation_token_stops_with_finish_reason_stop() {
     assert_eq!(v["usage"]["completion_tokens"], n);
     assert!(n < 400);
 }
+
+/// Under a RAM budget a forward pass evaluates at most the plan's prefill batch of prompt
+/// tokens (the plan sized the activations for it), whatever `prefill_chunk` allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budgeted_engine_prefills_in_the_plans_batches() {
+    let s = TestServer::start_unloaded(ServerConfig {
+        parallel: 1,
+        prefill_chunk: 128,
+        ..test_config()
+    })
+    .await;
+    s.handle.load(|| {
+        let opts = bitnet_engine::LoadOptions {
+            threads: 1,
+            budget: Some(bitnet_engine::budget::BudgetRequest {
+                bytes: 1 << 30,
+                n_ctx: Some(256),
+                kv_type_explicit: false,
+                stream: bitnet_engine::budget::StreamMode::default(),
+                reserve_bytes: 0,
+            }),
+            ..bitnet_engine::LoadOptions::default()
+        };
+        bitnet_engine::load(&tiny_path(), &opts, &mut |_| {}).map_err(|e| e.to_string())
+    });
+    tokio::time::timeout(Duration::from_secs(30), s.handle.wait_ready())
+        .await
+        .expect("model load timed out")
+        .unwrap();
+    let batch = bitnet_engine::budget::BUDGET_BATCH;
+    let n = 3 * batch + 5;
+    let ids: Vec<u32> = (10u32..).step_by(37).take(n).map(|x| x % 3000).collect();
+    let body = json!({"prompt": ids, "max_tokens": 1, "temperature": 0}).to_string();
+    let r = post(s.addr, "/v1/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        s.metric("bitnet_prompt_tokens_evaluated_total").await,
+        n as f64
+    );
+    // ⌈n / batch⌉ passes for the prompt (one with the server's 128-token chunks).
+    let passes = s.metric("bitnet_forward_passes_total").await;
+    assert!(
+        passes >= n.div_ceil(batch) as f64,
+        "{passes} passes for {n} prompt tokens"
+    );
+}
