@@ -378,8 +378,6 @@ pub(crate) struct LayerStreamer {
     pub(crate) pinned: Range<usize>,
     /// The pread reader; `None`: the mmap window.
     pub(crate) io: Option<PreadIo>,
-    /// The block whose bytes the pread reader holds now, and the buffer.
-    pub(crate) current: std::sync::Mutex<Option<(usize, Vec<u8>)>>,
 }
 
 impl LayerStreamer {
@@ -432,20 +430,11 @@ impl Backend for LayerStreamer {
         let prev = (il + n - 1) % n;
         let next = (il + 1) % n;
         if let Some(io) = &self.io {
-            // The buffer of the block before goes back first, so that two buffers suffice.
-            let mut cur = self.current.lock().map_err(|_| {
-                ModelError::Backend("the low-memory reader's state was poisoned".into())
-            })?;
-            if let Some((done, buf)) = cur.take() {
-                io.recycle(Key::Layer(done), buf)?;
-            }
-            if il >= self.pinned_layers {
-                *cur = Some((il, io.take(Key::Layer(il), self.layers[il].clone())?));
-            }
-            if self.read_ahead && next != il && next >= self.pinned_layers {
-                io.request(Key::Layer(next), self.layers[next].clone())?;
-            }
-            return Ok(());
+            // Pinned blocks are read where they are mapped.
+            let range = (il >= self.pinned_layers).then(|| self.layers[il].clone());
+            let ahead = self.read_ahead && next != il && next >= self.pinned_layers;
+            let next = ahead.then(|| (next, self.layers[next].clone()));
+            return io.enter_block(il, range, next);
         }
         if prev != il && prev != next && prev >= self.pinned_layers {
             self.release(self.bytes(&self.layers[prev]))?;
@@ -492,11 +481,9 @@ impl Backend for LayerStreamer {
         scales: &[f32],
         out: &mut [f32],
     ) -> bitnet_model::Result<()> {
-        if self.io.is_some() {
-            let cur = self.current.lock().map_err(|_| {
-                ModelError::Backend("the low-memory reader's state was poisoned".into())
-            })?;
-            if let (Some((il, buf)), Some(at)) = (&*cur, self.file.range_of(w.packed_data())) {
+        if let Some(io) = &self.io {
+            let held = io.block()?;
+            if let (Some((il, buf)), Some(at)) = (&*held, self.file.range_of(w.packed_data())) {
                 let block = &self.layers[*il];
                 if at.start >= block.start && at.end <= block.end {
                     let copy = buf

@@ -432,7 +432,6 @@ impl Engine {
         };
         self.streamer = Some(budget::LayerStreamer {
             io,
-            current: std::sync::Mutex::new(None),
             pool: std::sync::Arc::clone(&self.pool),
             file: self.model.file_arc(),
             layers,

@@ -55,8 +55,13 @@ pub(crate) struct PreadIo {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     done: Mutex<mpsc::Receiver<Done>>,
     state: Mutex<State>,
+    /// The block whose bytes are held now, and their buffer.
+    block: Mutex<Option<(usize, Vec<u8>)>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
+
+/// The block held now ([`PreadIo::block`]).
+pub(crate) type Held<'a> = MutexGuard<'a, Option<(usize, Vec<u8>)>>;
 
 fn poisoned() -> ModelError {
     ModelError::Backend("the low-memory reader's state was poisoned by a panic".into())
@@ -106,6 +111,7 @@ impl PreadIo {
             jobs: Mutex::new(Some(jtx)),
             done: Mutex::new(drx),
             state: Mutex::new(State::default()),
+            block: Mutex::new(None),
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -121,6 +127,32 @@ impl PreadIo {
         let mut buf = spare.pop().unwrap_or_default();
         buf.resize(len, 0);
         buf
+    }
+
+    /// Move to block `il`: give the held block's buffer back, hold `il`'s bytes (`range`;
+    /// `None` for a block read where it is mapped), and ask for `next` ahead.
+    pub(crate) fn enter_block(
+        &self,
+        il: usize,
+        range: Option<Range<usize>>,
+        next: Option<(usize, Range<usize>)>,
+    ) -> bitnet_model::Result<()> {
+        let mut held = lock(&self.block)?;
+        if let Some((done, buf)) = held.take() {
+            self.recycle(Key::Layer(done), buf)?;
+        }
+        if let Some(range) = range {
+            *held = Some((il, self.take(Key::Layer(il), range)?));
+        }
+        if let Some((n, range)) = next {
+            self.request(Key::Layer(n), range)?;
+        }
+        Ok(())
+    }
+
+    /// The block held now and its bytes.
+    pub(crate) fn block(&self) -> bitnet_model::Result<Held<'_>> {
+        lock(&self.block)
     }
 
     /// Give a buffer back for reuse.

@@ -93,6 +93,20 @@ impl KvRows<'_> {
         }
     }
 
+    /// The values of elements `at..at + dst.len()`, widened (a code times its scale), as the
+    /// kernels read them. Panics past [`Self::len`]-checked bounds, like slice indexing.
+    pub fn read(&self, at: usize, dst: &mut [f32]) {
+        for (i, o) in dst.iter_mut().enumerate() {
+            let e = at + i;
+            *o = match self {
+                KvRows::F16(s) => f16::elem(s, e),
+                KvRows::F32(s) => f32::elem(s, e),
+                KvRows::Q8 { q, d } => i8::elem(q, e) * d[e / Q8_BLOCK],
+                KvRows::Q4 { q, d } => u8::elem(q, e) * d[e / Q8_BLOCK],
+            };
+        }
+    }
+
     /// 0 for f16/f32 elements, 1 for Q8_0 blocks, 2 for Q4_0 blocks.
     fn block_kind(&self) -> u8 {
         match self {

@@ -138,6 +138,16 @@ impl Store {
         }
     }
 
+    /// The store as the attention kernels read it.
+    fn view(&self) -> KvRows<'_> {
+        match self {
+            Store::F32(v) => KvRows::F32(v),
+            Store::F16(v) => KvRows::F16(v),
+            Store::Q8 { q, d } => KvRows::Q8 { q, d },
+            Store::Q4 { q, d } => KvRows::Q4 { q, d },
+        }
+    }
+
     fn read(&self, at: usize, dst: &mut [f32]) {
         match self {
             Store::F32(v) => dst.copy_from_slice(&v[at..at + dst.len()]),
@@ -145,21 +155,8 @@ impl Store {
                 let n = dst.len();
                 v[at..at + n].convert_to_f32_slice(dst);
             }
-            Store::Q8 { q, d } => {
-                for (i, o) in dst.iter_mut().enumerate() {
-                    let e = at + i;
-                    *o = f32::from(q[e]) * d[e / Q8_BLOCK];
-                }
-            }
-            Store::Q4 { q, d } => {
-                for (i, o) in dst.iter_mut().enumerate() {
-                    // ggml's order: byte j of a block holds element j (low) and j + 16 (high).
-                    let e = at + i;
-                    let b = q[e / Q8_BLOCK * 16 + e % 16];
-                    let nib = if e % Q8_BLOCK < 16 { b & 15 } else { b >> 4 };
-                    *o = (f32::from(nib) - 8.0) * d[e / Q8_BLOCK];
-                }
-            }
+            // The codes decoded as the attention kernels decode them.
+            Store::Q8 { .. } | Store::Q4 { .. } => self.view().read(at, dst),
         }
     }
 }
@@ -346,19 +343,11 @@ impl KvCache {
     /// K and V of one layer in place, in the cache's element type, with their layout (every
     /// position up to `n_ctx`; the caller reads only the filled ones).
     pub(crate) fn rows(&self, layer: usize) -> (KvRows<'_>, KvRows<'_>, KvLayout) {
-        fn view(s: &Store) -> KvRows<'_> {
-            match s {
-                Store::F32(v) => KvRows::F32(v),
-                Store::F16(v) => KvRows::F16(v),
-                Store::Q8 { q, d } => KvRows::Q8 { q, d },
-                Store::Q4 { q, d } => KvRows::Q4 { q, d },
-            }
-        }
         let layout = KvLayout {
             pos_stride: self.head_dim,
             head_stride: self.n_ctx * self.head_dim,
         };
-        (view(&self.k[layer]), view(&self.v[layer]), layout)
+        (self.k[layer].view(), self.v[layer].view(), layout)
     }
 
     pub(crate) fn advance(&mut self, n: usize) {

@@ -327,12 +327,12 @@ where
     let cfg = scheduler::SchedConfig {
         parallel: shared.cfg.parallel,
         n_ctx,
-        // Under a RAM budget the plan sized the activations for the engine's prefill batch:
-        // a step never evaluates more prompt tokens than that.
-        prefill_chunk: match engine.plan() {
-            Some(p) => shared.cfg.prefill_chunk.min(p.n_batch.max(1)),
-            None => shared.cfg.prefill_chunk,
-        },
+        // A step never evaluates more prompt tokens than the engine's prefill batch (under a
+        // RAM budget the plan sized the activations for it).
+        prefill_chunk: shared
+            .cfg
+            .prefill_chunk
+            .min(engine.options().n_batch.max(1)),
         step_delay: shared.cfg.step_delay,
     };
     let slots: Arc<[scheduler::SlotStatus]> = (0..cfg.parallel)
