@@ -25,8 +25,8 @@ const SMALL_BATCH: usize = 4;
 pub(crate) const TOKENS_512: usize = 8;
 /// Largest token tile of the AVX-VNNI kernel (2 halves × 4 tokens = 8 accumulators).
 pub(crate) const TOKENS_256: usize = 4;
-/// Token tile of the AVX2 kernel (run as passes of two tokens: 2 halves × 2 tokens of i32
-/// accumulators plus their i16 partial sums fill the sixteen registers).
+/// Token tile of the AVX2 kernel (one pass over each panel for all of them: 2 halves × 4
+/// tokens of i16 partial sums in registers).
 pub(crate) const TOKENS_AVX2: usize = 4;
 
 /// Token `t`'s four activation bytes at column `c`, as one i32 for a broadcast.
@@ -377,8 +377,9 @@ unsafe fn tile256<const NT: usize>(
 
 /// AVX2 panel kernel (see `crate::dispatch::PanelKernel`): `vpmaddubsw` multiplies the codes
 /// (u8, ≤ 2) by the activations (i8) into i16 pairs (|·| ≤ 2·2·128, no saturation), the four
-/// planes of a group are added in i16 (|·| ≤ 2048), and `vpmaddwd` by 1 widens each lane's
-/// pair to the i32 sum of its four columns: the same integers as `vpdpbusd`.
+/// planes of a group are added in i16 (|·| ≤ 2048), and so are up to [`WIDEN_GROUPS`] groups
+/// (|·| ≤ 16384); then `vpmaddwd` by 1 widens each lane's pair to i32. The same integers as
+/// `vpdpbusd`.
 pub(crate) fn panel_avx2(
     w: &[PanelGroup],
     gpp: usize,
@@ -398,23 +399,29 @@ pub(crate) fn panel_avx2(
     let stride = PANEL_ROWS * np;
     for pi in 0..np {
         let pw = &w[pi * gpp..(pi + 1) * gpp];
-        let mut t = 0;
-        while t < nt {
-            let o = &mut out[t * stride + PANEL_ROWS * pi..];
-            // SAFETY: this kernel is only in tables handed out after runtime detection of
-            // AVX2 (with FMA and F16C); shapes checked above.
-            unsafe {
-                if nt - t >= 2 {
-                    tile_avx2::<2>(pw, gpp, x, k, t0 + t, o, stride);
-                } else {
-                    tile_avx2::<1>(pw, gpp, x, k, t0 + t, o, stride);
-                }
+        let o = &mut out[PANEL_ROWS * pi..];
+        // SAFETY: this kernel is only in tables handed out after runtime detection of
+        // AVX2 (with FMA and F16C); shapes checked above.
+        unsafe {
+            match nt {
+                1 => tile_avx2::<1>(pw, gpp, x, k, t0, o, stride),
+                2 => tile_avx2::<2>(pw, gpp, x, k, t0, o, stride),
+                3 => tile_avx2::<3>(pw, gpp, x, k, t0, o, stride),
+                _ => tile_avx2::<4>(pw, gpp, x, k, t0, o, stride),
             }
-            t += 2;
         }
     }
 }
 
+/// Groups whose i16 sums the AVX2 kernel adds before widening: each adds at most
+/// 4 planes × 2 pairs × 2·128 = 2048 in magnitude, so 8 groups stay within ±16384.
+const WIDEN_GROUPS: usize = 8;
+
+/// One panel × `NT` tokens: per token, two i16 registers (rows 0–7 and 8–15, a pair of
+/// columns per lane) collect [`WIDEN_GROUPS`] groups, then are widened into the i32 totals
+/// (which the compiler may keep on the stack: they are touched once per [`WIDEN_GROUPS`]
+/// groups). Each group is loaded and split into planes once for all `NT` tokens.
+///
 /// # Safety
 /// AVX2 available; `w` holds one panel (`gpp` groups); `x` holds tokens `t0 .. t0+NT` of
 /// `k = 16·gpp` bytes; `out[t·stride .. t·stride + 16]` exists for t < NT.
@@ -437,37 +444,42 @@ unsafe fn tile_avx2<const NT: usize>(
     let wp = w.as_ptr();
     // SAFETY: `t0·k ≤ x.len()` by the contract.
     let xp = unsafe { x.as_ptr().add(t0 * k) };
-    for g in 0..gpp {
-        // SAFETY: g < gpp = w.len().
-        let gp = unsafe { wp.add(g) };
-        prefetch(gp);
-        // SAFETY: a whole group, 64-byte aligned, so both 32-byte halves are aligned.
-        let (vl, vh) = unsafe {
-            let b = gp.cast::<__m256i>();
-            (_mm256_load_si256(b), _mm256_load_si256(b.add(1)))
-        };
+    let mut g0 = 0;
+    while g0 < gpp {
+        let g1 = (g0 + WIDEN_GROUPS).min(gpp);
         let mut sl = [_mm256_setzero_si256(); NT];
         let mut sh = [_mm256_setzero_si256(); NT];
-        macro_rules! plane {
-            ($s:literal) => {{
-                let dl = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vl), m3);
-                let dh = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vh), m3);
-                for t in 0..NT {
-                    // SAFETY: columns 16g + 4s + 4 ≤ k; token t < NT.
-                    let xb = _mm256_set1_epi32(unsafe { x4(xp, k, t, 16 * g + 4 * $s) });
-                    sl[t] = _mm256_add_epi16(sl[t], _mm256_maddubs_epi16(dl, xb));
-                    sh[t] = _mm256_add_epi16(sh[t], _mm256_maddubs_epi16(dh, xb));
-                }
-            }};
+        for g in g0..g1 {
+            // SAFETY: g < gpp = w.len().
+            let gp = unsafe { wp.add(g) };
+            prefetch(gp);
+            // SAFETY: a whole group, 64-byte aligned, so both 32-byte halves are aligned.
+            let (vl, vh) = unsafe {
+                let b = gp.cast::<__m256i>();
+                (_mm256_load_si256(b), _mm256_load_si256(b.add(1)))
+            };
+            macro_rules! plane {
+                ($s:literal) => {{
+                    let dl = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vl), m3);
+                    let dh = _mm256_and_si256(_mm256_srli_epi16::<{ 2 * $s }>(vh), m3);
+                    for t in 0..NT {
+                        // SAFETY: columns 16g + 4s + 4 ≤ k; token t < NT.
+                        let xb = _mm256_set1_epi32(unsafe { x4(xp, k, t, 16 * g + 4 * $s) });
+                        sl[t] = _mm256_add_epi16(sl[t], _mm256_maddubs_epi16(dl, xb));
+                        sh[t] = _mm256_add_epi16(sh[t], _mm256_maddubs_epi16(dh, xb));
+                    }
+                }};
+            }
+            plane!(0);
+            plane!(1);
+            plane!(2);
+            plane!(3);
         }
-        plane!(0);
-        plane!(1);
-        plane!(2);
-        plane!(3);
         for t in 0..NT {
             lo[t] = _mm256_add_epi32(lo[t], _mm256_madd_epi16(sl[t], ones));
             hi[t] = _mm256_add_epi32(hi[t], _mm256_madd_epi16(sh[t], ones));
         }
+        g0 = g1;
     }
     let op = out.as_mut_ptr();
     for t in 0..NT {
