@@ -7,7 +7,7 @@
 //! multiply-add rate in int8 MACs per ns (2.1 G per token for the 2B model's projections).
 //!
 //! Env: `BENCH_QUICK=1` fewer rounds; `BENCH_FILTER=substring` only matching shapes;
-//! `BENCH_THREADS=1,2` thread counts.
+//! `BENCH_THREADS=1,2` thread counts; `BENCH_TOKENS=16,128` token counts.
 
 #![allow(
     clippy::unwrap_used,
@@ -42,6 +42,10 @@ fn main() {
         .ok()
         .map(|s| s.split(',').filter_map(|t| t.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![1, 2]);
+    let token_counts: Vec<usize> = std::env::var("BENCH_TOKENS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 4, 16, 128]);
     let rounds = if quick { 5 } else { 11 };
     println!(
         "selected tier: {}; tiers: {:?}",
@@ -63,7 +67,7 @@ fn main() {
         panels.repack_always(&Pool::new(2)).unwrap();
         for &thr in &threads {
             let pool = Pool::new(thr);
-            for n_tok in [1usize, 4, 16, 128] {
+            for &n_tok in &token_counts {
                 let x: Vec<i8> = bytes(n_tok * k, 11)
                     .into_iter()
                     .map(|b| i8::from_le_bytes([b]))

@@ -2,8 +2,9 @@
 //!
 //! Model code never sees `cfg(target_feature)`: it calls [`crate::TernaryMatrix::matmul`] and
 //! [`crate::RowMatrix::matmul_f32`], which take their kernels from [`kernels`]. The env var
-//! `BITNET_ISA=scalar|neon|avx2|avxvnni|avx512|avx512vnni` may only lower the detected tier
-//! (to one the CPU has), so every tier can be forced and measured on a CPU above it.
+//! `BITNET_ISA=scalar|neon|avx2|avx2lut|avxvnni|avx512|avx512vnni` may only lower the detected
+//! tier (to one the CPU has), so every tier can be forced and measured on a CPU above it; the
+//! two AVX2 tiers may also be swapped for each other.
 
 use std::sync::OnceLock;
 
@@ -19,6 +20,11 @@ pub enum Isa {
     Neon,
     /// x86-64 AVX2 + FMA + F16C (the I2_S panel GEMM on `vpmaddubsw`).
     Avx2,
+    /// The AVX2 tier with the I2_S GEMM of multi-token calls on table lookups (`vpshufb`,
+    /// `crate::lut`). Never chosen by detection: on Zen 3 it only ties the `vpmaddubsw`
+    /// panels at 128 tokens and loses below (`cargo bench --bench gemm`); `BITNET_ISA=avx2lut`
+    /// selects it to measure it on other CPUs.
+    Avx2Lut,
     /// AVX2 plus 256-bit VNNI: the I2_S panel GEMM on `vpdpbusd` ymm.
     AvxVnni,
     /// x86-64 AVX-512 F + BW (on top of the AVX2 tier), `vpmaddubsw` products.
@@ -34,6 +40,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Neon => "neon",
             Isa::Avx2 => "avx2",
+            Isa::Avx2Lut => "avx2lut",
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
             Isa::Avx512Vnni => "avx512vnni",
@@ -46,6 +53,7 @@ impl Isa {
             "scalar" => Some(Isa::Scalar),
             "neon" => Some(Isa::Neon),
             "avx2" => Some(Isa::Avx2),
+            "avx2lut" => Some(Isa::Avx2Lut),
             "avxvnni" => Some(Isa::AvxVnni),
             "avx512" => Some(Isa::Avx512),
             "avx512vnni" => Some(Isa::Avx512Vnni),
@@ -57,7 +65,7 @@ impl Isa {
     pub fn is_supported(self) -> bool {
         match self {
             Isa::Scalar => true,
-            Isa::Avx2 => has_avx2(),
+            Isa::Avx2 | Isa::Avx2Lut => has_avx2(),
             Isa::AvxVnni => has_avx2() && has_feature_avxvnni(),
             Isa::Avx512 => has_avx512(),
             Isa::Avx512Vnni => has_avx512() && has_feature_avx512vnni(),
@@ -185,6 +193,9 @@ pub(crate) struct Kernels {
     pub i2s_panel: Option<PanelKernel>,
     /// Tokens per call of `i2s_panel`.
     pub panel_tokens: usize,
+    /// The table-lookup GEMM, used instead of `i2s_panel` for calls of at least its
+    /// `min_tokens` tokens.
+    pub i2s_lut: Option<crate::lut::Lut>,
 }
 
 static SCALAR: Kernels = Kernels {
@@ -210,6 +221,7 @@ static SCALAR: Kernels = Kernels {
     q4_0_q8_multi: scalar::q4_0_q8_multi,
     i2s_panel: None,
     panel_tokens: 0,
+    i2s_lut: None,
 };
 
 /// The table of a tier, if this CPU supports it.
@@ -221,6 +233,8 @@ pub(crate) fn kernels_for(isa: Isa) -> Option<&'static Kernels> {
         Isa::Scalar => Some(&SCALAR),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => Some(&crate::simd::avx2::TABLE),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Lut => Some(&crate::simd::avx2::TABLE_LUT),
         #[cfg(target_arch = "x86_64")]
         Isa::AvxVnni => Some(&crate::simd::vnni256::TABLE),
         #[cfg(target_arch = "x86_64")]
@@ -254,14 +268,16 @@ fn detect_best() -> Isa {
 }
 
 /// Apply a `BITNET_ISA` value to the detected tier: it may only lower it, to a tier that
-/// is available; anything else is ignored with a note.
+/// is available (the two AVX2 tiers count as one level); anything else is ignored with a
+/// note.
 fn choose(detected: Isa, env: Option<&str>, available: &[Isa]) -> (Isa, Option<String>) {
     let Some(v) = env else {
         return (detected, None);
     };
+    let level = |i: Isa| if i == Isa::Avx2Lut { Isa::Avx2 } else { i };
     match Isa::from_name(v) {
         Some(req) if req == detected => (detected, None),
-        Some(req) if req < detected && available.contains(&req) => (req, None),
+        Some(req) if level(req) <= level(detected) && available.contains(&req) => (req, None),
         Some(req) => (
             detected,
             Some(format!(
@@ -274,8 +290,8 @@ fn choose(detected: Isa, env: Option<&str>, available: &[Isa]) -> (Isa, Option<S
         None => (
             detected,
             Some(format!(
-                "BITNET_ISA={v} ignored: expected scalar, neon, avx2, avxvnni, avx512 or \
-                 avx512vnni"
+                "BITNET_ISA={v} ignored: expected scalar, neon, avx2, avx2lut, avxvnni, avx512 \
+                 or avx512vnni"
             )),
         ),
     }
@@ -306,6 +322,7 @@ pub fn supported_isas() -> Vec<Isa> {
         Isa::Scalar,
         Isa::Neon,
         Isa::Avx2,
+        Isa::Avx2Lut,
         Isa::AvxVnni,
         Isa::Avx512,
         Isa::Avx512Vnni,
@@ -417,12 +434,22 @@ mod tests {
             Isa::Scalar,
             Isa::Neon,
             Isa::Avx2,
+            Isa::Avx2Lut,
             Isa::AvxVnni,
             Isa::Avx512,
             Isa::Avx512Vnni,
         ] {
             assert_eq!(Isa::from_name(i.name()), Some(i));
         }
+        // The two AVX2 tiers may be swapped for each other, and both lowered.
+        let avx2s = [Isa::Scalar, Isa::Avx2, Isa::Avx2Lut];
+        assert_eq!(choose(Isa::Avx2, Some("avx2lut"), &avx2s).0, Isa::Avx2Lut);
+        assert_eq!(choose(Isa::Avx2Lut, Some("avx2"), &avx2s).0, Isa::Avx2);
+        assert_eq!(choose(Isa::Avx2Lut, Some("scalar"), &avx2s).0, Isa::Scalar);
+        assert_eq!(
+            choose(Isa::Avx2Lut, Some("avxvnni"), &avx2s).0,
+            Isa::Avx2Lut
+        );
         // The VNNI tiers sit above their base tiers, so BITNET_ISA can lower to the base.
         assert!(Isa::Avx2 < Isa::AvxVnni && Isa::AvxVnni < Isa::Avx512);
         assert!(Isa::Avx512 < Isa::Avx512Vnni);
@@ -431,7 +458,13 @@ mod tests {
         // The x86 SIMD tiers have a panel kernel (and repack); scalar and NEON do not.
         assert!(!has_panel_kernel(Isa::Scalar));
         assert!(!has_panel_kernel(Isa::Neon));
-        for i in [Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Avx512Vnni] {
+        for i in [
+            Isa::Avx2,
+            Isa::Avx2Lut,
+            Isa::AvxVnni,
+            Isa::Avx512,
+            Isa::Avx512Vnni,
+        ] {
             assert_eq!(has_panel_kernel(i), i.is_supported(), "{i:?}");
         }
     }

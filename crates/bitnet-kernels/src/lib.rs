@@ -6,6 +6,8 @@
 //! - [`attn`]: causal GQA attention over an f16/f32 KV cache read in place, threaded.
 //! - [`exact`]: bitnet.cpp's float reductions bit for bit, and its attention, threaded.
 //! - [`TernaryMatrix`]: a borrowed ternary weight matrix; int8-activation matvec / matmul.
+//! - [`panel`] / [`lut`]: I2_S repacked at load for the integer GEMM, and its table-lookup
+//!   variant.
 //! - [`RowMatrix`]: embedding / LM-head row formats (F32, F16, BF16, Q8_0, Q6_K, Q4_0).
 //! - [`Pool`]: the row-partitioned thread pool; [`isa`] / [`isa_report`]: the kernel tier
 //!   chosen at run time (`BITNET_ISA` may lower it).
@@ -21,6 +23,7 @@ mod dispatch;
 mod error;
 pub mod exact;
 pub mod layout;
+pub mod lut;
 pub mod panel;
 mod pool;
 pub mod rows;

@@ -262,6 +262,33 @@ mod tests {
         eprintln!("panel kernel calls checked: {tested}");
     }
 
+    /// Sums at the i16 limits of the `maddubs` kernels: every code 2 (u = 2) against
+    /// activations all −128 or all +127, over a row long enough for many widening periods.
+    #[test]
+    fn panel_kernels_hold_extreme_sums() {
+        let pool = Pool::new(1);
+        let k = 6912;
+        let w = i2s::pack_codes(&vec![2u8; 32 * k], 1.0).unwrap();
+        let p = Panels::from_i2s(&w[..32 * k / 4], 32, k, &pool).unwrap();
+        let gpp = p.groups_per_panel();
+        for fill in [-128i8, 127] {
+            let x = vec![fill; 8 * k];
+            for isa in supported_isas() {
+                let Some(t) = kernels_for(isa) else { continue };
+                let Some(kern) = t.i2s_panel else { continue };
+                for nt in 1..=t.panel_tokens {
+                    let mut got = vec![0i32; nt * 32];
+                    kern(p.panels(0..2), gpp, &x, k, 0, nt, &mut got);
+                    let want = 2 * i32::from(fill) * i32::try_from(k).unwrap();
+                    assert!(
+                        got.iter().all(|&v| v == want),
+                        "{isa:?} nt {nt} fill {fill}"
+                    );
+                }
+            }
+        }
+    }
+
     /// The whole matmul on a repacked matrix, on every tier, equals the scalar tier on the
     /// original layout bit for bit: ragged row counts (padding panels), odd panel counts,
     /// token counts around the tiles, one and two threads.
@@ -283,7 +310,8 @@ mod tests {
                 packed.repack_always(&pool1).unwrap(),
                 n_out.div_ceil(16) * k * 4
             );
-            for n_tok in [1usize, 2, 5, 8, 9, 13, 20] {
+            // 70 tokens: more than one chunk of the lookup GEMM's tables.
+            for n_tok in [1usize, 2, 5, 8, 9, 13, 20, 70] {
                 let x = random_acts(&mut st, n_tok * k, 2);
                 let s: Vec<f32> = (0..n_tok).map(|i| 1.5 + i as f32 * 0.25).collect();
                 let mut want = vec![0f32; n_tok * n_out];

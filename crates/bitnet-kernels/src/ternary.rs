@@ -516,6 +516,14 @@ impl<'a> TernaryMatrix<'a> {
         if n_tok == 0 || self.n_out == 0 {
             return Ok(());
         }
+        if let (Some(lut), Some(panels), Scales::Tensor(beta)) =
+            (kern.i2s_lut, self.panels.as_deref(), self.scales)
+        {
+            if n_tok >= lut.min_tokens {
+                self.lut_matmul(lut, panels, beta, xq, s, out, runner);
+                return Ok(());
+            }
+        }
         let bsum = self.block_sums(xq, n_tok);
         if let (Some(pk), Some(panels), Scales::Tensor(beta)) =
             (kern.i2s_panel, self.panels.as_deref(), self.scales)
@@ -676,6 +684,79 @@ impl<'a> TernaryMatrix<'a> {
         }
     }
 
+    /// The table-lookup GEMM (`crate::lut`) over every panel: tokens in chunks of
+    /// [`LUT_CHUNK`], whose tables are built first (split over tokens), then blocks of
+    /// [`LUT_PANELS`] panels split over the threads; each block's index words are expanded
+    /// once per chunk and meet the chunk's tokens [`LUT_TOKENS`] at a time.
+    /// `y = (T / s) · β` with `T = Σ w·q`, the integer the panel path forms as `Σ u·q − Σ q`.
+    #[allow(clippy::too_many_arguments)]
+    fn lut_matmul(
+        &self,
+        lut: crate::lut::Lut,
+        panels: &Panels,
+        beta: f32,
+        xq: &[i8],
+        s: &[f32],
+        out: &mut [f32],
+        runner: &RowRunner<'_>,
+    ) {
+        use crate::lut::{PairIdx, PairTable, LUT_PANELS, LUT_TOKENS};
+        let n_tok = s.len();
+        let k = self.n_in;
+        let npairs = k / 2;
+        let gpp = panels.groups_per_panel();
+        let n_blocks = panels.n_panels().div_ceil(LUT_PANELS);
+        let outp = SharedMut::new(out);
+        let mut tables = vec![PairTable::default(); n_tok.min(LUT_CHUNK) * npairs];
+        let mut c0 = 0;
+        while c0 < n_tok {
+            let nc = (n_tok - c0).min(LUT_CHUNK);
+            {
+                let tp = SharedMut::new(&mut tables[..nc * npairs]);
+                let build = |ts: Range<usize>| {
+                    // SAFETY: token ranges are disjoint between calls, so the table ranges
+                    // are too; ts.end ≤ nc.
+                    let dst = unsafe { tp.slice_mut(ts.start * npairs..ts.end * npairs) };
+                    (lut.tables)(xq, k, c0 + ts.start, ts.len(), dst);
+                };
+                runner(nc, 1, &build);
+            }
+            let tables = &tables[..nc * npairs];
+            let f = |bs: Range<usize>| {
+                let mut idx = vec![PairIdx::default(); npairs * LUT_PANELS];
+                let mut raw = [0i32; LUT_TOKENS * LUT_PANELS * PANEL_ROWS];
+                for b in bs {
+                    let p = LUT_PANELS * b;
+                    let np = (panels.n_panels() - p).min(LUT_PANELS);
+                    let idx = &mut idx[..npairs * np];
+                    (lut.expand)(panels.panels(p..p + np), gpp, idx);
+                    let rows = PANEL_ROWS * np;
+                    let r0 = PANEL_ROWS * p;
+                    let r_end = (r0 + rows).min(self.n_out);
+                    let mut t = 0;
+                    while t < nc {
+                        let nt = (nc - t).min(LUT_TOKENS);
+                        let raw = &mut raw[..nt * rows];
+                        (lut.kernel)(idx, np, &tables[t * npairs..], npairs, nt, raw);
+                        for ti in 0..nt {
+                            let tok = c0 + t + ti;
+                            for r in r0..r_end {
+                                // y = ((T as f32) / s) · β, T = Σ w·q
+                                let y = (raw[ti * rows + (r - r0)] as f32 / s[tok]) * beta;
+                                // SAFETY: tok < n_tok and r < n_out; blocks are disjoint
+                                // between chunks, so each (tok, r) is written once.
+                                unsafe { outp.write(tok * self.n_out + r, y) };
+                            }
+                        }
+                        t += nt;
+                    }
+                }
+            };
+            runner(n_blocks, 1, &f);
+            c0 += nc;
+        }
+    }
+
     /// One row × one token tile: raw sums by `kernel`, then scaled into `out`.
     #[allow(clippy::too_many_arguments)]
     #[inline]
@@ -723,6 +804,10 @@ impl<'a> TernaryMatrix<'a> {
 /// Rows per block of the multi-token loop in `rows_kernel` (64 rows of K = 6912 are 110 KB of
 /// I2_S, well inside L2).
 const ROW_BLOCK: usize = 64;
+
+/// Tokens per chunk of the lookup GEMM: their tables (16 bytes per column pair and token,
+/// 3.5 MB at K = 6912) are built together and read by every block of rows.
+const LUT_CHUNK: usize = 64;
 
 /// Panels per block of the panel GEMM's loop (4 × 16 rows of K = 6912 are 110 KB).
 const PANEL_BLOCK: usize = 4;

@@ -23,6 +23,24 @@ use crate::ternary::Prepared;
 
 pub(crate) static TABLE: Kernels = TABLE_BASE;
 
+/// The AVX2 tier with the table-lookup GEMM for calls of [`LUT_MIN_TOKENS`] tokens or more
+/// (selected only by `BITNET_ISA=avx2lut`, see `Isa::Avx2Lut`).
+pub(crate) static TABLE_LUT: Kernels = Kernels {
+    isa: Isa::Avx2Lut,
+    i2s_lut: Some(crate::lut::Lut {
+        tables: super::lut_avx2::tables,
+        expand: super::lut_avx2::expand,
+        kernel: super::lut_avx2::kernel,
+        min_tokens: LUT_MIN_TOKENS,
+    }),
+    ..TABLE_BASE
+};
+
+/// Fewest tokens for which the tier uses the lookup GEMM: below it the tables and index words
+/// cost more than the lookups save (at 1 token the lookups run at a third of the panels'
+/// speed on Zen 3), so decode stays on the panel kernel.
+const LUT_MIN_TOKENS: usize = 8;
+
 /// The AVX2 table as a constant, so higher tiers can start from it.
 pub(crate) const TABLE_BASE: Kernels = Kernels {
     isa: Isa::Avx2,
@@ -47,6 +65,7 @@ pub(crate) const TABLE_BASE: Kernels = Kernels {
     q4_0_q8_multi,
     i2s_panel: Some(super::panel_x86::panel_avx2),
     panel_tokens: super::panel_x86::TOKENS_AVX2,
+    i2s_lut: None,
 };
 
 /// Dispatch a tile kernel over a const token count.

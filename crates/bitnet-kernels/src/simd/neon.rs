@@ -41,6 +41,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     q4_0_q8_multi: scalar::q4_0_q8_multi,
     i2s_panel: None,
     panel_tokens: 0,
+    i2s_lut: None,
 };
 
 /// Hint the cache line 3 KiB past `p[off]` (the weight stream's read-ahead distance, as in
