@@ -787,6 +787,14 @@ impl<'a, T: KvElem> Block<'a, T> {
         }
     }
 
+    /// Ask for row `jj`'s cache lines, if the block has that row (no effect on results).
+    #[inline(always)]
+    fn prefetch_row(&self, jj: usize) {
+        if jj < self.n {
+            prefetch(self.s, jj * self.stride * T::PER, self.d);
+        }
+    }
+
     /// Row `jj`'s units.
     fn row(&self, jj: usize) -> &'a [T] {
         &self.s[jj * self.stride..][..self.d.div_ceil(T::PER)]
@@ -848,9 +856,11 @@ fn padded_queries(nq: usize) -> usize {
 /// pairwise ([`fold16`]). Every tier performs exactly these operations; the vector tiers
 /// reduce 16 (or 8) scores at once with a transposing tree whose additions are those of
 /// [`fold16`], and run when the head size is a whole number of 16-lane chunks (otherwise
-/// the plain code does).
+/// the plain code does). The AVX2 tier asks for the rows of `ahead` (the block's V rows) as it
+/// goes, a pair of rows per pair of positions scored.
 #[inline(always)]
-fn block_scores<const TIER: u8, T: KvElem>(
+#[allow(clippy::too_many_arguments)]
+fn block_scores<const TIER: u8, T: KvElem, A: KvElem>(
     qv: &[f32],
     dp: usize,
     nqp: usize,
@@ -858,6 +868,7 @@ fn block_scores<const TIER: u8, T: KvElem>(
     kl: usize,
     scale: f32,
     st: &mut [f32],
+    ahead: Block<'_, A>,
 ) {
     let qv = &qv[..nqp * dp];
     let st = &mut st[..POS_BLOCK * nqp];
@@ -872,7 +883,7 @@ fn block_scores<const TIER: u8, T: KvElem>(
         }
         if TIER == AVX2 {
             // SAFETY: TIER == AVX2 only inside `item_avx2` (AVX2, FMA, F16C enabled); as above.
-            unsafe { x86::scores_avx2(qv, dp, nqp, kb, kl, scale, st) };
+            unsafe { x86::scores_avx2(qv, dp, nqp, kb, kl, scale, st, ahead) };
             return;
         }
     }
@@ -1122,19 +1133,24 @@ fn item_typed<const TIER: u8, TK: KvElem, TV: KvElem>(
     let mut j0 = c0;
     while j0 < end {
         let bl = (end - j0).min(POS_BLOCK);
-        // Software prefetch of the next block's K and V rows: the hardware prefetchers
-        // follow these strided streams poorly.
-        let next_end = (j0 + bl + POS_BLOCK).min(end);
-        for nj in j0 + bl..next_end {
-            prefetch(k, nj * ps + g * hs, d);
-            prefetch(v, nj * ps + g * hs, d);
+        // Software prefetch: the hardware prefetchers follow the accumulation's strided walk
+        // over V poorly. The AVX2 tier asks for this block's V rows while it scores the
+        // block's K rows (fetching the whole next block up front, as the other tiers do,
+        // overflows a 32 KiB L1 and was slower on Zen 3); the other tiers ask for the next
+        // block's K and V rows here.
+        if TIER != AVX2 {
+            let next_end = (j0 + bl + POS_BLOCK).min(end);
+            for nj in j0 + bl..next_end {
+                prefetch(k, nj * ps + g * hs, d);
+                prefetch(v, nj * ps + g * hs, d);
+            }
         }
         let at = j0 * ps + g * hs;
         let kb = Block::new(k, ks, at, ps, bl, d);
         let vb = Block::new(v, vs, at, ps, bl, d);
         // Scores of the block: each K row read once for every query vector of the item.
         let kl = bl.next_multiple_of(LANES);
-        block_scores::<TIER, TK>(&sc.qv, dp, nqp, kb, kl, job.scale, &mut sc.s);
+        block_scores::<TIER, TK, TV>(&sc.qv, dp, nqp, kb, kl, job.scale, &mut sc.s, vb);
         softmax_block(
             &mut sc.s,
             nqp,
@@ -1444,7 +1460,8 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA and F16C are available; shapes as in [`scores_avx512`].
     #[target_feature(enable = "avx,avx2,fma,f16c")]
-    pub(super) unsafe fn scores_avx2<T: KvElem>(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn scores_avx2<T: KvElem, A: KvElem>(
         qv: &[f32],
         dp: usize,
         nqp: usize,
@@ -1452,26 +1469,29 @@ mod x86 {
         kl: usize,
         scale: f32,
         st: &mut [f32],
+        ahead: Block<'_, A>,
     ) {
         // SAFETY: the caller's contract, passed on.
         unsafe {
             match nqp {
-                1 => scores8::<1, 8, T>(qv, dp, nqp, kb, kl, scale, st),
-                2 => scores8::<2, 4, T>(qv, dp, nqp, kb, kl, scale, st),
-                4 => scores8::<4, 2, T>(qv, dp, nqp, kb, kl, scale, st),
-                _ => scores8::<8, 1, T>(qv, dp, nqp, kb, kl, scale, st),
+                1 => scores8::<1, 8, T, A>(qv, dp, nqp, kb, kl, scale, st, ahead),
+                2 => scores8::<2, 4, T, A>(qv, dp, nqp, kb, kl, scale, st, ahead),
+                4 => scores8::<4, 2, T, A>(qv, dp, nqp, kb, kl, scale, st, ahead),
+                _ => scores8::<8, 1, T, A>(qv, dp, nqp, kb, kl, scale, st, ahead),
             }
         }
     }
 
     /// Groups of 8 (position, query) pairs, each lane half (0..8, 8..16) accumulated in its
-    /// own pass so that 8 accumulators fit the 16 registers.
+    /// own pass so that 8 accumulators fit the 16 registers. The first group's pass over
+    /// positions `jb..jb+R` asks for rows `jb..jb+R` of `ahead`.
     ///
     /// # Safety
     /// As [`scores_avx2`], with `Q = min(nqp, 8)` and `Q · R = 8`.
     #[inline]
     #[target_feature(enable = "avx,avx2,fma,f16c")]
-    unsafe fn scores8<const Q: usize, const R: usize, T: KvElem>(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores8<const Q: usize, const R: usize, T: KvElem, A: KvElem>(
         qv: &[f32],
         dp: usize,
         nqp: usize,
@@ -1479,6 +1499,7 @@ mod x86 {
         kl: usize,
         scale: f32,
         st: &mut [f32],
+        ahead: Block<'_, A>,
     ) {
         let sc = _mm256_set1_ps(scale);
         let qp = qv.as_ptr();
@@ -1486,6 +1507,11 @@ mod x86 {
         let last = kb.n - 1;
         for qg in (0..nqp).step_by(Q) {
             for jb in (0..kl).step_by(R) {
+                if qg == 0 {
+                    for r in jb..jb + R {
+                        ahead.prefetch_row(r);
+                    }
+                }
                 let rp: [*const T; R] =
                     // SAFETY: row min(jb + r, last) starts inside `kb.s` (Block::new).
                     std::array::from_fn(|r| unsafe { kp.add((jb + r).min(last) * kb.stride) });
