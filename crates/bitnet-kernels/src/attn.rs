@@ -577,6 +577,27 @@ pub(crate) trait KvElem: Copy + Send + Sync {
     /// AVX2 and F16C are enabled in the caller; the row holds at least `16c + 16` elements.
     #[cfg(target_arch = "x86_64")]
     unsafe fn chunk8(row: *const Self, c: usize, h: usize) -> std::arch::x86_64::__m256;
+    /// Both halves of chunk `c`: `[chunk8(row, c, 0), chunk8(row, c, 1)]`.
+    ///
+    /// # Safety
+    /// As [`Self::chunk8`].
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn halves8(row: *const Self, c: usize) -> [std::arch::x86_64::__m256; 2] {
+        // SAFETY: the caller's contract.
+        unsafe { [Self::chunk8(row, c, 0), Self::chunk8(row, c, 1)] }
+    }
+    /// Half `h` of chunks `2b` and `2b + 1` (one 32-element block):
+    /// `[chunk8(row, 2b, h), chunk8(row, 2b + 1, h)]`.
+    ///
+    /// # Safety
+    /// As [`Self::chunk8`], with the row holding at least `32b + 32` elements.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn pair8(row: *const Self, b: usize, h: usize) -> [std::arch::x86_64::__m256; 2] {
+        // SAFETY: the caller's contract.
+        unsafe { [Self::chunk8(row, 2 * b, h), Self::chunk8(row, 2 * b + 1, h)] }
+    }
 }
 
 impl KvElem for f16 {
@@ -719,6 +740,43 @@ impl KvElem for u8 {
             };
             let n = _mm_sub_epi8(_mm_and_si128(b, _mm_set1_epi8(15)), _mm_set1_epi8(8));
             _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(n))
+        }
+    }
+    /// One 16-byte load for both halves.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn halves8(row: *const Self, c: usize) -> [std::arch::x86_64::__m256; 2] {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract: block c / 2 (16 bytes) lies inside the row.
+        unsafe {
+            let b = _mm_loadu_si128(row.add(c / 2 * 16).cast());
+            let b = if c.is_multiple_of(2) {
+                b
+            } else {
+                _mm_srli_epi16::<4>(b)
+            };
+            let n = _mm_sub_epi8(_mm_and_si128(b, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+            [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(n)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(n))),
+            ]
+        }
+    }
+    /// One 8-byte load for both chunks: their elements share bytes (low and high nibbles).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn pair8(row: *const Self, b: usize, h: usize) -> [std::arch::x86_64::__m256; 2] {
+        use std::arch::x86_64::*;
+        // SAFETY: the caller's contract: bytes 8h..8h+8 of block b lie inside the row.
+        unsafe {
+            let x = _mm_loadl_epi64(row.add(b * 16 + 8 * h).cast());
+            let (m, e) = (_mm_set1_epi8(15), _mm_set1_epi8(8));
+            let lo = _mm_sub_epi8(_mm_and_si128(x, m), e);
+            let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(x), m), e);
+            [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+            ]
         }
     }
 }
@@ -1517,7 +1575,40 @@ mod x86 {
                     std::array::from_fn(|r| unsafe { kp.add((jb + r).min(last) * kb.stride) });
                 let mut halves = [[_mm256_setzero_ps(); 8]; 2];
                 for (h, acc) in halves.iter_mut().enumerate() {
-                    for c in 0..dp / LANES {
+                    let mut c0 = 0;
+                    // Two chunks (one 32-element block) at a time where the registers allow
+                    // (R ≤ 2: 2R key vectors beside the 8 accumulators): codes share a load
+                    // and a scale. The same multiply-adds in the same order as chunk by chunk.
+                    if R <= 2 {
+                        while c0 + 2 <= dp / LANES {
+                            let mut kc: [[__m256; 2]; R] =
+                                // SAFETY: each row holds dp ≥ 16·c0 + 32 elements.
+                                std::array::from_fn(|r| unsafe { T::pair8(rp[r], c0 / 2, h) });
+                            if T::SCALED {
+                                for (r, x) in kc.iter_mut().enumerate() {
+                                    // SAFETY: code rows; the row index is ≤ last; block c0/2
+                                    // lies inside the row.
+                                    let d = _mm256_set1_ps(unsafe {
+                                        *kb.scales_of((jb + r).min(last)).add(c0 / 2)
+                                    });
+                                    x[0] = _mm256_mul_ps(x[0], d);
+                                    x[1] = _mm256_mul_ps(x[1], d);
+                                }
+                            }
+                            for (k, c) in [c0, c0 + 1].into_iter().enumerate() {
+                                for (p, a) in acc.iter_mut().enumerate() {
+                                    let (r, i) = (p / Q, p % Q);
+                                    // SAFETY: (c·nqp + qg + i)·16 + 8h + 8 ≤ nqp·dp.
+                                    let qh = unsafe {
+                                        _mm256_loadu_ps(qp.add((c * nqp + qg + i) * LANES + 8 * h))
+                                    };
+                                    *a = _mm256_fmadd_ps(qh, kc[r][k], *a);
+                                }
+                            }
+                            c0 += 2;
+                        }
+                    }
+                    for c in c0..dp / LANES {
                         // SAFETY: each row holds dp elements; 16c + 8h + 8 ≤ dp.
                         let mut kc: [__m256; R] =
                             std::array::from_fn(|r| unsafe { T::chunk8(rp[r], c, h) });
@@ -1710,10 +1801,7 @@ mod x86 {
             }
             for jj in 0..vb.n {
                 // SAFETY: row jj < n holds dp elements; 16c + 16 ≤ dp.
-                let (mut v_lo, mut v_hi) = unsafe {
-                    let r = vp.add(jj * vb.stride);
-                    (T::chunk8(r, c, 0), T::chunk8(r, c, 1))
-                };
+                let [mut v_lo, mut v_hi] = unsafe { T::halves8(vp.add(jj * vb.stride), c) };
                 if T::SCALED {
                     // SAFETY: code rows, jj < n; chunk c < dp/16.
                     let d = _mm256_set1_ps(unsafe { *vb.scales_of(jj).add(c / 2) });
