@@ -818,12 +818,108 @@ unsafe fn f16_dot_ggml_impl(row: &[u8], x: &[f32]) -> f32 {
     r
 }
 
+/// Rows per block of [`f16_dot_ggml_multi`].
+const MULTI_ROWS: usize = 8;
+/// Columns per chunk of [`f16_dot_ggml_multi`] (a multiple of 32).
+const MULTI_COLS: usize = 512;
+
+/// Rows in blocks of [`MULTI_ROWS`], walked in column chunks of [`MULTI_COLS`] across the
+/// block, tokens in groups of up to three sharing each converted F16 chunk: a group's
+/// activation chunks (6 KiB) stay in L1 across the block's rows, where whole activation rows
+/// (10 KiB per token at 2,560 columns) streamed from L2 for every weight row. Each
+/// accumulator sums the same products in the same order as [`f16_dot_ggml_impl`].
 fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
-    for (row, o) in rows
-        .chunks_exact(row_bytes.max(1))
-        .zip(out.chunks_mut(xs.len().max(1)))
-    {
-        f16_dot_ggml_tokens(row, xs, o);
+    let n_tok = xs.len();
+    if n_tok == 0 || row_bytes == 0 {
+        return;
+    }
+    let n_rows = rows.len() / row_bytes;
+    let k = xs[0].len();
+    let ok = xs.iter().all(|x| x.len() == k) && row_bytes >= 2 * k && out.len() >= n_rows * n_tok;
+    if !ok {
+        for (row, o) in rows.chunks_exact(row_bytes).zip(out.chunks_mut(n_tok)) {
+            f16_dot_ggml_tokens(row, xs, o);
+        }
+        return;
+    }
+    let blocks = rows[..n_rows * row_bytes].chunks(MULTI_ROWS * row_bytes);
+    let outs = out[..n_rows * n_tok].chunks_mut(MULTI_ROWS * n_tok);
+    for (block, ob) in blocks.zip(outs) {
+        let mut t = 0;
+        while t < n_tok {
+            let g = (n_tok - t).min(3);
+            // SAFETY: AVX2+FMA+F16C detected before this table is used; every token has
+            // length k ≤ row_bytes / 2, and `ob` holds n_tok outputs per row of the block.
+            unsafe {
+                match g {
+                    3 => block_ggml::<3>(block, row_bytes, [xs[t], xs[t + 1], xs[t + 2]], ob, t),
+                    2 => block_ggml::<2>(block, row_bytes, [xs[t], xs[t + 1]], ob, t),
+                    _ => block_ggml::<1>(block, row_bytes, [xs[t]], ob, t),
+                }
+            }
+            t += g;
+        }
+    }
+}
+
+/// One block of rows (`block.len() / rb` of them, at most [`MULTI_ROWS`]) times `NT` tokens:
+/// writes `out[r·n + t0 + t]` (`n = out.len() / rows`) for row r and token t. The
+/// accumulators live in memory between column chunks. While it runs it asks for the next
+/// block's bytes, one cache line per 32 columns, so they arrive by the time it starts.
+///
+/// # Safety
+/// AVX2, FMA, F16C available; every `xs[t].len() == k`, `rb ≥ 2k`, `block` whole rows,
+/// `out.len()` the row count times the outputs per row, at least `t0 + NT` of them.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // lane-parallel indexing over tokens and accumulators
+unsafe fn block_ggml<const NT: usize>(
+    block: &[u8],
+    rb: usize,
+    xs: [&[f32]; NT],
+    out: &mut [f32],
+    t0: usize,
+) {
+    let nr = block.len() / rb;
+    let n = out.len() / nr.max(1);
+    let k = xs[0].len();
+    let main = k - k % 32;
+    let mut acc = [[[_mm256_setzero_ps(); 4]; NT]; MULTI_ROWS];
+    let next = block.as_ptr().wrapping_add(block.len());
+    let mut ahead = 0usize;
+    let mut c0 = 0;
+    while c0 < main {
+        let c1 = (c0 + MULTI_COLS).min(main);
+        for (r, ar) in acc.iter_mut().enumerate().take(nr) {
+            let row = &block[r * rb..(r + 1) * rb];
+            let mut a = *ar;
+            let mut c = c0;
+            while c < c1 {
+                // SAFETY: SSE is baseline; a prefetch never faults, whatever the address
+                // (formed with wrapping_add, never dereferenced).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(ahead).cast()) };
+                ahead += 64;
+                for j in 0..4 {
+                    let i = c + 8 * j;
+                    // SAFETY: i + 8 ≤ main ≤ k for the row and every token.
+                    let w = unsafe { load_f16x8(row, i) };
+                    for t in 0..NT {
+                        // SAFETY: as above.
+                        let xv = unsafe { load_f32x8(xs[t], i) };
+                        a[t][j] = _mm256_fmadd_ps(w, xv, a[t][j]);
+                    }
+                }
+                c += 32;
+            }
+            *ar = a;
+        }
+        c0 = c1;
+    }
+    for (r, ar) in acc.iter().enumerate().take(nr) {
+        let row = &block[r * rb..(r + 1) * rb];
+        for t in 0..NT {
+            // SAFETY: this function's features include ggml_finish's; the caller's lengths.
+            out[r * n + t0 + t] = unsafe { ggml_finish(&ar[t], row, xs[t], main) };
+        }
     }
 }
 
@@ -883,21 +979,32 @@ unsafe fn f16_dot_ggml_nt<const NT: usize>(row: &[u8], xs: [&[f32]; NT]) -> [f32
     }
     let mut out = [0f32; NT];
     for t in 0..NT {
-        let a = &acc[t];
-        let a = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
-        let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-        let h = _mm_hadd_ps(v, v);
-        let h = _mm_hadd_ps(h, h);
-        let mut sum = f64::from(_mm_cvtss_f32(h));
-        for (i, &xi) in xs[t].iter().enumerate().skip(main) {
-            let w = half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32();
-            sum += f64::from(w * xi);
-        }
-        #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the defined result
-        let r = sum as f32;
-        out[t] = r;
+        // SAFETY: this function's features include ggml_finish's; the caller's lengths.
+        out[t] = unsafe { ggml_finish(&acc[t], row, xs[t], main) };
     }
     out
+}
+
+/// The end of [`f16_dot_ggml_impl`] for one token: its four accumulators reduced as ggml
+/// does, then the elements from `main` on added in f64.
+///
+/// # Safety
+/// AVX2 and F16C available; `row.len() ≥ 2·x.len()`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn ggml_finish(acc: &[__m256; 4], row: &[u8], x: &[f32], main: usize) -> f32 {
+    let a = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    let v = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let h = _mm_hadd_ps(v, v);
+    let h = _mm_hadd_ps(h, h);
+    let mut sum = f64::from(_mm_cvtss_f32(h));
+    for (i, &xi) in x.iter().enumerate().skip(main) {
+        let w = half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32();
+        sum += f64::from(w * xi);
+    }
+    #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the defined result
+    let r = sum as f32;
+    r
 }
 
 fn f16_dot_tiny(row: &[u8], x: &[f32]) -> f32 {
