@@ -359,6 +359,11 @@ pub fn isa_report() -> String {
     if !feats.is_empty() {
         s.push_str(&format!("; cpu features: {}", feats.join(" ")));
     }
+    #[cfg(target_arch = "x86_64")]
+    s.push_str(&format!(
+        "; L1 data cache {} KiB",
+        crate::simd::l1d_bytes() / 1024
+    ));
     if let Some(n) = &sel.note {
         s.push_str("; ");
         s.push_str(n);

@@ -828,7 +828,7 @@ const MULTI_COLS: usize = 512;
 /// activation chunks (6 KiB) stay in L1 across the block's rows, where whole activation rows
 /// (10 KiB per token at 2,560 columns) streamed from L2 for every weight row. Each
 /// accumulator sums the same products in the same order as [`f16_dot_ggml_impl`].
-fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
+pub(crate) fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
     let n_tok = xs.len();
     if n_tok == 0 || row_bytes == 0 {
         return;
@@ -894,9 +894,9 @@ unsafe fn block_ggml<const NT: usize>(
             let mut a = *ar;
             let mut c = c0;
             while c < c1 {
-                // SAFETY: SSE is baseline; a prefetch never faults, whatever the address
-                // (formed with wrapping_add, never dereferenced).
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(ahead).cast()) };
+                // A prefetch never faults, whatever the address (formed with wrapping_add,
+                // never dereferenced).
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(ahead).cast());
                 ahead += 64;
                 for j in 0..4 {
                     let i = c + 8 * j;

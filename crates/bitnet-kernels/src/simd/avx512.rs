@@ -331,9 +331,13 @@ const HEAD_PREFETCH_EXTRA: usize = 3072;
 /// Tokens per pass of [`f16_dot_ggml_multi`] (sixteen accumulator registers).
 const MULTI_TOKENS: usize = 8;
 
-/// Every row, tokens in passes of up to eight sharing each converted chunk. (Two rows per
-/// pass sharing the activation loads, and walking the columns in L1-sized chunks across a
-/// block of rows, both measured slower here.)
+/// Every row, tokens in passes of up to eight sharing each converted chunk, when a pass's
+/// activations fit in the L1 data cache (two rows per pass sharing the activation loads, and
+/// walking the columns in chunks across a block of rows, both measured slower on Zen 5,
+/// 48 KiB L1D, at four tokens). When they do not, every row would stream them from L2, and
+/// the AVX2 tier's blocked walk, which keeps a group's activation chunks in L1, is faster
+/// (same bits): on Zen 4 (32 KiB L1D), LM head 128256×2560 × 4 tokens, 1 thread
+/// 83.3 → 61.4 ms (a 16-lane form of the same walk: 69.2 ms).
 fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
     let n_tok = xs.len();
     if n_tok == 0 || row_bytes == 0 {
@@ -344,6 +348,10 @@ fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
     let ok = xs.iter().all(|x| x.len() == k) && row_bytes >= 2 * k && out.len() >= n_rows * n_tok;
     if !ok {
         return scalar::f16_dot_ggml_multi(rows, row_bytes, xs, out);
+    }
+    let pass_bytes = n_tok.min(MULTI_TOKENS).saturating_mul(k).saturating_mul(4);
+    if pass_bytes > super::l1d_bytes() {
+        return avx2::f16_dot_ggml_multi(rows, row_bytes, xs, out);
     }
     for (row, o) in rows
         .chunks_exact(row_bytes)
