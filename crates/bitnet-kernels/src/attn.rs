@@ -846,6 +846,7 @@ impl<'a, T: KvElem> Block<'a, T> {
     }
 
     /// Ask for row `jj`'s cache lines, if the block has that row (no effect on results).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the x86 tiers prefetch
     #[inline(always)]
     fn prefetch_row(&self, jj: usize) {
         if jj < self.n {
@@ -915,7 +916,7 @@ fn padded_queries(nq: usize) -> usize {
 /// reduce 16 (or 8) scores at once with a transposing tree whose additions are those of
 /// [`fold16`], and run when the head size is a whole number of 16-lane chunks (otherwise
 /// the plain code does). The AVX2 tier asks for the rows of `ahead` (the block's V rows) as it
-/// goes, a pair of rows per pair of positions scored.
+/// goes, a pair of rows per pair of positions scored; the AVX-512 tier does so when `early`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn block_scores<const TIER: u8, T: KvElem, A: KvElem>(
@@ -927,16 +928,20 @@ fn block_scores<const TIER: u8, T: KvElem, A: KvElem>(
     scale: f32,
     st: &mut [f32],
     ahead: Block<'_, A>,
+    early: bool,
 ) {
     let qv = &qv[..nqp * dp];
     let st = &mut st[..POS_BLOCK * nqp];
     let kl = kl.min(POS_BLOCK);
+    // Only the x86 tiers prefetch.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ahead, early);
     #[cfg(target_arch = "x86_64")]
     if kb.d == dp && kl.is_multiple_of(LANES) {
         if TIER == AVX512 {
             // SAFETY: TIER == AVX512 only inside `item_avx512` (AVX-512 F/BW, F16C enabled);
             // the slices have the lengths the kernel needs (cut above), rows are whole chunks.
-            unsafe { x86::scores_avx512(qv, dp, nqp, kb, kl, scale, st) };
+            unsafe { x86::scores_avx512(qv, dp, nqp, kb, kl, scale, st, early.then_some(ahead)) };
             return;
         }
         if TIER == AVX2 {
@@ -1188,15 +1193,18 @@ fn item_typed<const TIER: u8, TK: KvElem, TV: KvElem>(
     let mut l = [0f32; MAX_QP];
     sc.acc[..nqp * dp].fill(0.0);
     let (ps, hs) = (job.layout.pos_stride, job.layout.head_stride);
+    let early = TIER == AVX2 || (TIER == AVX512 && small_l1());
     let mut j0 = c0;
     while j0 < end {
         let bl = (end - j0).min(POS_BLOCK);
         // Software prefetch: the hardware prefetchers follow the accumulation's strided walk
         // over V poorly. The AVX2 tier asks for this block's V rows while it scores the
-        // block's K rows (fetching the whole next block up front, as the other tiers do,
-        // overflows a 32 KiB L1 and was slower on Zen 3); the other tiers ask for the next
-        // block's K and V rows here.
-        if TIER != AVX2 {
+        // block's K rows (fetching the whole next block up front overflows a 32 KiB L1 and
+        // was slower on Zen 3), and so does the AVX-512 tier on a core with an L1 data cache
+        // of at most 32 KiB (`early`; Zen 4, decode step at 4096 positions, 2 threads: f16
+        // 838 → 620 µs, Q8_0 505 → 404, Q4_0 472 → 443). With Zen 5's 48 KiB, where the
+        // other way was tuned, the next block's K and V rows are asked for here.
+        if !early {
             let next_end = (j0 + bl + POS_BLOCK).min(end);
             for nj in j0 + bl..next_end {
                 prefetch(k, nj * ps + g * hs, d);
@@ -1208,7 +1216,7 @@ fn item_typed<const TIER: u8, TK: KvElem, TV: KvElem>(
         let vb = Block::new(v, vs, at, ps, bl, d);
         // Scores of the block: each K row read once for every query vector of the item.
         let kl = bl.next_multiple_of(LANES);
-        block_scores::<TIER, TK, TV>(&sc.qv, dp, nqp, kb, kl, job.scale, &mut sc.s, vb);
+        block_scores::<TIER, TK, TV>(&sc.qv, dp, nqp, kb, kl, job.scale, &mut sc.s, vb, early);
         softmax_block(
             &mut sc.s,
             nqp,
@@ -1235,6 +1243,19 @@ fn item_typed<const TIER: u8, TK: KvElem, TV: KvElem>(
 const PLAIN: u8 = 0;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVX2: u8 = 1;
+
+/// Whether the core's L1 data cache is at most 32 KiB (x86; never elsewhere, where the tiers
+/// that ask this do not run).
+fn small_l1() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::simd::l1d_bytes() <= 32 * 1024
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVX512: u8 = 2;
 
@@ -1332,7 +1353,8 @@ mod x86 {
     /// and `kb` rows of `dp` elements; `nqp` is a power of two up to 16 or a multiple of 16;
     /// `kl` is a multiple of 16 and at most `POS_BLOCK`; `st` holds `POS_BLOCK · nqp` floats.
     #[target_feature(enable = "avx512f,f16c")]
-    pub(super) unsafe fn scores_avx512<T: KvElem>(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn scores_avx512<T: KvElem, A: KvElem>(
         qv: &[f32],
         dp: usize,
         nqp: usize,
@@ -1340,15 +1362,16 @@ mod x86 {
         kl: usize,
         scale: f32,
         st: &mut [f32],
+        ahead: Option<Block<'_, A>>,
     ) {
         // SAFETY: the caller's contract, passed on.
         unsafe {
             match nqp {
-                1 => scores16::<1, 16, T>(qv, dp, nqp, kb, kl, scale, st),
-                2 => scores16::<2, 8, T>(qv, dp, nqp, kb, kl, scale, st),
-                4 => scores16::<4, 4, T>(qv, dp, nqp, kb, kl, scale, st),
-                8 => scores16::<8, 2, T>(qv, dp, nqp, kb, kl, scale, st),
-                _ if T::SCALED => scores16::<16, 1, T>(qv, dp, nqp, kb, kl, scale, st),
+                1 => scores16::<1, 16, T, A>(qv, dp, nqp, kb, kl, scale, st, ahead),
+                2 => scores16::<2, 8, T, A>(qv, dp, nqp, kb, kl, scale, st, ahead),
+                4 => scores16::<4, 4, T, A>(qv, dp, nqp, kb, kl, scale, st, ahead),
+                8 => scores16::<8, 2, T, A>(qv, dp, nqp, kb, kl, scale, st, ahead),
+                _ if T::SCALED => scores16::<16, 1, T, A>(qv, dp, nqp, kb, kl, scale, st, ahead),
                 _ => scores_rows::<T>(qv, dp, nqp, kb, kl, scale, st),
             }
         }
@@ -1456,13 +1479,15 @@ mod x86 {
     }
 
     /// Groups of 16 (position, query) pairs: `Q` query vectors × `R = 16 / Q` positions, one
-    /// accumulator each, one widened K chunk per position shared by the `Q` vectors.
+    /// accumulator each, one widened K chunk per position shared by the `Q` vectors. With
+    /// `ahead`, the first group's pass over positions `jb..jb+R` asks for those rows of it.
     ///
     /// # Safety
     /// As [`scores_avx512`], with `Q = min(nqp, 16)` and `Q · R = 16`.
     #[inline]
     #[target_feature(enable = "avx512f,f16c")]
-    unsafe fn scores16<const Q: usize, const R: usize, T: KvElem>(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores16<const Q: usize, const R: usize, T: KvElem, A: KvElem>(
         qv: &[f32],
         dp: usize,
         nqp: usize,
@@ -1470,6 +1495,7 @@ mod x86 {
         kl: usize,
         scale: f32,
         st: &mut [f32],
+        ahead: Option<Block<'_, A>>,
     ) {
         let sc = _mm512_set1_ps(scale);
         let qp = qv.as_ptr();
@@ -1477,6 +1503,11 @@ mod x86 {
         let last = kb.n - 1;
         for qg in (0..nqp).step_by(Q) {
             for jb in (0..kl).step_by(R) {
+                if let Some(a) = ahead.filter(|_| qg == 0) {
+                    for r in jb..jb + R {
+                        a.prefetch_row(r);
+                    }
+                }
                 // Rows past the block's last repeat it.
                 let rp: [*const T; R] =
                     // SAFETY: row min(jb + r, last) starts inside `kb.s` (Block::new).
