@@ -428,6 +428,9 @@ unsafe fn f16_dot_ggml_nt<const NT: usize>(row: &[u8], xs: [&[f32]; NT]) -> [f32
         // 6 KiB ahead (twice the AVX2 kernels' distance): one thread then reads the F16 head
         // at 98 % of a plain read here, against 84 % at 3 KiB.
         avx2::prefetch_ahead(row, 2 * c + HEAD_PREFETCH_EXTRA);
+        if NT == 1 {
+            avx2::prefetch_l2_ahead(row, 2 * c);
+        }
         for h in 0..2 {
             let i = c + 16 * h;
             // SAFETY: i + 16 ≤ main ≤ k ≤ row.len() / 2.
