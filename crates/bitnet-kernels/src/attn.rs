@@ -1243,6 +1243,8 @@ fn item_typed<const TIER: u8, TK: KvElem, TV: KvElem>(
 const PLAIN: u8 = 0;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const AVX2: u8 = 1;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const AVX512: u8 = 2;
 
 /// Whether the core's L1 data cache is at most 32 KiB (x86; never elsewhere, where the tiers
 /// that ask this do not run).
@@ -1256,8 +1258,6 @@ fn small_l1() -> bool {
         false
     }
 }
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const AVX512: u8 = 2;
 
 /// Fold 16 lane sums pairwise: lanes i + i+8, then i + i+4, i + i+2, i + i+1.
 #[inline(always)]

@@ -50,7 +50,11 @@ fn detect_l1d() -> Option<usize> {
             let parts = u64::from(((r.ebx >> 12) & 0x3ff) + 1);
             let line = u64::from((r.ebx & 0xfff) + 1);
             let sets = u64::from(r.ecx) + 1;
-            return usize::try_from(ways * parts * line * sets).ok();
+            let bytes = ways
+                .checked_mul(parts)?
+                .checked_mul(line)?
+                .checked_mul(sets)?;
+            return usize::try_from(bytes).ok();
         }
     }
     None
