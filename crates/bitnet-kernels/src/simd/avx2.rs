@@ -914,16 +914,8 @@ unsafe fn block_ggml<const NT: usize>(
                 // never dereferenced).
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(ahead).cast());
                 ahead += 64;
-                for j in 0..4 {
-                    let i = c + 8 * j;
-                    // SAFETY: i + 8 ≤ main ≤ k for the row and every token.
-                    let w = unsafe { load_f16x8(row, i) };
-                    for t in 0..NT {
-                        // SAFETY: as above.
-                        let xv = unsafe { load_f32x8(xs[t], i) };
-                        a[t][j] = _mm256_fmadd_ps(w, xv, a[t][j]);
-                    }
-                }
+                // SAFETY: c + 32 ≤ main ≤ k for the row and every token; features enabled here.
+                unsafe { fma_chunk32(row, &xs, c, &mut a) };
                 c += 32;
             }
             *ar = a;
@@ -981,16 +973,8 @@ unsafe fn f16_dot_ggml_nt<const NT: usize>(row: &[u8], xs: [&[f32]; NT]) -> [f32
     let mut c = 0;
     while c < main {
         prefetch_ahead(row, 2 * c);
-        for j in 0..4 {
-            let i = c + 8 * j;
-            // SAFETY: i + 8 ≤ main ≤ k for the row and every token.
-            let w = unsafe { load_f16x8(row, i) };
-            for t in 0..NT {
-                // SAFETY: as above.
-                let xv = unsafe { load_f32x8(xs[t], i) };
-                acc[t][j] = _mm256_fmadd_ps(w, xv, acc[t][j]);
-            }
-        }
+        // SAFETY: c + 32 ≤ main ≤ k for the row and every token; features enabled here.
+        unsafe { fma_chunk32(row, &xs, c, &mut acc) };
         c += 32;
     }
     let mut out = [0f32; NT];
@@ -999,6 +983,34 @@ unsafe fn f16_dot_ggml_nt<const NT: usize>(row: &[u8], xs: [&[f32]; NT]) -> [f32
         out[t] = unsafe { ggml_finish(&acc[t], row, xs[t], main) };
     }
     out
+}
+
+/// ggml's step over columns `c..c + 32` for `NT` tokens: accumulator j of token t gains
+/// `w[c + 8j..] · x_t[c + 8j..]`, each F16 chunk converted once. Inlined into its callers,
+/// which enable the features.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `c + 32 ≤ xs[t].len()` for every t and `2(c + 32) ≤
+/// row.len()`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // lane-parallel indexing over tokens and accumulators
+unsafe fn fma_chunk32<const NT: usize>(
+    row: &[u8],
+    xs: &[&[f32]; NT],
+    c: usize,
+    acc: &mut [[__m256; 4]; NT],
+) {
+    for j in 0..4 {
+        let i = c + 8 * j;
+        // SAFETY: the contract above (bounds; features enabled by the caller).
+        unsafe {
+            let w = load_f16x8(row, i);
+            for t in 0..NT {
+                let xv = load_f32x8(xs[t], i);
+                acc[t][j] = _mm256_fmadd_ps(w, xv, acc[t][j]);
+            }
+        }
+    }
 }
 
 /// The end of [`f16_dot_ggml_impl`] for one token: its four accumulators reduced as ggml
