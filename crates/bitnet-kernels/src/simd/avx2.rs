@@ -118,8 +118,9 @@ pub(crate) fn prefetch_ahead(p: &[u8], off: usize) {
 }
 
 /// How far ahead of the byte being read the single-token F16 head kernels also ask for lines
-/// into L2 (beside the L1 prefetch): the 128256×2560 head at one thread on Zen 4, AVX-512 tier
-/// 33.7 → 23.6 ms, AVX2 tier 38.9 → 31.6 ms (means); at two threads, bound by memory, 2–4 %.
+/// into L2 (beside the L1 prefetch): the 128256×2560 head at one thread on Zen 4, best of 12
+/// alternating runs, AVX-512 tier 33.7 → 23.6 ms, AVX2 tier 36.3 → 30.6 ms; at two threads,
+/// bound by memory, 2–4 %.
 pub(crate) const HEAD_L2_AHEAD: usize = 16384;
 
 /// Hint the cache line `HEAD_L2_AHEAD` past `p[off]` into L2 (see [`prefetch_ahead`]: never
