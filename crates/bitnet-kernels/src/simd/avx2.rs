@@ -808,31 +808,24 @@ fn f16_dot_ggml(row: &[u8], x: &[f32]) -> f32 {
 unsafe fn f16_dot_ggml_impl(row: &[u8], x: &[f32]) -> f32 {
     let k = x.len();
     let main = k - k % 32;
-    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut acc = [[_mm256_setzero_ps(); 4]];
     let mut c = 0;
     while c < main {
         prefetch_ahead(row, 2 * c);
         prefetch_l2_ahead(row, 2 * c);
-        for (j, a) in acc.iter_mut().enumerate() {
-            let i = c + 8 * j;
-            // SAFETY: i + 8 ≤ main ≤ k.
-            let (w, xv) = unsafe { (load_f16x8(row, i), load_f32x8(x, i)) };
-            *a = _mm256_fmadd_ps(w, xv, *a);
-        }
+        // SAFETY: c + 32 ≤ main ≤ k ≤ row.len() / 2; features enabled here.
+        unsafe { fma_chunk32(row, &[x], c, &mut acc) };
         c += 32;
     }
-    let a = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-    let t = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-    let h = _mm_hadd_ps(t, t);
-    let h = _mm_hadd_ps(h, h);
-    let mut sum = f64::from(_mm_cvtss_f32(h));
-    for (i, &xi) in x.iter().enumerate().skip(main) {
-        let w = half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32();
-        sum += f64::from(w * xi);
-    }
-    #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the defined result
-    let r = sum as f32;
-    r
+    // SAFETY: this function's features include ggml_finish's; the caller's lengths.
+    unsafe { ggml_finish(&acc[0], row, x, main) }
+}
+
+/// Whether a multi-token F16 call has the shape its vector kernels assume: every token of
+/// one length `k ≤ row_bytes / 2`, `n_rows · n_tok` outputs (`xs` not empty).
+pub(crate) fn multi_shape_ok(row_bytes: usize, n_rows: usize, xs: &[&[f32]], out: &[f32]) -> bool {
+    let k = xs[0].len();
+    xs.iter().all(|x| x.len() == k) && row_bytes >= 2 * k && out.len() >= n_rows * xs.len()
 }
 
 /// Rows per block of [`f16_dot_ggml_multi`].
@@ -851,9 +844,7 @@ pub(crate) fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], o
         return;
     }
     let n_rows = rows.len() / row_bytes;
-    let k = xs[0].len();
-    let ok = xs.iter().all(|x| x.len() == k) && row_bytes >= 2 * k && out.len() >= n_rows * n_tok;
-    if !ok {
+    if !multi_shape_ok(row_bytes, n_rows, xs, out) {
         for (row, o) in rows.chunks_exact(row_bytes).zip(out.chunks_mut(n_tok)) {
             f16_dot_ggml_tokens(row, xs, o);
         }

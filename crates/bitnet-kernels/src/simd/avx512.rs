@@ -345,8 +345,7 @@ fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
     }
     let n_rows = rows.len() / row_bytes;
     let k = xs[0].len();
-    let ok = xs.iter().all(|x| x.len() == k) && row_bytes >= 2 * k && out.len() >= n_rows * n_tok;
-    if !ok {
+    if !avx2::multi_shape_ok(row_bytes, n_rows, xs, out) {
         return scalar::f16_dot_ggml_multi(rows, row_bytes, xs, out);
     }
     let pass_bytes = n_tok.min(MULTI_TOKENS).saturating_mul(k).saturating_mul(4);
