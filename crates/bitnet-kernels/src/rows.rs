@@ -286,6 +286,107 @@ impl<'a> RowMatrix<'a> {
         kernels_for(isa).map(|k| self.matmul_f32_with(k, x, out, pool, F16DotOrder::Ggml, true))
     }
 
+    /// One token's dots with selected rows: `out[i] = dot(row ids[i], x)`, each exactly the
+    /// value [`Self::matmul_q8`] gives for that row and token (the same kernels in the same
+    /// order), threaded over `ids`. The approximate LM head computes only its candidates'
+    /// logits with it.
+    pub fn matmul_q8_rows(
+        &self,
+        ids: &[u32],
+        x: &[f32],
+        out: &mut [f32],
+        pool: &Pool,
+    ) -> Result<(), KernelError> {
+        self.matmul_q8_rows_with(kernels(), ids, x, out, pool)
+    }
+
+    /// [`Self::matmul_q8_rows`] on a chosen tier (tests, benchmarks); `None` if unsupported.
+    pub fn matmul_q8_rows_on(
+        &self,
+        isa: Isa,
+        ids: &[u32],
+        x: &[f32],
+        out: &mut [f32],
+        pool: &Pool,
+    ) -> Option<Result<(), KernelError>> {
+        kernels_for(isa).map(|k| self.matmul_q8_rows_with(k, ids, x, out, pool))
+    }
+
+    fn matmul_q8_rows_with(
+        &self,
+        kern: &Kernels,
+        ids: &[u32],
+        x: &[f32],
+        out: &mut [f32],
+        pool: &Pool,
+    ) -> Result<(), KernelError> {
+        if x.len() != self.cols {
+            return Err(KernelError::ShapeMismatch {
+                what: "x (one token)",
+                expected: self.cols,
+                got: x.len(),
+            });
+        }
+        if out.len() != ids.len() {
+            return Err(KernelError::ShapeMismatch {
+                what: "out (one per id)",
+                expected: ids.len(),
+                got: out.len(),
+            });
+        }
+        if let Some(&bad) = ids.iter().find(|&&r| r as usize >= self.rows) {
+            return Err(KernelError::RowOutOfRange {
+                row: bad as usize,
+                rows: self.rows,
+            });
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let cols = self.cols;
+        let int_dot = match self.ty {
+            RowType::Q8_0 => Some(kern.q8_0_q8),
+            RowType::Q4_0 => Some(kern.q4_0_q8),
+            _ => None,
+        }
+        .filter(|_| cols.is_multiple_of(32));
+        let act = match int_dot {
+            Some(_) => Some(quantize_q8_act(x, cols)?),
+            None => None,
+        };
+        // The same 64-byte alignment as the full matmul gives its float activations.
+        let aligned = AlignedRows::new(x, cols);
+        let xa = &aligned.as_slice()[..cols];
+        let direct: Option<crate::dispatch::RowDot> = match self.ty {
+            RowType::F16 => Some(kern.f16_dot_ggml),
+            RowType::Q8_0 => Some(kern.q8_0_dot),
+            RowType::Q4_0 => Some(kern.q4_0_dot),
+            RowType::BF16 => Some(kern.bf16_dot),
+            _ => None,
+        };
+        let outp = crate::pool::SharedMut::new(out);
+        let f = |range: Range<usize>| {
+            let mut buf = Vec::new();
+            for i in range {
+                // Checked above: every id is a row.
+                let row = self.row(ids[i] as usize);
+                let y = match (int_dot, &act, direct) {
+                    (Some(dot), Some((xq, xd)), _) => dot(row, xq, xd),
+                    (_, _, Some(d)) => d(row, xa),
+                    _ => {
+                        buf.resize(cols, 0.0);
+                        dequantize_row_bytes(self.ty, row, &mut buf);
+                        (kern.f32_dot)(&buf, xa)
+                    }
+                };
+                // SAFETY: i < ids.len() = out.len(); the ranges are disjoint between chunks.
+                unsafe { outp.write(i, y) };
+            }
+        };
+        pool.for_rows(ids.len(), 64, &f);
+        Ok(())
+    }
+
     fn matmul_f32_with(
         &self,
         kern: &Kernels,

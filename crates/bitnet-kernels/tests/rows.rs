@@ -498,3 +498,65 @@ fn f16_ggml_multi_token_blocks_every_tier() {
         }
     }
 }
+
+/// The selected-rows entry (the approximate head's candidates) gives, on every tier, exactly
+/// what the full matmul of that tier gives for those rows, and the scalar tier's value where
+/// the tiers agree bit for bit; ragged widths, repeated and unordered ids, 1 and 2 threads.
+#[test]
+fn selected_rows_equal_the_full_matmul_every_tier() {
+    let mut rng = Rng::new(4242);
+    let pools = [Pool::new(1), Pool::new(2)];
+    for (ty, cols) in [
+        (RowType::F16, 517),
+        (RowType::F16, 544),
+        (RowType::F32, 77),
+        (RowType::BF16, 96),
+        (RowType::Q8_0, 512),
+        (RowType::Q8_0, 96),
+        (RowType::Q4_0, 320),
+        (RowType::Q6K, 512),
+    ] {
+        let rows = 37 + rng.below(60);
+        let data = random_rows(&mut rng, ty, rows, cols);
+        let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&data)).unwrap();
+        let x: Vec<f32> = (0..cols).map(|_| rng.f32()).collect();
+        let n_ids = 1 + rng.below(3 * rows);
+        let ids: Vec<u32> = (0..n_ids).map(|_| rng.below(rows) as u32).collect();
+        for isa in supported_isas() {
+            for pool in &pools {
+                let mut full = vec![0f32; rows];
+                m.matmul_q8_on(isa, &x, &mut full, pool).unwrap().unwrap();
+                let mut sel = vec![f32::NAN; n_ids];
+                m.matmul_q8_rows_on(isa, &ids, &x, &mut sel, pool)
+                    .unwrap()
+                    .unwrap();
+                for (i, &r) in ids.iter().enumerate() {
+                    assert_eq!(
+                        sel[i].to_bits(),
+                        full[r as usize].to_bits(),
+                        "{ty:?} cols {cols} {isa:?} id {r}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn selected_rows_refuse_bad_ids_and_shapes() {
+    let mut rng = Rng::new(5);
+    let data = random_rows(&mut rng, RowType::F16, 4, 64);
+    let m = RowMatrix::new(RowType::F16, 4, 64, Cow::Borrowed(&data)).unwrap();
+    let pool = Pool::new(2);
+    let x = vec![0.5f32; 64];
+    let mut out = vec![0f32; 2];
+    assert!(matches!(
+        m.matmul_q8_rows(&[1, 4], &x, &mut out, &pool),
+        Err(bitnet_kernels::KernelError::RowOutOfRange { row: 4, rows: 4 })
+    ));
+    assert!(m
+        .matmul_q8_rows(&[1, 2], &x[..63], &mut out, &pool)
+        .is_err());
+    assert!(m.matmul_q8_rows(&[1], &x, &mut out, &pool).is_err());
+    m.matmul_q8_rows(&[], &x, &mut [], &pool).unwrap();
+}
