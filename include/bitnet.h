@@ -73,6 +73,10 @@
 // `bitnet_config.lm_head`: a Q4_0 copy built at load.
 #define BITNET_LM_HEAD_Q4_0 3
 
+// `bitnet_config.lm_head`: the file's head with its vocabulary clustered at load (k-means,
+// default clusters and probe): exact logits only for the best clusters' members.
+#define BITNET_LM_HEAD_APPROX 4
+
 // `bitnet_config.device`: the CPU (the default).
 #define BITNET_DEVICE_CPU 0
 

@@ -61,6 +61,9 @@ pub const BITNET_LM_HEAD_Q8_0: i32 = 1;
 pub const BITNET_LM_HEAD_Q6_K: i32 = 2;
 /// `bitnet_config.lm_head`: a Q4_0 copy built at load.
 pub const BITNET_LM_HEAD_Q4_0: i32 = 3;
+/// `bitnet_config.lm_head`: the file's head with its vocabulary clustered at load (k-means,
+/// default clusters and probe): exact logits only for the best clusters' members.
+pub const BITNET_LM_HEAD_APPROX: i32 = 4;
 
 /// `bitnet_config.device`: the CPU (the default).
 pub const BITNET_DEVICE_CPU: i32 = 0;
@@ -386,6 +389,7 @@ fn load_options(c: &bitnet_config) -> Res<LoadOptions> {
         BITNET_LM_HEAD_Q8_0 => LmHeadFormat::Q8_0,
         BITNET_LM_HEAD_Q6_K => LmHeadFormat::Q6K,
         BITNET_LM_HEAD_Q4_0 => LmHeadFormat::Q4_0,
+        BITNET_LM_HEAD_APPROX => LmHeadFormat::Approx(Default::default()),
         n => {
             return Err(invalid(format!(
                 "lm_head = {n} is not a BITNET_LM_HEAD_* value"

@@ -754,3 +754,40 @@ fn skip_layers_is_reported_and_checked() {
         assert!(!run(bad).status.success(), "{bad:?}");
     }
 }
+
+#[test]
+fn approx_lm_head_is_reported_and_checked() {
+    let model = golden("tiny/bitnet-tiny-i2_s.gguf");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run", "-m", &model, "-p", "Hi", "-n", "6", "-t", "2", "--seed", "7",
+        ];
+        args.extend_from_slice(extra);
+        bitnet(&args)
+    };
+    let exact = run(&[]);
+    assert!(exact.status.success());
+    // Every cluster probed: the exact head's greedy text.
+    let all = run(&[
+        "--lm-head",
+        "approx",
+        "--approx-clusters",
+        "32",
+        "--approx-probe",
+        "32",
+    ]);
+    assert!(all.status.success());
+    assert_eq!(all.stdout, exact.stdout);
+    let err = String::from_utf8_lossy(&all.stderr);
+    assert!(
+        err.contains("approximate LM head: 32 clusters of the 4256 rows"),
+        "{err}"
+    );
+    for bad in [
+        &["--approx-probe", "4"][..],
+        &["--lm-head", "approx", "--approx-clusters", "0"][..],
+        &["--lm-head", "approx", "--numerics", "exact"][..],
+    ] {
+        assert!(!run(bad).status.success(), "{bad:?}");
+    }
+}

@@ -572,6 +572,56 @@ impl Backend for LayerStreamer {
         Ok(())
     }
 
+    fn lm_head_rows(
+        &self,
+        head: &RowMatrix<'_>,
+        ids: &[u32],
+        h: &[f32],
+        out: &mut [f32],
+    ) -> bitnet_model::Result<()> {
+        let Some(at) = self.file.range_of(head.data()) else {
+            return self.pool.lm_head_rows(head, ids, h, out);
+        };
+        // The rows copied from the file (runs of consecutive ids in one read), so the mapped
+        // head's pages stay out of the process; in pieces of at most half the plan's head
+        // chunk.
+        let rb = head.row_type().row_bytes(head.cols())?;
+        let per = (HEAD_CHUNK_BYTES / 2 / rb.max(1)).max(1);
+        let mut bytes = vec![0u8; per.min(ids.len()).saturating_mul(rb)];
+        let seq: Vec<u32> = (0..per.min(ids.len()))
+            .map(|i| u32::try_from(i).map_err(|_| ModelError::Overflow("LM head rows")))
+            .collect::<bitnet_model::Result<_>>()?;
+        for (piece, o) in ids.chunks(per).zip(out.chunks_mut(per)) {
+            let mut i = 0;
+            while i < piece.len() {
+                let mut j = i + 1;
+                while j < piece.len() && piece[j] == piece[j - 1].wrapping_add(1) {
+                    j += 1;
+                }
+                let r = piece[i] as usize;
+                if r.saturating_add(j - i) > head.rows() {
+                    return Err(ModelError::Kernel(
+                        bitnet_kernels::KernelError::RowOutOfRange {
+                            row: r.saturating_add(j - i - 1),
+                            rows: head.rows(),
+                        },
+                    ));
+                }
+                self.file
+                    .read_at(at.start + r * rb, &mut bytes[i * rb..j * rb])?;
+                i = j;
+            }
+            let rows = RowMatrix::new(
+                head.row_type(),
+                piece.len(),
+                head.cols(),
+                std::borrow::Cow::Borrowed(&bytes[..piece.len() * rb]),
+            )?;
+            self.pool.lm_head_rows(&rows, &seq[..piece.len()], h, o)?;
+        }
+        Ok(())
+    }
+
     fn attention(
         &self,
         c: &Config,

@@ -66,7 +66,7 @@ pub enum EngineError {
     ContextFull { n_past: usize, n_ctx: usize },
     #[error("exact numerics needs an f16 KV cache")]
     ExactNeedsF16,
-    #[error("exact numerics needs the file's F16 LM head (drop the quantized --lm-head)")]
+    #[error("exact numerics needs the file's F16 LM head, every logit computed (drop --lm-head)")]
     ExactNeedsF16Head,
     #[error("exact numerics needs prefill batches of 512 tokens (bitnet.cpp's ubatch), not {0}")]
     ExactNeedsBatch512(usize),

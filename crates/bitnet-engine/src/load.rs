@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bitnet_gguf::{GgufError, GgufFile, Limits};
 use bitnet_kernels::{Pool, RowMatrix, RowType};
-use bitnet_model::{KvType, Model, Numerics, OwnedModel};
+use bitnet_model::{ApproxHead, ApproxOptions, KvType, Model, ModelError, Numerics, OwnedModel};
 use bitnet_tokenizer::{PreTokenizer, Tokenizer};
 
 use crate::{Engine, EngineError, EngineOptions, Result};
@@ -28,12 +28,27 @@ pub enum LmHeadFormat {
     Q6K,
     /// A Q4_0 copy built at load.
     Q4_0,
+    /// The file's matrix with its vocabulary clustered at load (k-means): with fast numerics
+    /// only the best clusters' members get exact logits ([`bitnet_model::ApproxHead`]).
+    Approx(ApproxOptions),
+}
+
+impl std::fmt::Display for LmHeadFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LmHeadFormat::File => "f16",
+            LmHeadFormat::Q8_0 => "q8_0",
+            LmHeadFormat::Q6K => "q6_k",
+            LmHeadFormat::Q4_0 => "q4_0",
+            LmHeadFormat::Approx(_) => "approx",
+        })
+    }
 }
 
 impl LmHeadFormat {
     fn row_type(self) -> Option<RowType> {
         match self {
-            LmHeadFormat::File => None,
+            LmHeadFormat::File | LmHeadFormat::Approx(_) => None,
             LmHeadFormat::Q8_0 => Some(RowType::Q8_0),
             LmHeadFormat::Q6K => Some(RowType::Q6K),
             LmHeadFormat::Q4_0 => Some(RowType::Q4_0),
@@ -133,7 +148,8 @@ impl LoadOptions {
             }
             if self.lm_head != LmHeadFormat::File {
                 return refuse(
-                    "a quantized LM head built at load (its head is the file's F16 rows)",
+                    "an LM head built at load, quantized or approximate (its head is the \
+                     file's F16 rows)",
                 );
             }
             if !matches!(self.kv_type, KvType::F16 | KvType::F32) {
@@ -148,7 +164,7 @@ impl LoadOptions {
                         .into(),
                 });
             }
-            if self.lm_head != LmHeadFormat::File {
+            if self.lm_head.row_type().is_some() {
                 return Err(EngineError::Budget {
                     reason: "a quantized LM head built at load is held whole in memory; under a \
                              budget the file's head is streamed instead (drop --lm-head)"
@@ -305,7 +321,7 @@ fn load_gpu(
 
 /// The low-memory mode: no repacked copy, no head built at load; plan, then stream.
 fn load_budgeted(
-    model: OwnedModel,
+    mut model: OwnedModel,
     opts: &LoadOptions,
     req: &crate::budget::BudgetRequest,
     progress: &mut dyn FnMut(LoadEvent<'_>),
@@ -314,6 +330,36 @@ fn load_budgeted(
     // Whatever binding touched of the file (metadata, norms, scales) can go: it is read
     // again when needed.
     let _ = model.file().release(model.file().as_bytes());
+    if let LmHeadFormat::Approx(a) = opts.lm_head {
+        let file = model.file_arc();
+        let pool = Pool::new(opts.threads);
+        model.with_model_mut(|_, m| -> Result<()> {
+            let head = m.lm_head();
+            let rb = head.row_type().row_bytes(head.cols())?;
+            let at = file.range_of(head.data());
+            // Rows copied from the file (pread), so the mapped head never becomes resident.
+            let read = |ids: &[u32], out: &mut [f32]| -> bitnet_model::Result<()> {
+                let mut bytes = vec![0u8; rb];
+                for (&r, o) in ids.iter().zip(out.chunks_exact_mut(head.cols())) {
+                    let start = (r as usize).saturating_mul(rb);
+                    match &at {
+                        Some(at) => file.read_at(at.start + start, &mut bytes)?,
+                        None => bytes.copy_from_slice(head.data().get(start..start + rb).ok_or(
+                            ModelError::Kernel(bitnet_kernels::KernelError::RowOutOfRange {
+                                row: r as usize,
+                                rows: head.rows(),
+                            }),
+                        )?),
+                    }
+                    bitnet_kernels::rows::dequantize_row_bytes(head.row_type(), &bytes, o);
+                }
+                Ok(())
+            };
+            let approx = build_approx(m, a, &pool, &read, progress)?;
+            m.approx_head = Some(approx);
+            Ok(())
+        })?;
+    }
     let runtime = crate::sys::rss_bytes().unwrap_or(0);
     let layers = crate::budget::layer_ranges(model.model(), model.file())?;
     let plan = crate::budget::plan(
@@ -326,6 +372,7 @@ fn load_budgeted(
         runtime,
     )?;
     progress(LoadEvent::Plan(&plan));
+
     let mut eo = opts.engine_options();
     eo.kv_type = plan.kv_type;
     eo.n_batch = plan.n_batch;
@@ -426,6 +473,18 @@ pub fn build_lm_head(
     pool: &Pool,
     progress: &mut dyn FnMut(LoadEvent<'_>),
 ) -> Result<Option<std::ops::Range<usize>>> {
+    if let LmHeadFormat::Approx(a) = format {
+        let head = model.lm_head();
+        let read = |ids: &[u32], out: &mut [f32]| -> bitnet_model::Result<()> {
+            for (&r, o) in ids.iter().zip(out.chunks_exact_mut(head.cols())) {
+                head.dequantize_row(r as usize, o)?;
+            }
+            Ok(())
+        };
+        let approx = build_approx(model, a, pool, &read, progress)?;
+        model.approx_head = Some(approx);
+        return Ok(None);
+    }
     let Some(ty) = format.row_type() else {
         return Ok(None);
     };
@@ -464,4 +523,38 @@ pub fn build_lm_head(
     });
     model.set_lm_head(q);
     Ok(range)
+}
+
+/// Cluster `model`'s LM head (rows from `read`) into an approximate head.
+fn build_approx(
+    model: &Model<'_>,
+    opts: ApproxOptions,
+    pool: &Pool,
+    read: &bitnet_model::RowReader<'_>,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<ApproxHead> {
+    let head = model.lm_head();
+    let format = LmHeadFormat::Approx(opts);
+    progress(LoadEvent::LmHeadStart {
+        format,
+        rows: head.rows(),
+    });
+    let t = Instant::now();
+    let a = ApproxHead::build(head.rows(), head.cols(), &opts, pool, read)?;
+    progress(LoadEvent::LmHeadDone {
+        format,
+        bytes: a.nbytes(),
+        source_bytes: head.nbytes(),
+        elapsed: t.elapsed(),
+        released: false,
+    });
+    progress(LoadEvent::Note(format!(
+        "approximate LM head: {} clusters of the {} rows; per token, exact logits for the \
+         members of the {} best (about {:.1}% of the vocabulary), an estimate from its cluster for the rest",
+        a.clusters(),
+        head.rows(),
+        a.probe(),
+        100.0 * a.probe() as f64 / a.clusters().max(1) as f64
+    )));
+    Ok(a)
 }

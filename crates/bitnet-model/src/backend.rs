@@ -54,6 +54,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         out: &mut [f32],
     ) -> Result<()>;
 
+    /// One normed hidden state `h` (`n_embd`) dotted with the selected rows `ids` of `head`:
+    /// `out[i]` is exactly the fast-numerics logit [`Backend::lm_head`] gives for token
+    /// `ids[i]` (the approximate head's candidates).
+    fn lm_head_rows(
+        &self,
+        head: &RowMatrix<'_>,
+        ids: &[u32],
+        h: &[f32],
+        out: &mut [f32],
+    ) -> Result<()>;
+
     /// Causal GQA attention of `n` roped query rows `q` (`n × n_embd`) at positions
     /// `pos0..pos0 + n` over layer `il` of `cache` (which already holds their K and V), into
     /// `out` (`n × n_embd`).
@@ -107,6 +118,17 @@ impl Backend for Pool {
             Numerics::Fast => head.matmul_q8(hn, out, self)?,
             Numerics::Exact => crate::exact::lm_head(head, hn, rows, out, self)?,
         }
+        Ok(())
+    }
+
+    fn lm_head_rows(
+        &self,
+        head: &RowMatrix<'_>,
+        ids: &[u32],
+        h: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        head.matmul_q8_rows(ids, h, out, self)?;
         Ok(())
     }
 

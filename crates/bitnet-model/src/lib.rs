@@ -2,6 +2,7 @@
 //! map, KV cache and the forward pass (docs/MODEL.md).
 #![forbid(unsafe_code)]
 
+mod approx;
 mod attention;
 pub mod backend;
 pub mod config;
@@ -13,6 +14,7 @@ pub mod names;
 pub mod numerics;
 mod owned;
 
+pub use approx::{ApproxHead, ApproxOptions, RowReader};
 pub use backend::Backend;
 pub use config::{Activation, Config};
 pub use error::{ModelError, Result};

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use bitnet_gguf::{GgmlType, GgufFile, TensorInfo};
 use bitnet_kernels::{act, RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 
+use crate::approx::ApproxHead;
 use crate::backend::Backend;
 use crate::config::{Activation, Config};
 use crate::kv_cache::{KvCache, KvType};
@@ -53,6 +54,9 @@ pub struct Model<'a> {
     /// Blocks to skip (`true` at their index): the residual stream passes them unchanged.
     /// Empty: none (the default). An approximation, for fast numerics only.
     pub skip: Vec<bool>,
+    /// The clustered vocabulary of `--lm-head approx`: with fast numerics, logits are exact
+    /// only for the best clusters' members ([`ApproxHead`]). `None`: every logit exact.
+    pub approx_head: Option<ApproxHead>,
 }
 
 impl<'a> Layer<'a> {
@@ -386,6 +390,7 @@ impl<'a> Model<'a> {
             output_norm,
             layers,
             skip: Vec::new(),
+            approx_head: None,
         })
     }
 
@@ -404,14 +409,23 @@ impl<'a> Model<'a> {
         self.output = Some(m);
     }
 
-    /// Weight bytes read per generated token (every projection and the LM head).
+    /// Weight bytes read per generated token (every projection and the LM head; for the
+    /// approximate head its centroids and the probed share of the rows, on average).
     pub fn bytes_per_token(&self) -> usize {
         let proj: usize = self
             .layers
             .iter()
             .map(|l| l.projections().iter().map(|m| m.nbytes()).sum::<usize>())
             .sum();
-        proj + self.lm_head().nbytes()
+        let head = self.lm_head().nbytes();
+        // The approximate head reads its centroids and, on average, the probed share of rows.
+        let head = match &self.approx_head {
+            Some(a) => {
+                a.centroids().nbytes() + head / a.clusters().max(1) * a.probe().min(a.clusters())
+            }
+            None => head,
+        };
+        proj + head
     }
 
     /// Evaluate `tokens` at positions `cache.len()..` and append their K/V to the cache.
@@ -676,8 +690,14 @@ impl<'a> Model<'a> {
         let head = self.lm_head();
         let n_vocab = self.config.n_vocab;
         let mut logits = vec![0.0f32; rows * n_vocab];
-        exec.backend
-            .lm_head(head, hn, rows, exec.numerics, &mut logits)?;
+        match &self.approx_head {
+            Some(a) if exec.numerics == Numerics::Fast => {
+                a.logits(head, hn, rows, exec.backend, &mut logits)?
+            }
+            _ => exec
+                .backend
+                .lm_head(head, hn, rows, exec.numerics, &mut logits)?,
+        }
         Ok(logits)
     }
 }

@@ -55,6 +55,16 @@ impl Backend for Recording {
         self.log(format!("head rows{rows}"));
         self.pool.lm_head(head, hn, rows, numerics, out)
     }
+    fn lm_head_rows(
+        &self,
+        head: &RowMatrix<'_>,
+        ids: &[u32],
+        h: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.log(format!("head ids{}", ids.len()));
+        self.pool.lm_head_rows(head, ids, h, out)
+    }
     fn attention(
         &self,
         c: &Config,

@@ -93,9 +93,10 @@ fn parse_options(
         "q8_0" => LmHeadFormat::Q8_0,
         "q6_k" => LmHeadFormat::Q6K,
         "q4_0" => LmHeadFormat::Q4_0,
+        "approx" => LmHeadFormat::Approx(Default::default()),
         o => {
             return Err(PyValueError::new_err(format!(
-                "lm_head={o:?}: use \"f16\", \"q8_0\", \"q6_k\" or \"q4_0\""
+                "lm_head={o:?}: use \"f16\", \"q8_0\", \"q6_k\", \"q4_0\" or \"approx\""
             )))
         }
     };

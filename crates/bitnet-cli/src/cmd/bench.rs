@@ -276,7 +276,7 @@ pub fn run(a: Args) -> Result<()> {
     // so it builds the model itself).
     bitnet_engine::LoadOptions {
         numerics: a.model.numerics,
-        lm_head: a.model.lm_head.format(),
+        lm_head: a.model.lm_head_format()?,
         ..Default::default()
     }
     .validate()?;
@@ -285,7 +285,7 @@ pub fn run(a: Args) -> Result<()> {
     let released = bitnet_engine::build_lm_head(
         &mut model,
         &file,
-        a.model.lm_head.format(),
+        a.model.lm_head_format()?,
         &load_pool,
         &mut |e| progress.event(e),
     )?;

@@ -94,10 +94,22 @@ pub struct ModelArgs {
     /// Pre-tokenizer override: llama3 or default (bitnet.cpp's fallback).
     #[arg(long)]
     pub pre: Option<String>,
-    /// LM head format: f16 (the file's tied embedding, exact; default), or q8_0 / q6_k / q4_0
-    /// built from it at load and kept in memory (less to read per token, small logit error).
+    /// LM head format: f16 (the file's tied embedding, exact; default), q8_0 / q6_k / q4_0
+    /// built from it at load and kept in memory (less to read per token, small logit error),
+    /// or approx: the vocabulary clustered at load (seeded k-means over the head's rows), and
+    /// per token exact logits only for the members of the best-scoring clusters (the others
+    /// get their cluster's mean); fast numerics; check it with `bitnet perplexity
+    /// --kl-divergence`.
     #[arg(long, default_value = "f16")]
     pub lm_head: LmHead,
+    /// `--lm-head approx`: clusters (default: 2·√vocabulary rounded up to a power of two,
+    /// 1024 for a 128K vocabulary).
+    #[arg(long, value_name = "N")]
+    pub approx_clusters: Option<usize>,
+    /// `--lm-head approx`: clusters whose members get exact logits, per token (default:
+    /// clusters / 32). More is closer to the exact head and slower.
+    #[arg(long, value_name = "N")]
+    pub approx_probe: Option<usize>,
     /// Keep the file's weight layout: no repacked copy of the I2_S weights for the integer
     /// GEMM (slower prefill; the repacked copy replaces the file's pages, so it costs no
     /// memory on a mapped file).
@@ -138,11 +150,14 @@ pub enum LmHead {
     Q6K,
     #[value(name = "q4_0")]
     Q4_0,
+    Approx,
 }
 
 impl LmHead {
-    pub fn format(self) -> bitnet_engine::LmHeadFormat {
+    /// The library's format; `approx` takes its options from the flags.
+    pub fn format(self, approx: bitnet_model::ApproxOptions) -> bitnet_engine::LmHeadFormat {
         match self {
+            LmHead::Approx => bitnet_engine::LmHeadFormat::Approx(approx),
             LmHead::F16 => bitnet_engine::LmHeadFormat::File,
             LmHead::Q8_0 => bitnet_engine::LmHeadFormat::Q8_0,
             LmHead::Q6K => bitnet_engine::LmHeadFormat::Q6K,
@@ -167,7 +182,12 @@ impl LoadProgress {
             LoadEvent::Opened { .. } => {}
             LoadEvent::LmHeadStart { format, .. } => {
                 let bar = indicatif::ProgressBar::new_spinner();
-                bar.set_message(format!("building a {format:?} LM head from the embedding"));
+                bar.set_message(match format {
+                    bitnet_engine::LmHeadFormat::Approx(_) => {
+                        "clustering the LM head's rows (k-means)".to_string()
+                    }
+                    _ => format!("building a {format} LM head from the embedding"),
+                });
                 bar.enable_steady_tick(std::time::Duration::from_millis(120));
                 self.bar = Some(bar);
             }
@@ -181,8 +201,18 @@ impl LoadProgress {
                 if let Some(bar) = self.bar.take() {
                     bar.finish_and_clear();
                 }
+                if let bitnet_engine::LmHeadFormat::Approx(_) = format {
+                    eprintln!(
+                        "LM head: approx, an index of {} beside the file's {} head, built in \
+                         {:.1} s",
+                        human_bytes(bytes as u64),
+                        human_bytes(source_bytes as u64),
+                        elapsed.as_secs_f64()
+                    );
+                    return;
+                }
                 eprintln!(
-                    "LM head: {format:?}, {} in memory (was {}), built in {:.1} s",
+                    "LM head: {format}, {} in memory (was {}), built in {:.1} s",
                     human_bytes(bytes as u64),
                     human_bytes(source_bytes as u64),
                     elapsed.as_secs_f64()
@@ -259,13 +289,30 @@ impl ModelArgs {
 }
 
 impl ModelArgs {
+    /// `--lm-head` with its `--approx-*` options.
+    pub fn lm_head_format(&self) -> Result<bitnet_engine::LmHeadFormat> {
+        if self.lm_head != LmHead::Approx
+            && (self.approx_clusters.is_some() || self.approx_probe.is_some())
+        {
+            anyhow::bail!("--approx-clusters and --approx-probe go with --lm-head approx");
+        }
+        if self.approx_clusters == Some(0) || self.approx_probe == Some(0) {
+            anyhow::bail!("--approx-clusters and --approx-probe must be at least 1");
+        }
+        Ok(self.lm_head.format(bitnet_model::ApproxOptions {
+            clusters: self.approx_clusters.unwrap_or(0),
+            probe: self.approx_probe.unwrap_or(0),
+            ..Default::default()
+        }))
+    }
+
     /// The library's load options for these flags (one thread count).
     pub fn load_options(&self) -> Result<bitnet_engine::LoadOptions> {
         Ok(bitnet_engine::LoadOptions {
             threads: self.single_threads()?,
             numerics: self.numerics,
             kv_type: self.kv_type(),
-            lm_head: self.lm_head.format(),
+            lm_head: self.lm_head_format()?,
             in_memory: self.in_memory,
             pre_tokenizer: self.pre_tokenizer()?,
             repack: !self.no_repack,

@@ -89,7 +89,8 @@ class Model:
         n_ctx: context positions (default: the training context, at most 4096).
         numerics: "fast" (default) or "exact" (bitnet.cpp's float paths, bit for bit).
         kv_cache: "f16" (default), "f32", "q8_0" or "q4_0".
-        lm_head: "f16" (the file's own head, default), "q8_0", "q6_k" or "q4_0".
+        lm_head: "f16" (the file's own head, default), "q8_0", "q6_k", "q4_0" or "approx"
+            (exact logits only for the best clusters of the vocabulary; see the README).
         device: "cpu" (default) or "auto"; "gpu" is refused (this build has no GPU
             backend).
         ram_budget: a RAM limit for the process, in bytes (the low-memory mode: weights
