@@ -319,7 +319,8 @@ fn load_gpu(
     }
 }
 
-/// The low-memory mode: no repacked copy, no head built at load; plan, then stream.
+/// The low-memory mode: no repacked copy, no quantized head (an approximate head's index is
+/// built, reading the file with pread); plan, then stream.
 fn load_budgeted(
     mut model: OwnedModel,
     opts: &LoadOptions,
@@ -372,7 +373,6 @@ fn load_budgeted(
         runtime,
     )?;
     progress(LoadEvent::Plan(&plan));
-
     let mut eo = opts.engine_options();
     eo.kv_type = plan.kv_type;
     eo.n_batch = plan.n_batch;

@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 
-use bitnet_kernels::rows::{dequantize_row_bytes, quantize_row_into};
+use bitnet_kernels::rows::quantize_row_into;
 use bitnet_kernels::{Pool, RowMatrix, RowType};
 
 use crate::{Backend, ModelError, Numerics, Result};
@@ -107,10 +107,10 @@ fn u32_of(v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| ModelError::Overflow("approximate head index"))
 }
 
-/// Centroids as a Q8_0 matrix (F16 when `cols` is not a multiple of 32), and `‖c‖² / 2` of
-/// the encoded values. Scoring them dots Q8_0-quantized activations in integers
-/// ([`RowMatrix::matmul_q8`]): the clustering's own GEMM runs at the int8 rate.
-fn encode_centroids(c: &[f32], k: usize, cols: usize) -> Result<(RowMatrix<'static>, Vec<f32>)> {
+/// Centroids as a Q8_0 matrix (F16 when `cols` is not a multiple of 32). Scoring them dots
+/// Q8_0-quantized activations in integers ([`RowMatrix::matmul_q8`]): the clustering's own
+/// GEMM runs at the int8 rate.
+fn encode_centroids(c: &[f32], k: usize, cols: usize) -> Result<RowMatrix<'static>> {
     let ty = if cols.is_multiple_of(32) {
         RowType::Q8_0
     } else {
@@ -118,22 +118,17 @@ fn encode_centroids(c: &[f32], k: usize, cols: usize) -> Result<(RowMatrix<'stat
     };
     let rb = ty.row_bytes(cols)?;
     let mut bytes = vec![0u8; k * rb];
-    let mut half_norm = Vec::with_capacity(k);
-    let mut back = vec![0f32; cols];
     for (row, enc) in c.chunks_exact(cols).zip(bytes.chunks_exact_mut(rb)) {
         quantize_row_into(ty, row, enc);
-        dequantize_row_bytes(ty, enc, &mut back);
-        half_norm.push(back.iter().map(|v| v * v).sum::<f32>() / 2.0);
     }
-    let m = RowMatrix::new(ty, k, cols, Cow::Owned(bytes))?;
-    Ok((m, half_norm))
+    Ok(RowMatrix::new(ty, k, cols, Cow::Owned(bytes))?)
 }
 
-/// The centroids' directions (unit rows) for assignment by cosine, with no norm term:
-/// Euclidean assignment in this many dimensions lets centroids near the origin take most of
-/// the vocabulary (measured on random rows: one cluster of 13,680 of 128,256 tokens, a median
-/// of 3), spherical k-means keeps the clusters comparable.
-fn encode_directions(c: &[f32], k: usize, cols: usize) -> Result<(RowMatrix<'static>, Vec<f32>)> {
+/// The centroids' directions (unit rows), for assignment by cosine: Euclidean assignment in
+/// this many dimensions lets centroids near the origin take most of the vocabulary (measured
+/// on random rows: one cluster of 13,680 of 128,256 tokens, a median of 3); spherical k-means
+/// keeps the clusters comparable.
+fn encode_directions(c: &[f32], k: usize, cols: usize) -> Result<RowMatrix<'static>> {
     let unit: Vec<f32> = c
         .chunks_exact(cols)
         .flat_map(|row| {
@@ -142,31 +137,28 @@ fn encode_directions(c: &[f32], k: usize, cols: usize) -> Result<(RowMatrix<'sta
             row.iter().map(move |v| v * inv)
         })
         .collect();
-    let (m, _) = encode_centroids(&unit, k, cols)?;
-    Ok((m, vec![0.0; k]))
+    encode_centroids(&unit, k, cols)
 }
 
-/// The nearest centroid of each of `n` rows `x` (`n × cols`): argmax of `x·c − ‖c‖²/2`,
-/// lowest index on ties.
+/// The best-aligned direction of each of `n` rows `x` (`n × cols`): argmax of `x·d`, lowest
+/// index on ties.
 fn nearest(
-    centroids: &RowMatrix<'_>,
-    half_norm: &[f32],
+    dirs: &RowMatrix<'_>,
     x: &[f32],
     n: usize,
     pool: &Pool,
     scores: &mut Vec<f32>,
     out: &mut [u32],
 ) -> Result<()> {
-    let k = centroids.rows();
+    let k = dirs.rows();
     scores.clear();
     scores.resize(n * k, 0.0);
-    centroids.matmul_q8(x, scores, pool)?;
+    dirs.matmul_q8(x, scores, pool)?;
     for (o, s) in out.iter_mut().zip(scores.chunks_exact(k)) {
         let mut best = (0usize, f32::NEG_INFINITY);
-        for (c, (&v, &h)) in s.iter().zip(half_norm).enumerate() {
-            let d = v - h;
-            if d > best.1 {
-                best = (c, d);
+        for (c, &v) in s.iter().enumerate() {
+            if v > best.1 {
+                best = (c, v);
             }
         }
         *o = u32_of(best.0)?;
@@ -178,7 +170,8 @@ fn nearest(
 pub type RowReader<'r> = dyn Fn(&[u32], &mut [f32]) -> Result<()> + 'r;
 
 impl ApproxHead {
-    /// Cluster the `n_vocab × cols` head whose rows `read` returns. Lloyd iterations run on a
+    /// Cluster the `n_vocab × cols` head whose rows `read` returns: spherical k-means (rows
+    /// assigned to the centroid direction they align with best). Lloyd iterations run on a
     /// seeded sample of `8 × clusters` rows (all of them for a small vocabulary); then every
     /// row is assigned once, and each centroid becomes the mean of its members. Clusters left
     /// empty are dropped. Deterministic for a given seed, on any number of threads.
@@ -221,8 +214,7 @@ impl ApproxHead {
         // One pass over `ids`: assign each row, accumulate member sums (and, with `record`,
         // squared norms).
         let mut pass = |ids: &[u32],
-                        cent: &RowMatrix<'_>,
-                        half: &[f32],
+                        dirs: &RowMatrix<'_>,
                         sums: &mut [f32],
                         counts: &mut [usize],
                         mut record: Option<(&mut Vec<u32>, &mut [f64])>|
@@ -233,7 +225,7 @@ impl ApproxHead {
                 let n = chunk.len();
                 let xb = &mut x[..n * cols];
                 read(chunk, xb)?;
-                nearest(cent, half, xb, n, pool, &mut scores, &mut a[..n])?;
+                nearest(dirs, xb, n, pool, &mut scores, &mut a[..n])?;
                 for (row, &cl) in xb.chunks_exact(cols).zip(&a[..n]) {
                     let cl = cl as usize;
                     counts[cl] += 1;
@@ -251,8 +243,8 @@ impl ApproxHead {
             Ok(())
         };
         for _ in 0..opts.iterations {
-            let (cent, half) = encode_directions(&c, k, cols)?;
-            pass(&sample, &cent, &half, &mut sums, &mut counts, None)?;
+            let dirs = encode_directions(&c, k, cols)?;
+            pass(&sample, &dirs, &mut sums, &mut counts, None)?;
             for (cl, (row, &n)) in c.chunks_exact_mut(cols).zip(&counts).enumerate() {
                 if n == 0 {
                     // Reseed an empty cluster from a random sample row.
@@ -267,13 +259,12 @@ impl ApproxHead {
             }
         }
         // Every row, once; the centroids become their members' means.
-        let (cent, half) = encode_directions(&c, k, cols)?;
+        let dirs = encode_directions(&c, k, cols)?;
         let every: Vec<u32> = (0..u32_of(n_vocab)?).collect();
         let mut assign = Vec::with_capacity(n_vocab);
         pass(
             &every,
-            &cent,
-            &half,
+            &dirs,
             &mut sums,
             &mut counts,
             Some((&mut assign, &mut sq)),
@@ -304,7 +295,7 @@ impl ApproxHead {
         for a in &mut assign {
             *a = renum[*a as usize];
         }
-        let (centroids, _) = encode_centroids(&means, kept, cols)?;
+        let centroids = encode_centroids(&means, kept, cols)?;
         // Tokens grouped by cluster (counting sort: ascending ids within a cluster).
         let mut starts = vec![0usize; kept + 1];
         for &a in &assign {
@@ -390,6 +381,27 @@ impl ApproxHead {
                 self.assign.len(),
                 self.centroids.cols()
             )));
+        }
+        let shape = |what: &'static str, expected: usize, got: usize| {
+            ModelError::Kernel(bitnet_kernels::KernelError::ShapeMismatch {
+                what,
+                expected,
+                got,
+            })
+        };
+        if Some(hn.len()) != rows.checked_mul(cols) {
+            return Err(shape(
+                "approximate head: hidden states",
+                rows.saturating_mul(cols),
+                hn.len(),
+            ));
+        }
+        if Some(out.len()) != rows.checked_mul(n_vocab) {
+            return Err(shape(
+                "approximate head: logits",
+                rows.saturating_mul(n_vocab),
+                out.len(),
+            ));
         }
         let mut cs = vec![0f32; rows * k];
         backend.lm_head(&self.centroids, hn, rows, Numerics::Fast, &mut cs)?;

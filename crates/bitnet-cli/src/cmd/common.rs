@@ -98,7 +98,7 @@ pub struct ModelArgs {
     /// built from it at load and kept in memory (less to read per token, small logit error),
     /// or approx: the vocabulary clustered at load (seeded k-means over the head's rows), and
     /// per token exact logits only for the members of the best-scoring clusters (the others
-    /// get their cluster's mean); fast numerics; check it with `bitnet perplexity
+    /// get an estimate from their cluster); fast numerics; check it with `bitnet perplexity
     /// --kl-divergence`.
     #[arg(long, default_value = "f16")]
     pub lm_head: LmHead,
