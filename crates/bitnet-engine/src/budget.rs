@@ -588,9 +588,6 @@ impl Backend for LayerStreamer {
         let rb = head.row_type().row_bytes(head.cols())?;
         let per = (HEAD_CHUNK_BYTES / 2 / rb.max(1)).max(1);
         let mut bytes = vec![0u8; per.min(ids.len()).saturating_mul(rb)];
-        let seq: Vec<u32> = (0..per.min(ids.len()))
-            .map(|i| u32::try_from(i).map_err(|_| ModelError::Overflow("LM head rows")))
-            .collect::<bitnet_model::Result<_>>()?;
         for (piece, o) in ids.chunks(per).zip(out.chunks_mut(per)) {
             let mut i = 0;
             while i < piece.len() {
@@ -617,7 +614,8 @@ impl Backend for LayerStreamer {
                 head.cols(),
                 std::borrow::Cow::Borrowed(&bytes[..piece.len() * rb]),
             )?;
-            self.pool.lm_head_rows(&rows, &seq[..piece.len()], h, o)?;
+            // Every row of the copy, one token: the values `lm_head_rows` gives for them.
+            self.pool.lm_head(&rows, h, 1, Numerics::Fast, o)?;
         }
         Ok(())
     }

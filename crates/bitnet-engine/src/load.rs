@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bitnet_gguf::{GgufError, GgufFile, Limits};
 use bitnet_kernels::{Pool, RowMatrix, RowType};
-use bitnet_model::{ApproxHead, ApproxOptions, KvType, Model, ModelError, Numerics, OwnedModel};
+use bitnet_model::{ApproxHead, ApproxOptions, KvType, Model, Numerics, OwnedModel};
 use bitnet_tokenizer::{PreTokenizer, Tokenizer};
 
 use crate::{Engine, EngineError, EngineOptions, Result};
@@ -342,17 +342,15 @@ fn load_budgeted(
             let read = |ids: &[u32], out: &mut [f32]| -> bitnet_model::Result<()> {
                 let mut bytes = vec![0u8; rb];
                 for (&r, o) in ids.iter().zip(out.chunks_exact_mut(head.cols())) {
-                    let start = (r as usize).saturating_mul(rb);
                     match &at {
-                        Some(at) => file.read_at(at.start + start, &mut bytes)?,
-                        None => bytes.copy_from_slice(head.data().get(start..start + rb).ok_or(
-                            ModelError::Kernel(bitnet_kernels::KernelError::RowOutOfRange {
-                                row: r as usize,
-                                rows: head.rows(),
-                            }),
-                        )?),
+                        Some(at) => {
+                            let start = (r as usize).saturating_mul(rb);
+                            file.read_at(at.start.saturating_add(start), &mut bytes)?;
+                            bitnet_kernels::rows::dequantize_row_bytes(head.row_type(), &bytes, o);
+                        }
+                        // Not the file's bytes: nothing mapped to keep out.
+                        None => head.dequantize_row(r as usize, o)?,
                     }
-                    bitnet_kernels::rows::dequantize_row_bytes(head.row_type(), &bytes, o);
                 }
                 Ok(())
             };

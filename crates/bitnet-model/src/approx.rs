@@ -232,12 +232,12 @@ impl ApproxHead {
                     for (s, v) in sums[cl * cols..(cl + 1) * cols].iter_mut().zip(row) {
                         *s += v;
                     }
-                }
-                if let Some((r, sq)) = record.as_mut() {
-                    r.extend_from_slice(&a[..n]);
-                    for (row, &cl) in xb.chunks_exact(cols).zip(&a[..n]) {
-                        sq[cl as usize] += row.iter().map(|&v| f64::from(v * v)).sum::<f64>();
+                    if let Some((_, sq)) = record.as_mut() {
+                        sq[cl] += row.iter().map(|&v| f64::from(v * v)).sum::<f64>();
                     }
+                }
+                if let Some((r, _)) = record.as_mut() {
+                    r.extend_from_slice(&a[..n]);
                 }
             }
             Ok(())
