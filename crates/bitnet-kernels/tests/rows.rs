@@ -465,10 +465,13 @@ fn q8_activation_dot_by_hand() {
 fn f16_ggml_multi_token_blocks_every_tier() {
     let mut rng = Rng::new(77);
     let pool = Pool::new(2);
-    for (rows, cols) in [(19usize, 1100usize), (9, 2567), (17, 512)] {
+    // 4133 columns: even two tokens' activations (33 KiB) exceed a 32 KiB L1 data cache and
+    // four (66 KiB) any L1 up to 64 KiB, so the AVX-512 tiers' blocked walk runs on every
+    // host that has them; 3, 5 and 7 tokens leave partial token groups.
+    for (rows, cols) in [(19usize, 1100usize), (9, 2567), (17, 512), (21, 4133)] {
         let data = random_rows(&mut rng, RowType::F16, rows, cols);
         let m = RowMatrix::new(RowType::F16, rows, cols, Cow::Borrowed(&data)).unwrap();
-        for n_tok in [2usize, 4, 9, 17] {
+        for n_tok in [2usize, 3, 4, 5, 7, 9, 17] {
             let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32()).collect();
             let mut want = vec![0f32; n_tok * rows];
             for t in 0..n_tok {

@@ -335,9 +335,10 @@ const MULTI_TOKENS: usize = 8;
 /// activations fit in the L1 data cache (two rows per pass sharing the activation loads, and
 /// walking the columns in chunks across a block of rows, both measured slower on Zen 5,
 /// 48 KiB L1D, at four tokens). When they do not, every row would stream them from L2, and
-/// the AVX2 tier's blocked walk, which keeps a group's activation chunks in L1, is faster
-/// (same bits): on Zen 4 (32 KiB L1D), LM head 128256×2560 × 4 tokens, 1 thread
-/// 83.3 → 61.4 ms (a 16-lane form of the same walk: 69.2 ms).
+/// [`f16_dot_ggml_blocked`], which keeps a group's activation chunks in L1, is faster (same
+/// bits): on Zen 4 (32 KiB L1D), LM head 128256×2560 × 4 tokens, 1 thread 83.3 → 61.4 ms
+/// with the AVX2 tier's walk, then ≈ 40 ms with this tier's two-row walk and its next-block
+/// prefetch into L2 rather than L1.
 fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
     let n_tok = xs.len();
     if n_tok == 0 || row_bytes == 0 {
@@ -350,7 +351,7 @@ fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
     }
     let pass_bytes = n_tok.min(MULTI_TOKENS).saturating_mul(k).saturating_mul(4);
     if pass_bytes > super::l1d_bytes() {
-        return avx2::f16_dot_ggml_multi(rows, row_bytes, xs, out);
+        return f16_dot_ggml_blocked(rows, row_bytes, xs, out);
     }
     for (row, o) in rows
         .chunks_exact(row_bytes)
@@ -380,6 +381,126 @@ fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
                 _ => go!(8),
             }
             t0 += g;
+        }
+    }
+}
+
+/// Rows per block of [`f16_dot_ggml_blocked`].
+const BLOCK_ROWS: usize = 8;
+/// Columns per chunk of [`f16_dot_ggml_blocked`] (a multiple of 32).
+const BLOCK_COLS: usize = 512;
+/// Tokens per group of [`f16_dot_ggml_blocked`].
+const BLOCK_TOKENS: usize = 4;
+
+/// The multi-token F16 product when a pass's activations do not fit the L1 data cache: rows
+/// in blocks of [`BLOCK_ROWS`] walked in column chunks of [`BLOCK_COLS`] (a group's
+/// activation chunks, 8 KiB at four tokens, stay in L1 across the block), two rows at a time
+/// sharing each activation load, tokens in groups of up to [`BLOCK_TOKENS`] sharing each
+/// converted weight chunk. Accumulators live in memory between column chunks; each sums the
+/// same products in the same order as [`f16_dot_ggml_nt`] (identical bits).
+fn f16_dot_ggml_blocked(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
+    let n_tok = xs.len();
+    let n_rows = rows.len() / row_bytes;
+    let blocks = rows[..n_rows * row_bytes].chunks(BLOCK_ROWS * row_bytes);
+    let outs = out[..n_rows * n_tok].chunks_mut(BLOCK_ROWS * n_tok);
+    for (block, ob) in blocks.zip(outs) {
+        let mut t = 0;
+        while t < n_tok {
+            let g = (n_tok - t).min(BLOCK_TOKENS);
+            // SAFETY: this table is handed out only after runtime detection of AVX-512 F+BW
+            // and the AVX2 tier (FMA, F16C); the caller checked the shape (`multi_shape_ok`):
+            // every token has length k ≤ row_bytes / 2, and `ob` holds n_tok outputs per row.
+            unsafe {
+                match g {
+                    4 => block2r::<4>(block, row_bytes, std::array::from_fn(|i| xs[t + i]), ob, t),
+                    3 => block2r::<3>(block, row_bytes, std::array::from_fn(|i| xs[t + i]), ob, t),
+                    2 => block2r::<2>(block, row_bytes, std::array::from_fn(|i| xs[t + i]), ob, t),
+                    _ => block2r::<1>(block, row_bytes, [xs[t]], ob, t),
+                }
+            }
+            t += g;
+        }
+    }
+}
+
+/// One block of rows (at most [`BLOCK_ROWS`]) times `NT` tokens, rows in pairs: writes
+/// `out[r·n + t0 + t]` (`n = out.len() / rows`) for row r and token t. While it runs it asks
+/// for the next block's bytes into L2, one cache line per row and 32 columns (a block of 8
+/// rows of 2,560 columns is 40 KiB: into a 32 KiB L1 it evicted the lines in use; Zen 4, head
+/// × 4 tokens, 1 thread: 62 → 45 ms), and for the next pair's lines of the chunk into L1
+/// (45 → 40 ms).
+///
+/// # Safety
+/// AVX-512 F, AVX2, FMA and F16C available; every `xs[t].len() == k`, `rb ≥ 2k`, `block`
+/// whole rows, `out.len()` the row count times the outputs per row, at least `t0 + NT`.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // lane-parallel indexing over tokens and accumulators
+unsafe fn block2r<const NT: usize>(
+    block: &[u8],
+    rb: usize,
+    xs: [&[f32]; NT],
+    out: &mut [f32],
+    t0: usize,
+) {
+    let nr = block.len() / rb;
+    let n = out.len() / nr.max(1);
+    let k = xs[0].len();
+    let main = k - k % 32;
+    // acc[r][t][0] = ggml accumulators 0|1 of row r, token t; [1] = 2|3.
+    let mut acc = [[[_mm512_setzero_ps(); 2]; NT]; BLOCK_ROWS];
+    let next = block.as_ptr().wrapping_add(block.len());
+    let mut ahead = 0usize;
+    let mut c0 = 0;
+    while c0 < main {
+        let c1 = (c0 + BLOCK_COLS).min(main);
+        let mut r = 0;
+        while r < nr {
+            let pair = r + 1 < nr;
+            let ra = block[r * rb..(r + 1) * rb].as_ptr();
+            // The second row of the pair; a lone last row reads itself again and drops it.
+            let r2 = if pair { r + 1 } else { r };
+            let rb2 = block[r2 * rb..(r2 + 1) * rb].as_ptr();
+            let (mut a0, mut a1) = (acc[r], acc[r2]);
+            let mut c = c0;
+            while c < c1 {
+                for _ in 0..2 {
+                    // A prefetch never faults, whatever the address (formed with
+                    // wrapping_add, never dereferenced).
+                    _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(ahead).cast());
+                    ahead += 64;
+                }
+                // The next pair's lines of this chunk, from L2 into L1 (never faults).
+                _mm_prefetch::<_MM_HINT_T0>(ra.wrapping_add(2 * rb + 2 * c).cast());
+                _mm_prefetch::<_MM_HINT_T0>(ra.wrapping_add(3 * rb + 2 * c).cast());
+                for h in 0..2 {
+                    let i = c + 16 * h;
+                    // SAFETY: i + 16 ≤ main ≤ k ≤ rb / 2 for both rows, and i + 16 ≤ k =
+                    // xs[t].len(): the caller's contract.
+                    unsafe {
+                        let w0 = _mm512_cvtph_ps(_mm256_loadu_si256(ra.add(2 * i).cast()));
+                        let w1 = _mm512_cvtph_ps(_mm256_loadu_si256(rb2.add(2 * i).cast()));
+                        for t in 0..NT {
+                            let xv = _mm512_loadu_ps(xs[t].as_ptr().add(i));
+                            a0[t][h] = _mm512_fmadd_ps(w0, xv, a0[t][h]);
+                            a1[t][h] = _mm512_fmadd_ps(w1, xv, a1[t][h]);
+                        }
+                    }
+                }
+                c += 32;
+            }
+            acc[r] = a0;
+            if pair {
+                acc[r + 1] = a1;
+            }
+            r += 2;
+        }
+        c0 = c1;
+    }
+    for r in 0..nr {
+        let row = &block[r * rb..(r + 1) * rb];
+        for t in 0..NT {
+            // SAFETY: this function's features include finish_ggml's.
+            out[r * n + t0 + t] = unsafe { finish_ggml(acc[r][t], row, xs[t], main) };
         }
     }
 }
