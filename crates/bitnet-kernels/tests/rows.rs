@@ -327,7 +327,8 @@ fn q8_activation_dots_every_tier() {
                 data[2..34].fill(0x80);
             }
             let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&data)).unwrap();
-            for n_tok in [1usize, 2] {
+            // 3, 5 and 7 tokens leave one token past the multi-token kernels' pairs.
+            for n_tok in [1usize, 2, 3, 4, 5, 7] {
                 // Some activations at the extremes of a block (±amax → q = ±127).
                 let x: Vec<f32> = (0..n_tok * cols)
                     .map(|i| if i % 37 == 0 { -3.0 } else { rng.f32() })
