@@ -327,7 +327,7 @@ fn q8_activation_dots_every_tier() {
                 data[2..34].fill(0x80);
             }
             let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&data)).unwrap();
-            // 3, 5 and 7 tokens leave one token past the multi-token kernels' pairs.
+            // 3, 5 and 7 tokens leave a partial group of the multi-token kernels (fours).
             for n_tok in [1usize, 2, 3, 4, 5, 7] {
                 // Some activations at the extremes of a block (±amax → q = ±127).
                 let x: Vec<f32> = (0..n_tok * cols)
