@@ -850,14 +850,16 @@ pub(crate) fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], o
         }
         return;
     }
-    let blocks = rows[..n_rows * row_bytes].chunks(MULTI_ROWS * row_bytes);
-    let outs = out[..n_rows * n_tok].chunks_mut(MULTI_ROWS * n_tok);
-    for (block, ob) in blocks.zip(outs) {
-        let mut t = 0;
-        while t < n_tok {
-            let g = (n_tok - t).min(3);
-            // SAFETY: AVX2+FMA+F16C detected before this table is used; every token has
-            // length k ≤ row_bytes / 2, and `ob` holds n_tok outputs per row of the block.
+    for_block_groups(
+        rows,
+        row_bytes,
+        n_tok,
+        out,
+        MULTI_ROWS,
+        3,
+        |block, ob, t, g| {
+            // SAFETY: AVX2+FMA+F16C detected before this table is used; every token has length
+            // k ≤ row_bytes / 2, and `ob` holds n_tok outputs per row of the block.
             unsafe {
                 match g {
                     3 => block_ggml::<3>(block, row_bytes, [xs[t], xs[t + 1], xs[t + 2]], ob, t),
@@ -865,6 +867,30 @@ pub(crate) fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], o
                     _ => block_ggml::<1>(block, row_bytes, [xs[t]], ob, t),
                 }
             }
+        },
+    );
+}
+
+/// The blocked walks' driver: whole rows in blocks of `block_rows` beside their outputs
+/// (`n_tok` per row), and per block the tokens in groups of up to `group`:
+/// `f(block, block's outputs, first token, tokens in the group)`.
+pub(crate) fn for_block_groups(
+    rows: &[u8],
+    row_bytes: usize,
+    n_tok: usize,
+    out: &mut [f32],
+    block_rows: usize,
+    group: usize,
+    mut f: impl FnMut(&[u8], &mut [f32], usize, usize),
+) {
+    let n_rows = rows.len() / row_bytes;
+    let blocks = rows[..n_rows * row_bytes].chunks(block_rows * row_bytes);
+    let outs = out[..n_rows * n_tok].chunks_mut(block_rows * n_tok);
+    for (block, ob) in blocks.zip(outs) {
+        let mut t = 0;
+        while t < n_tok {
+            let g = (n_tok - t).min(group);
+            f(block, ob, t, g);
             t += g;
         }
     }

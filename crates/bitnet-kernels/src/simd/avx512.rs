@@ -400,16 +400,17 @@ const BLOCK_TOKENS: usize = 4;
 /// same products in the same order as [`f16_dot_ggml_nt`] (identical bits).
 fn f16_dot_ggml_blocked(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
     let n_tok = xs.len();
-    let n_rows = rows.len() / row_bytes;
-    let blocks = rows[..n_rows * row_bytes].chunks(BLOCK_ROWS * row_bytes);
-    let outs = out[..n_rows * n_tok].chunks_mut(BLOCK_ROWS * n_tok);
-    for (block, ob) in blocks.zip(outs) {
-        let mut t = 0;
-        while t < n_tok {
-            let g = (n_tok - t).min(BLOCK_TOKENS);
-            // SAFETY: this table is handed out only after runtime detection of AVX-512 F+BW
-            // and the AVX2 tier (FMA, F16C); the caller checked the shape (`multi_shape_ok`):
-            // every token has length k ≤ row_bytes / 2, and `ob` holds n_tok outputs per row.
+    avx2::for_block_groups(
+        rows,
+        row_bytes,
+        n_tok,
+        out,
+        BLOCK_ROWS,
+        BLOCK_TOKENS,
+        |block, ob, t, g| {
+            // SAFETY: this table is handed out only after runtime detection of AVX-512 F+BW and
+            // the AVX2 tier (FMA, F16C); the caller checked the shape (`multi_shape_ok`): every
+            // token has length k ≤ row_bytes / 2, and `ob` holds n_tok outputs per row.
             unsafe {
                 match g {
                     4 => block2r::<4>(block, row_bytes, std::array::from_fn(|i| xs[t + i]), ob, t),
@@ -418,9 +419,8 @@ fn f16_dot_ggml_blocked(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut 
                     _ => block2r::<1>(block, row_bytes, [xs[t]], ob, t),
                 }
             }
-            t += g;
-        }
-    }
+        },
+    );
 }
 
 /// One block of rows (at most [`BLOCK_ROWS`]) times `NT` tokens, rows in pairs: writes
