@@ -336,25 +336,10 @@ fn load_budgeted(
         let pool = Pool::new(opts.threads);
         model.with_model_mut(|_, m| -> Result<()> {
             let head = m.lm_head();
-            let rb = head.row_type().row_bytes(head.cols())?;
-            let at = file.range_of(head.data());
-            // Rows copied from the file (pread), so the mapped head never becomes resident.
-            let read = |ids: &[u32], out: &mut [f32]| -> bitnet_model::Result<()> {
-                let mut bytes = vec![0u8; rb];
-                for (&r, o) in ids.iter().zip(out.chunks_exact_mut(head.cols())) {
-                    match &at {
-                        Some(at) => {
-                            let start = (r as usize).saturating_mul(rb);
-                            file.read_at(at.start.saturating_add(start), &mut bytes)?;
-                            bitnet_kernels::rows::dequantize_row_bytes(head.row_type(), &bytes, o);
-                        }
-                        // Not the file's bytes: nothing mapped to keep out.
-                        None => head.dequantize_row(r as usize, o)?,
-                    }
-                }
-                Ok(())
-            };
-            let approx = build_approx(m, a, &pool, &read, progress)?;
+            // Rows copied from the file (pread), so the mapped head never becomes resident;
+            // a head that is not the file's bytes has nothing mapped to keep out.
+            let at = file.range_of(head.data()).map(|at| (&*file, at.start));
+            let approx = build_approx(m, a, &pool, &head_rows(head, at)?, progress)?;
             m.approx_head = Some(approx);
             Ok(())
         })?;
@@ -472,14 +457,7 @@ pub fn build_lm_head(
     progress: &mut dyn FnMut(LoadEvent<'_>),
 ) -> Result<Option<std::ops::Range<usize>>> {
     if let LmHeadFormat::Approx(a) = format {
-        let head = model.lm_head();
-        let read = |ids: &[u32], out: &mut [f32]| -> bitnet_model::Result<()> {
-            for (&r, o) in ids.iter().zip(out.chunks_exact_mut(head.cols())) {
-                head.dequantize_row(r as usize, o)?;
-            }
-            Ok(())
-        };
-        let approx = build_approx(model, a, pool, &read, progress)?;
+        let approx = build_approx(model, a, pool, &head_rows(model.lm_head(), None)?, progress)?;
         model.approx_head = Some(approx);
         return Ok(None);
     }
@@ -521,6 +499,30 @@ pub fn build_lm_head(
     });
     model.set_lm_head(q);
     Ok(range)
+}
+
+/// Rows of `head` by index as f32, for the clustering: with `pread` (the file and where the
+/// head starts in it), copied from the file; else dequantized where they are.
+fn head_rows<'r>(
+    head: &'r RowMatrix<'r>,
+    pread: Option<(&'r GgufFile, usize)>,
+) -> Result<impl Fn(&[u32], &mut [f32]) -> bitnet_model::Result<()> + 'r> {
+    let rb = head.row_type().row_bytes(head.cols())?;
+    Ok(move |ids: &[u32], out: &mut [f32]| {
+        let mut bytes = Vec::new();
+        for (&r, o) in ids.iter().zip(out.chunks_exact_mut(head.cols())) {
+            let r = r as usize;
+            match pread {
+                Some((file, start)) => {
+                    bytes.resize(rb, 0);
+                    file.read_at(start.saturating_add(r.saturating_mul(rb)), &mut bytes)?;
+                    bitnet_kernels::rows::dequantize_row_bytes(head.row_type(), &bytes, o);
+                }
+                None => head.dequantize_row(r, o)?,
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Cluster `model`'s LM head (rows from `read`) into an approximate head.

@@ -19,7 +19,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use crate::dispatch::{kernels, kernels_for, Isa, Kernels};
+use crate::dispatch::{kernels, kernels_for, Isa, Kernels, RowDot, RowDotQ8, RowDotQ8Multi};
 use crate::layout::read_f16;
 use crate::pool::Pool;
 use crate::KernelError;
@@ -344,12 +344,9 @@ impl<'a> RowMatrix<'a> {
             return Ok(());
         }
         let cols = self.cols;
-        let int_dot = match self.ty {
-            RowType::Q8_0 => Some(kern.q8_0_q8),
-            RowType::Q4_0 => Some(kern.q4_0_q8),
-            _ => None,
-        }
-        .filter(|_| cols.is_multiple_of(32));
+        let int_dot = int_dots(kern, self.ty)
+            .map(|(dot, _)| dot)
+            .filter(|_| cols.is_multiple_of(32));
         let act = match int_dot {
             Some(_) => Some(quantize_q8_act(x, cols)?),
             None => None,
@@ -357,13 +354,7 @@ impl<'a> RowMatrix<'a> {
         // The same 64-byte alignment as the full matmul gives its float activations.
         let aligned = AlignedRows::new(x, cols);
         let xa = &aligned.as_slice()[..cols];
-        let direct: Option<crate::dispatch::RowDot> = match self.ty {
-            RowType::F16 => Some(kern.f16_dot_ggml),
-            RowType::Q8_0 => Some(kern.q8_0_dot),
-            RowType::Q4_0 => Some(kern.q4_0_dot),
-            RowType::BF16 => Some(kern.bf16_dot),
-            _ => None,
-        };
+        let direct = direct_dot(kern, self.ty, F16DotOrder::Ggml);
         let outp = crate::pool::SharedMut::new(out);
         let f = |range: Range<usize>| {
             let mut buf = Vec::new();
@@ -434,12 +425,7 @@ impl<'a> RowMatrix<'a> {
             (x, cols)
         };
         let token = |t: usize| &xa[t * xstride..t * xstride + cols];
-        let int_dot = match self.ty {
-            RowType::Q8_0 => Some((kern.q8_0_q8, kern.q8_0_q8_multi)),
-            RowType::Q4_0 => Some((kern.q4_0_q8, kern.q4_0_q8_multi)),
-            _ => None,
-        }
-        .filter(|_| q8_act && cols.is_multiple_of(32));
+        let int_dot = int_dots(kern, self.ty).filter(|_| q8_act && cols.is_multiple_of(32));
         // Row kernels that take every token at once: `g(rows, y)` writes y[(r − start)·n_tok + t]
         // for the rows of the range and all tokens.
         type AllTokens<'g> = Box<dyn Fn(Range<usize>, &mut [f32]) + Sync + 'g>;
@@ -489,18 +475,11 @@ impl<'a> RowMatrix<'a> {
             return Ok(());
         }
         let outp = crate::pool::SharedMut::new(out);
+        let direct = direct_dot(kern, self.ty, order);
         let f = |rows: Range<usize>| {
             let mut buf = Vec::new();
             for r in rows {
                 let row = self.row(r);
-                let direct: Option<crate::dispatch::RowDot> = match (self.ty, order) {
-                    (RowType::F16, F16DotOrder::Ggml) => Some(kern.f16_dot_ggml),
-                    (RowType::F16, _) => Some(kern.f16_dot_tiny),
-                    (RowType::Q8_0, _) => Some(kern.q8_0_dot),
-                    (RowType::Q4_0, _) => Some(kern.q4_0_dot),
-                    (RowType::BF16, _) => Some(kern.bf16_dot),
-                    _ => None,
-                };
                 if direct.is_none() {
                     buf.resize(cols, 0.0);
                     dequantize_row_bytes(self.ty, row, &mut buf);
@@ -664,6 +643,29 @@ pub fn dequantize_row_bytes(ty: RowType, row: &[u8], out: &mut [f32]) {
                 }
             }
         }
+    }
+}
+
+/// The per-row float dot of a row type (F16 in the given order); `None`: the row is
+/// dequantized and dotted with `f32_dot`.
+fn direct_dot(kern: &Kernels, ty: RowType, order: F16DotOrder) -> Option<RowDot> {
+    match (ty, order) {
+        (RowType::F16, F16DotOrder::Ggml) => Some(kern.f16_dot_ggml),
+        (RowType::F16, _) => Some(kern.f16_dot_tiny),
+        (RowType::Q8_0, _) => Some(kern.q8_0_dot),
+        (RowType::Q4_0, _) => Some(kern.q4_0_dot),
+        (RowType::BF16, _) => Some(kern.bf16_dot),
+        _ => None,
+    }
+}
+
+/// The integer dots (one token, several tokens) of a row type against Q8_0-quantized
+/// activations; `None` for the float-only types.
+fn int_dots(kern: &Kernels, ty: RowType) -> Option<(RowDotQ8, RowDotQ8Multi)> {
+    match ty {
+        RowType::Q8_0 => Some((kern.q8_0_q8, kern.q8_0_q8_multi)),
+        RowType::Q4_0 => Some((kern.q4_0_q8, kern.q4_0_q8_multi)),
+        _ => None,
     }
 }
 
