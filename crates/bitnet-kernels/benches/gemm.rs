@@ -4,7 +4,12 @@
 //! Variants run interleaved, round by round, and each reports the median of its rounds, so a
 //! change in the machine's speed during the run hits them alike. Ratios are against the
 //! selected tier on the file's layout (the path before panels existed). The last column is the
-//! multiply-add rate in int8 MACs per ns (2.1 G per token for the 2B model's projections).
+//! multiply-add rate in int8 MACs per ns (2.1 G per token for the 2B model's projections), and
+//! the share of the tier's multiplier peak that rate is: before the table, a probe times the
+//! multiply instruction each tier's panel kernel is built on (`vpmaddubsw` ymm for the AVX2 and
+//! AVX-512 tiers, `vpdpbusd` ymm for AVX-VNNI, `vpdpbusd` zmm for AVX-512 VNNI) in independent
+//! chains, on one thread and on every thread at once, so that figure is the instruction's issue
+//! rate on this host, measured.
 //!
 //! Env: `BENCH_QUICK=1` fewer rounds; `BENCH_FILTER=substring` only matching shapes;
 //! `BENCH_THREADS=1,2` thread counts; `BENCH_TOKENS=16,128` token counts.
@@ -35,6 +40,114 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// Independent chains of one multiply instruction on registers: nanoseconds per instruction
+/// (the issue rate, not the latency).
+#[cfg(target_arch = "x86_64")]
+mod probe {
+    use std::arch::x86_64::*;
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    /// Instructions per timed loop (10 chains × this).
+    const N: u64 = 20_000_000;
+
+    macro_rules! probe_fn {
+        ($name:ident, $feat:literal, $ty:ty, $reg:ident, $init:expr, |$a:ident, $x:ident| $op:expr) => {
+            /// # Safety
+            /// The named target features are available.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $name() -> f64 {
+                let $x: $ty = black_box($init);
+                let mut c: [$ty; 10] = [black_box($init); 10];
+                let mut best = f64::MAX;
+                for _ in 0..3 {
+                    let t = Instant::now();
+                    for _ in 0..N {
+                        for $a in c.iter_mut() {
+                            *$a = $op;
+                        }
+                        // SAFETY: an empty instruction string; it only makes the registers
+                        // opaque so the chains are neither folded nor merged.
+                        unsafe {
+                            std::arch::asm!("# {0} {1} {2} {3} {4} {5} {6} {7} {8} {9}",
+                                inout($reg) c[0], inout($reg) c[1], inout($reg) c[2],
+                                inout($reg) c[3], inout($reg) c[4], inout($reg) c[5],
+                                inout($reg) c[6], inout($reg) c[7], inout($reg) c[8],
+                                inout($reg) c[9], options(nomem, nostack, preserves_flags));
+                        }
+                    }
+                    best = best.min(t.elapsed().as_secs_f64() * 1e9 / (10 * N) as f64);
+                }
+                black_box(c);
+                best
+            }
+        };
+    }
+
+    probe_fn!(
+        maddubs_ymm,
+        "avx2",
+        __m256i,
+        ymm_reg,
+        _mm256_set1_epi8(1),
+        |a, x| _mm256_maddubs_epi16(*a, x)
+    );
+    probe_fn!(
+        dpbusd_ymm,
+        "avx2,avxvnni",
+        __m256i,
+        ymm_reg,
+        _mm256_set1_epi8(1),
+        |a, x| _mm256_dpbusd_avx_epi32(*a, x, x)
+    );
+    probe_fn!(
+        dpbusd_zmm,
+        "avx512f,avx512vnni",
+        __m512i,
+        zmm_reg,
+        _mm512_set1_epi8(1),
+        |a, x| _mm512_dpbusd_epi32(*a, x, x)
+    );
+}
+
+/// The multiply instruction `isa`'s panel kernel is built on, and its int8 multiply-adds.
+fn multiplier(isa: Isa) -> Option<(&'static str, f64)> {
+    match isa {
+        Isa::Avx2 | Isa::Avx2Lut | Isa::Avx512 => Some(("vpmaddubsw ymm", 32.0)),
+        Isa::AvxVnni => Some(("vpdpbusd ymm", 32.0)),
+        Isa::Avx512Vnni => Some(("vpdpbusd zmm", 64.0)),
+        _ => None,
+    }
+}
+
+/// Peak int8 multiply-adds per ns of `isa`'s multiplier with `threads` threads running the
+/// probe at once (the sum of their rates).
+#[cfg(target_arch = "x86_64")]
+fn peak_macs(isa: Isa, threads: usize) -> Option<f64> {
+    let (_, macs) = multiplier(isa)?;
+    let run = move || -> f64 {
+        // SAFETY: `isa` is a tier the CPU has (the caller takes it from `supported_isas`),
+        // and its features include the probe's.
+        unsafe {
+            match isa {
+                Isa::Avx512Vnni => probe::dpbusd_zmm(),
+                Isa::AvxVnni => probe::dpbusd_ymm(),
+                _ => probe::maddubs_ymm(),
+            }
+        }
+    };
+    let ns: Vec<f64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads).map(|_| s.spawn(run)).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    Some(ns.iter().map(|n| macs / n).sum())
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn peak_macs(_: Isa, _: usize) -> Option<f64> {
+    None
+}
+
 fn main() {
     let quick = std::env::var("BENCH_QUICK").is_ok();
     let filter = std::env::var("BENCH_FILTER").ok();
@@ -52,9 +165,32 @@ fn main() {
         isa().name(),
         supported_isas()
     );
+    // The multipliers' peaks (each probed once), per thread count.
+    let mut peaks: Vec<(&str, usize, f64)> = Vec::new();
+    for t in supported_isas() {
+        let Some((name, _)) = multiplier(t) else {
+            continue;
+        };
+        for &thr in &threads {
+            if peaks.iter().any(|&(m, n, _)| m == name && n == thr) {
+                continue;
+            }
+            if let Some(p) = peak_macs(t, thr) {
+                println!("peak: {name:<14} {thr} thread(s): {p:>7.1} int8 MAC/ns");
+                peaks.push((name, thr, p));
+            }
+        }
+    }
+    let peak_of = |t: Isa, thr: usize| {
+        let name = multiplier(t).map(|m| m.0);
+        peaks
+            .iter()
+            .find(|&&(m, n, _)| Some(m) == name && n == thr)
+            .map_or(f64::NAN, |p| p.2)
+    };
     println!(
-        "{:<22} {:>4} {:>3} {:<22} {:>10} {:>7} {:>8}",
-        "shape", "tok", "thr", "variant", "µs/call", "ratio", "MAC/ns"
+        "{:<22} {:>4} {:>3} {:<22} {:>10} {:>7} {:>8} {:>6}",
+        "shape", "tok", "thr", "variant", "µs/call", "ratio", "MAC/ns", "peak"
     );
     for (n_out, k) in [(2560usize, 2560usize), (6912, 2560), (2560, 6912)] {
         let shape = format!("I2_S {n_out}x{k}");
@@ -123,15 +259,22 @@ fn main() {
                 let macs = (n_out * k * n_tok) as f64;
                 for v in &mut vars {
                     let m = median(&mut v.times);
+                    let rate = macs / (m * 1e9);
+                    let share = 100.0 * rate / peak_of(v.isa, thr);
+                    let share = if share.is_finite() {
+                        format!("{share:>5.0}%")
+                    } else {
+                        format!("{:>6}", "-")
+                    };
                     println!(
-                        "{:<22} {:>4} {:>3} {:<22} {:>10.1} {:>6.2}x {:>8.1}",
+                        "{:<22} {:>4} {:>3} {:<22} {:>10.1} {:>6.2}x {:>8.1} {share}",
                         shape,
                         n_tok,
                         thr,
                         v.name,
                         m * 1e6,
                         base / m,
-                        macs / (m * 1e9)
+                        rate,
                     );
                 }
             }
