@@ -420,6 +420,10 @@ impl Backend for LayerStreamer {
         self.pool.n_threads()
     }
 
+    fn row_pool(&self) -> Option<&Pool> {
+        Some(&self.pool)
+    }
+
     fn begin_layer(&self, il: usize) -> bitnet_model::Result<()> {
         let n = self.layers.len();
         if n == 0 {

@@ -33,6 +33,6 @@ mod ternary;
 pub use dispatch::{has_panel_kernel, isa, isa_report, supported_isas, Isa};
 pub use error::KernelError;
 pub use layout::{ExternalScales, TernaryLayout};
-pub use pool::{part_range, Pool};
+pub use pool::{part_range, Pool, RowsJob2};
 pub use rows::{F16DotOrder, RowMatrix, RowType};
 pub use ternary::{detect_candidates, RowRunner, TernaryMatrix, ROW_GRAIN, TOKEN_TILE};

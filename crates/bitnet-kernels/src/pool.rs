@@ -23,6 +23,7 @@
 //! lifetime is erased to hand it to the workers, which is sound because `for_rows` does not
 //! return (or unwind) before every worker that saw the job open has finished with it.
 
+use crate::KernelError;
 use std::cell::{Cell, UnsafeCell};
 use std::ops::Range;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -297,6 +298,80 @@ impl Drop for Pool {
             t.unpark();
             let _ = h.join();
         }
+    }
+}
+
+/// A row-wise job over two slices: `f(rows, a_rows, b_rows)` (see [`Pool::for_rows_mut2`]).
+pub type RowsJob2<'f, A, B> = dyn Fn(Range<usize>, &mut [A], &mut [B]) + Sync + 'f;
+
+impl Pool {
+    /// Run `f(rows, a_rows, b_rows)` over disjoint row ranges covering every row on all
+    /// threads (as [`Pool::for_rows`]), where row `i` of `a` is `a[i·wa..(i+1)·wa]` and of `b`
+    /// is `b[i·wb..(i+1)·wb]`: `a_rows` and `b_rows` hold exactly the rows of `rows`. There
+    /// are `a.len() / wa` rows (`wa ≥ 1`); `b` needs `wb` elements for each (`wb` may be 0).
+    /// For steps that compute each row on its own (norms, quantization, element-wise
+    /// products): the result does not depend on the thread count.
+    ///
+    /// # Errors
+    /// [`KernelError::ShapeMismatch`] when `wa` is 0, `a` is not whole rows, or `b` is not
+    /// exactly `wb` elements per row.
+    pub fn for_rows_mut2<A: Send, B: Send>(
+        &self,
+        a: &mut [A],
+        wa: usize,
+        b: &mut [B],
+        wb: usize,
+        grain: usize,
+        f: &RowsJob2<'_, A, B>,
+    ) -> Result<(), KernelError> {
+        let mismatch = |what, expected, got| {
+            Err(KernelError::ShapeMismatch {
+                what,
+                expected,
+                got,
+            })
+        };
+        if wa == 0 {
+            return mismatch("row width", 1, 0);
+        }
+        let n = a.len() / wa;
+        if n * wa != a.len() {
+            return mismatch("rows of the first slice", (n + 1) * wa, a.len());
+        }
+        let want_b = n.checked_mul(wb).ok_or(KernelError::Overflow {
+            what: "row-wise job",
+        })?;
+        if b.len() != want_b {
+            return mismatch("rows of the second slice", want_b, b.len());
+        }
+        let (sa, sb) = (SharedMut::new(a), SharedMut::new(b));
+        self.for_rows(n, grain, &|r: Range<usize>| {
+            // SAFETY: `for_rows` hands out disjoint ranges within 0..n, so these element
+            // ranges are disjoint and within both slices (checked above); the slices stay
+            // borrowed mutably by this call until every range is done.
+            let (ra, rb) = unsafe {
+                (
+                    sa.slice_mut(r.start * wa..r.end * wa),
+                    sb.slice_mut(r.start * wb..r.end * wb),
+                )
+            };
+            f(r, ra, rb);
+        });
+        Ok(())
+    }
+
+    /// [`Pool::for_rows_mut2`] with one slice: `f(rows, a_rows)`.
+    ///
+    /// # Errors
+    /// [`KernelError::ShapeMismatch`] when `wa` is 0 or `a` is not whole rows.
+    pub fn for_rows_mut<A: Send>(
+        &self,
+        a: &mut [A],
+        wa: usize,
+        grain: usize,
+        f: &(dyn Fn(Range<usize>, &mut [A]) + Sync),
+    ) -> Result<(), KernelError> {
+        self.for_rows_mut2(a, wa, &mut [(); 0], 0, grain, &|r, ra, _| f(r, ra))
     }
 }
 

@@ -58,6 +58,73 @@ fn for_rows_visits_every_row_once() {
     }
 }
 
+/// Every row is handed out once, as exactly its own elements of both slices, on any thread
+/// count; bad shapes are refused before anything runs.
+#[test]
+fn row_slices_are_each_rows_own_elements() {
+    for threads in [1usize, 2, 3] {
+        let pool = Pool::new(threads);
+        for (n, wa, wb) in [
+            (1usize, 3usize, 1usize),
+            (7, 5, 2),
+            (128, 16, 0),
+            (1001, 4, 3),
+        ] {
+            let mut a = vec![0u32; n * wa];
+            let mut b = vec![0u16; n * wb];
+            pool.for_rows_mut2(&mut a, wa, &mut b, wb, 1, &|r, ra, rb| {
+                assert_eq!(ra.len(), r.len() * wa);
+                assert_eq!(rb.len(), r.len() * wb);
+                for (i, row) in r.clone().zip(ra.chunks_exact_mut(wa)) {
+                    for (j, x) in row.iter_mut().enumerate() {
+                        *x += u32::try_from(i * 100 + j).unwrap();
+                    }
+                }
+                if wb > 0 {
+                    for (i, row) in r.zip(rb.chunks_exact_mut(wb)) {
+                        for x in row {
+                            *x += u16::try_from(i).unwrap() + 1;
+                        }
+                    }
+                }
+            })
+            .unwrap();
+            for (i, row) in a.chunks_exact(wa).enumerate() {
+                for (j, &x) in row.iter().enumerate() {
+                    assert_eq!(
+                        x,
+                        u32::try_from(i * 100 + j).unwrap(),
+                        "n {n} threads {threads}"
+                    );
+                }
+            }
+            for (i, &x) in b.iter().enumerate() {
+                assert_eq!(x, u16::try_from(i / wb.max(1)).unwrap() + 1);
+            }
+            let mut one = vec![0u8; n * wa];
+            pool.for_rows_mut(&mut one, wa, 2, &|r, ra| {
+                assert_eq!(ra.len(), r.len() * wa);
+                ra.iter_mut().for_each(|x| *x += 1);
+            })
+            .unwrap();
+            assert!(one.iter().all(|&x| x == 1));
+        }
+        let mut a = vec![0f32; 10];
+        let never = |_: std::ops::Range<usize>, _: &mut [f32]| panic!("ran on a bad shape");
+        assert!(pool.for_rows_mut(&mut a, 0, 1, &never).is_err());
+        assert!(pool.for_rows_mut(&mut a, 3, 1, &never).is_err());
+        let mut b = vec![0i8; 4];
+        let never2 =
+            |_: std::ops::Range<usize>, _: &mut [f32], _: &mut [i8]| panic!("ran on a bad shape");
+        assert!(pool
+            .for_rows_mut2(&mut a, 5, &mut b, 1, 1, &never2)
+            .is_err());
+        assert!(pool
+            .for_rows_mut2(&mut a, 5, &mut b, 2, 1, &|_, _, _| {})
+            .is_ok());
+    }
+}
+
 #[test]
 fn nested_calls_run_inline() {
     let pool = Pool::new(2);

@@ -19,6 +19,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Threads (or lanes of work) the backend computes with, for reports.
     fn n_threads(&self) -> usize;
 
+    /// The CPU threads the forward pass may run its row-by-row steps on (norms, quantization
+    /// of activations, RoPE, the activation, residual adds). Each row is computed alone, so
+    /// the results do not depend on them. `None` (the default): those steps run on the
+    /// calling thread.
+    fn row_pool(&self) -> Option<&Pool> {
+        None
+    }
+
     /// Called before block `il` runs, in order, once per forward call: a backend that streams
     /// weights makes layer `il` resident here (and may start reading `il + 1`).
     fn begin_layer(&self, il: usize) -> Result<()> {
@@ -91,6 +99,10 @@ impl Backend for Pool {
 
     fn n_threads(&self) -> usize {
         Pool::n_threads(self)
+    }
+
+    fn row_pool(&self) -> Option<&Pool> {
+        Some(self)
     }
 
     fn ternary_matmul(

@@ -161,11 +161,42 @@ impl Scratch {
     }
 }
 
-/// `v` as `len` zeros, reusing its allocation.
+/// `v` as `len` elements, reusing its allocation. What they hold is left over from earlier
+/// calls (only growth is zeroed): every caller overwrites all of them.
 fn sized<T: Clone + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
-    v.clear();
+    v.truncate(len);
     v.resize(len, T::default());
     v
+}
+
+/// `f(rows, a_rows, b_rows)` over the rows of `a` (`wa` elements each) and `b` (`wb` each), on
+/// the backend's row pool when it has one, else in one call here. Each row must be computed
+/// alone, so the result does not depend on where it runs.
+fn each_row2<A: Send, B: Send>(
+    exec: &Exec<'_>,
+    a: &mut [A],
+    wa: usize,
+    b: &mut [B],
+    wb: usize,
+    f: &bitnet_kernels::RowsJob2<'_, A, B>,
+) -> Result<()> {
+    match exec.backend.row_pool() {
+        Some(pool) => Ok(pool.for_rows_mut2(a, wa, b, wb, 1, f)?),
+        None => {
+            f(0..a.len() / wa.max(1), a, b);
+            Ok(())
+        }
+    }
+}
+
+/// [`each_row2`] over one slice.
+fn each_row<A: Send>(
+    exec: &Exec<'_>,
+    a: &mut [A],
+    wa: usize,
+    f: &(dyn Fn(std::ops::Range<usize>, &mut [A]) + Sync),
+) -> Result<()> {
+    each_row2(exec, a, wa, &mut [(); 0], 0, &|r, ra, _| f(r, ra))
 }
 
 impl std::fmt::Debug for Exec<'_> {
@@ -581,10 +612,10 @@ impl<'a> Model<'a> {
         let li = Some(il);
 
         // 1. a = RMS(h, attn_norm)
-        self.norm_rows(h, &l.attn_norm, e, &mut sc.a);
+        self.norm_rows(h, &l.attn_norm, e, &mut sc.a, exec)?;
         exec.emit("attn_norm", li, &sc.a, n);
         // 2. Q, K, V = Lin(Wq, a), Lin(Wk, a), Lin(Wv, a)
-        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s);
+        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.wq, &sc.xq, &sc.s, n, exec, &mut sc.q)?;
         self.lin(&l.wk, &sc.xq, &sc.s, n, exec, &mut sc.k)?;
         self.lin(&l.wv, &sc.xq, &sc.s, n, exec, &mut sc.v)?;
@@ -592,14 +623,22 @@ impl<'a> Model<'a> {
         exec.emit("Kcur", li, &sc.k, n);
         exec.emit("Vcur", li, &sc.v, n);
         // 3. Q, K = RoPE_NEOX(Q, pos), RoPE_NEOX(K, pos)
-        for (t, rope) in ropes.iter().enumerate() {
-            for head in sc.q[t * e..(t + 1) * e].chunks_exact_mut(c.head_dim) {
-                numerics::rope_neox(&mut head[..c.n_rot], rope, exec.numerics);
-            }
-            for head in sc.k[t * kv..(t + 1) * kv].chunks_exact_mut(c.head_dim) {
-                numerics::rope_neox(&mut head[..c.n_rot], rope, exec.numerics);
-            }
-        }
+        let (hd, n_rot, nm) = (c.head_dim, c.n_rot, exec.numerics);
+        each_row2(
+            exec,
+            &mut sc.q[..n * e],
+            e,
+            &mut sc.k[..n * kv],
+            kv,
+            &|r, qs, ks| {
+                let rows = qs.chunks_exact_mut(e).zip(ks.chunks_exact_mut(kv));
+                for (rope, (qr, kr)) in ropes[r].iter().zip(rows) {
+                    for head in qr.chunks_exact_mut(hd).chain(kr.chunks_exact_mut(hd)) {
+                        numerics::rope_neox(&mut head[..n_rot], rope, nm);
+                    }
+                }
+            },
+        )?;
         exec.emit("q_rope", li, &sc.q, n);
         exec.emit("k_rope", li, &sc.k, n);
         // 4. O = Attn(Q, K, V) over each sequence's cache (causal, GQA)
@@ -628,47 +667,62 @@ impl<'a> Model<'a> {
         }
         exec.emit("kqv_out", li, &sc.o, n);
         // 5. O = RMS(O, attn_sub_norm)
-        self.norm_rows(&sc.o, &l.attn_sub_norm, e, &mut sc.a);
+        self.norm_rows(&sc.o, &l.attn_sub_norm, e, &mut sc.a, exec)?;
         exec.emit("attn_sub_norm", li, &sc.a, n);
         // 6. h = h + Lin(Wo, O)
-        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s);
+        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.wo, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
-        add_in_place(h, &sc.t);
+        add_in_place(h, &sc.t, e, exec)?;
         exec.emit("ffn_inp", li, h, n);
         // 7. f = RMS(h, ffn_norm)
-        self.norm_rows(h, &l.ffn_norm, e, &mut sc.a);
+        self.norm_rows(h, &l.ffn_norm, e, &mut sc.a, exec)?;
         exec.emit("ffn_norm", li, &sc.a, n);
         // 8. g = act(Lin(Wgate, f)) * Lin(Wup, f)
-        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s);
+        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.w_gate, &sc.xq, &sc.s, n, exec, &mut sc.g)?;
         self.lin(&l.w_up, &sc.xq, &sc.s, n, exec, &mut sc.up)?;
-        match c.activation {
-            Activation::Relu2 => sc.g.iter_mut().zip(&sc.up).for_each(|(g, &u)| {
-                let r = g.max(0.0);
-                *g = (r * r) * u;
-            }),
-            Activation::Silu => sc.g.iter_mut().zip(&sc.up).for_each(|(g, &u)| {
-                *g = (*g / (1.0 + (-*g).exp())) * u;
-            }),
-        }
+        let (act, up) = (c.activation, &sc.up);
+        each_row(exec, &mut sc.g[..n * ff], ff, &|r, gs| {
+            let us = &up[r.start * ff..r.end * ff];
+            match act {
+                Activation::Relu2 => gs.iter_mut().zip(us).for_each(|(g, &u)| {
+                    let r = g.max(0.0);
+                    *g = (r * r) * u;
+                }),
+                Activation::Silu => gs.iter_mut().zip(us).for_each(|(g, &u)| {
+                    *g = (*g / (1.0 + (-*g).exp())) * u;
+                }),
+            }
+        })?;
         exec.emit("ffn_act", li, &sc.g, n);
         // 9. g = RMS(g, ffn_sub_norm)
-        self.norm_rows(&sc.g, &l.ffn_sub_norm, ff, &mut sc.a);
+        self.norm_rows(&sc.g, &l.ffn_sub_norm, ff, &mut sc.a, exec)?;
         exec.emit("ffn_sub_norm", li, &sc.a, n);
         // 10. h = h + Lin(Wdown, g)
-        quantize_rows(&sc.a, ff, &mut sc.xq, &mut sc.s);
+        quantize_rows(&sc.a, ff, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.w_down, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
-        add_in_place(h, &sc.t);
+        add_in_place(h, &sc.t, e, exec)?;
         exec.emit("l_out", li, h, n);
         Ok(())
     }
 
     /// `y` = each `width`-row of `x` RMS-normed with weights `w`.
-    fn norm_rows(&self, x: &[f32], w: &[f32], width: usize, y: &mut Vec<f32>) {
+    fn norm_rows(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        width: usize,
+        y: &mut Vec<f32>,
+        exec: &Exec<'_>,
+    ) -> Result<()> {
         let y = sized(y, x.len());
-        for (src, dst) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)) {
-            numerics::rms_norm(src, w, self.config.rms_eps, dst);
-        }
+        let eps = self.config.rms_eps;
+        each_row(exec, y, width, &|r, ys| {
+            let xs = &x[r.start * width..r.end * width];
+            for (src, dst) in xs.chunks_exact(width).zip(ys.chunks_exact_mut(width)) {
+                numerics::rms_norm(src, w, eps, dst);
+            }
+        })
     }
 
     /// `Lin(W, x)`: the ternary matmul over int8 activations (docs/FORMATS.md §1).
@@ -703,18 +757,32 @@ impl<'a> Model<'a> {
 }
 
 /// Per-token int8 quantization of `[n][width]` activations into codes `q` and scales `s`.
-fn quantize_rows(x: &[f32], width: usize, q: &mut Vec<i8>, s: &mut Vec<f32>) {
+fn quantize_rows(
+    x: &[f32],
+    width: usize,
+    q: &mut Vec<i8>,
+    s: &mut Vec<f32>,
+    exec: &Exec<'_>,
+) -> Result<()> {
     let q = sized(q, x.len());
-    s.clear();
-    s.extend(
-        x.chunks_exact(width)
-            .zip(q.chunks_exact_mut(width))
-            .map(|(row, qr)| act::quantize_i8(row, qr)),
-    );
+    let s = sized(s, x.len() / width.max(1));
+    each_row2(exec, q, width, s, 1, &|r, qs, ss| {
+        let xs = &x[r.start * width..r.end * width];
+        for ((row, qr), sc) in xs
+            .chunks_exact(width)
+            .zip(qs.chunks_exact_mut(width))
+            .zip(ss)
+        {
+            *sc = act::quantize_i8(row, qr);
+        }
+    })
 }
 
-fn add_in_place(h: &mut [f32], d: &[f32]) {
-    for (a, b) in h.iter_mut().zip(d) {
-        *a += b;
-    }
+/// `h += d`, element by element, `width` at a time.
+fn add_in_place(h: &mut [f32], d: &[f32], width: usize, exec: &Exec<'_>) -> Result<()> {
+    each_row(exec, h, width, &|r, hs| {
+        for (a, b) in hs.iter_mut().zip(&d[r.start * width..r.end * width]) {
+            *a += b;
+        }
+    })
 }

@@ -114,6 +114,8 @@ fn every_heavy_operation_goes_through_the_backend() {
             out
         };
         rec.calls.lock().unwrap().clear();
+        // `Recording` has no row pool: its norms, quantization, RoPE and residual adds run on
+        // the calling thread, the plain pool's on its two threads.
         let a = run(&rec);
         let b = run(&plain);
         assert!(
