@@ -553,10 +553,11 @@ impl<'a> Model<'a> {
             });
             first += len;
         }
+        let norm = numerics::rms_norm_for(exec.numerics);
         let normed = |rows: &[usize]| {
             let mut hn = vec![0.0f32; rows.len() * c.n_embd];
             for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(rows) {
-                numerics::rms_norm(
+                norm(
                     &h[r * c.n_embd..(r + 1) * c.n_embd],
                     &self.output_norm,
                     c.rms_eps,
@@ -716,11 +717,11 @@ impl<'a> Model<'a> {
         exec: &Exec<'_>,
     ) -> Result<()> {
         let y = sized(y, x.len());
-        let eps = self.config.rms_eps;
+        let (eps, norm) = (self.config.rms_eps, numerics::rms_norm_for(exec.numerics));
         each_row(exec, y, width, &|r, ys| {
             let xs = &x[r.start * width..r.end * width];
             for (src, dst) in xs.chunks_exact(width).zip(ys.chunks_exact_mut(width)) {
-                numerics::rms_norm(src, w, eps, dst);
+                norm(src, w, eps, dst);
             }
         })
     }

@@ -6,8 +6,10 @@
 //!   roundings it makes, and the accumulation orders of `ggml_vec_dot_f16`, llamafile's tinyBLAS
 //!   and `ggml_v_expf`. The rules are listed on each function.
 //!
-//! Shared by both modes (they are cheap and already exact): RMSNorm with an f64 sum, RoPE tables
-//! from libm `powf`/`cosf`/`sinf` of an iterated f32 angle.
+//! RMSNorm sums its squares in f64 in both modes: one sequential sum in exact numerics (ggml's
+//! order), eight lanes added pairwise at the end in fast numerics ([`rms_norm_fast`]: no chain of
+//! 2,560 dependent additions; the sums differ only in f64 rounding). Shared by both modes: RoPE
+//! tables from libm `powf`/`cosf`/`sinf` of an iterated f32 angle.
 
 /// Which float paths the forward pass follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -41,6 +43,41 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     let scale = 1.0f32 / (mean + eps).sqrt();
     for ((o, &xi), &wi) in y.iter_mut().zip(x).zip(w) {
         *o = (xi * scale) * wi;
+    }
+}
+
+/// RMSNorm of one row for fast numerics: [`rms_norm`] with the f32 squares summed in eight f64
+/// lanes (element `i` into lane `i mod 8`, the lanes then added pairwise: 0+4, 1+5, 2+6, 3+7,
+/// then 0+2, 1+3, then 0+1), which the compiler vectorizes. The rest is [`rms_norm`]'s.
+pub fn rms_norm_fast(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    debug_assert!(x.len() == w.len() && x.len() == y.len());
+    let mut lanes = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += f64::from(v * v);
+        }
+    }
+    for (l, &v) in lanes.iter_mut().zip(tail) {
+        *l += f64::from(v * v);
+    }
+    let [a, b, c, d, e, f, g, h] = lanes;
+    let sum = ((a + e) + (c + g)) + ((b + f) + (d + h));
+    let n = x.len().max(1) as f64;
+    #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the rule
+    let mean = (sum / n) as f32;
+    let scale = 1.0f32 / (mean + eps).sqrt();
+    for ((o, &xi), &wi) in y.iter_mut().zip(x).zip(w) {
+        *o = (xi * scale) * wi;
+    }
+}
+
+/// The RMSNorm of `numerics`: [`rms_norm`] (exact) or [`rms_norm_fast`].
+pub fn rms_norm_for(numerics: Numerics) -> fn(&[f32], &[f32], f32, &mut [f32]) {
+    match numerics {
+        Numerics::Exact => rms_norm,
+        Numerics::Fast => rms_norm_fast,
     }
 }
 
@@ -122,5 +159,39 @@ mod tests {
         // mean(x^2) = 12.5, 1/sqrt(12.5) = 0.28284271
         assert!((y[0] - 3.0 * 0.282_842_7).abs() < 1e-6);
         assert!((y[1] - 8.0 * 0.282_842_7).abs() < 1e-6);
+    }
+
+    /// The eight-lane sum gives the sequential sum's result up to f64 rounding: within one f32
+    /// ulp of the scale on random rows of every length class (multiples of 8 and ragged tails),
+    /// and every element counts (a row whose only nonzero value is its last).
+    #[test]
+    fn fast_rms_norm_tracks_the_sequential_one() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            f32::from(u16::try_from(seed >> 48).unwrap_or(0)) / 32768.0 - 1.0
+        };
+        for len in [1usize, 7, 8, 9, 31, 128, 2560, 2567, 6912] {
+            let x: Vec<f32> = (0..len).map(|_| next() * 3.0).collect();
+            let w: Vec<f32> = (0..len).map(|_| next()).collect();
+            let (mut a, mut b) = (vec![0f32; len], vec![0f32; len]);
+            rms_norm(&x, &w, 1e-5, &mut a);
+            rms_norm_fast(&x, &w, 1e-5, &mut b);
+            for (p, q) in a.iter().zip(&b) {
+                assert!(
+                    (p - q).abs() <= 2.0 * f32::EPSILON * p.abs(),
+                    "len {len}: {p} vs {q}"
+                );
+            }
+            let mut last = vec![0f32; len];
+            last[len - 1] = 2.0;
+            let ones = vec![1f32; len];
+            rms_norm(&last, &ones, 0.0, &mut a);
+            rms_norm_fast(&last, &ones, 0.0, &mut b);
+            assert_eq!(a, b, "len {len}");
+            assert!(b[len - 1] > 0.0);
+        }
     }
 }
