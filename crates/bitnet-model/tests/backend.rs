@@ -94,7 +94,8 @@ fn every_heavy_operation_goes_through_the_backend() {
         calls: Mutex::new(Vec::new()),
     };
     let plain = Pool::new(2);
-    let prompt = [4000u32, 791, 1864, 315, 9];
+    // Long enough (≥ 16 rows) for the plain pool to split the light steps over its threads.
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 797 + 9) % 4096).collect();
     for numerics in [Numerics::Fast, Numerics::Exact] {
         let run = |backend: &dyn Backend| {
             let mut exec = Exec {
@@ -103,7 +104,7 @@ fn every_heavy_operation_goes_through_the_backend() {
                 trace: None,
                 scratch: None,
             };
-            let mut cache = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
+            let mut cache = m.new_cache(32, KvType::F16, u64::MAX).unwrap();
             let mut out = m
                 .forward(&prompt, &mut cache, Outputs::Last, &mut exec)
                 .unwrap();
@@ -126,7 +127,7 @@ fn every_heavy_operation_goes_through_the_backend() {
         // Per forward call: for each of the 2 layers, the hook, Q K V, attention, O, gate
         // up, down; then the head once.
         let mut want = Vec::new();
-        for (pos0, n) in [(0, 5), (5, 1)] {
+        for (pos0, n) in [(0, 20), (20, 1)] {
             for il in 0..2 {
                 want.push(format!("layer {il}"));
                 want.push(format!("lin 256x256 n{n}"));
