@@ -23,7 +23,6 @@
 //! lifetime is erased to hand it to the workers, which is sound because `for_rows` does not
 //! return (or unwind) before every worker that saw the job open has finished with it.
 
-use crate::KernelError;
 use std::cell::{Cell, UnsafeCell};
 use std::ops::Range;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -31,6 +30,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
+
+use crate::KernelError;
 
 /// How long an idle worker spins before parking (covers the gap between consecutive
 /// matvecs of a decode step without a wake-up syscall).
@@ -336,7 +337,11 @@ impl Pool {
         }
         let n = a.len() / wa;
         if n * wa != a.len() {
-            return mismatch("rows of the first slice", (n + 1) * wa, a.len());
+            return mismatch(
+                "rows of the first slice",
+                (n + 1).saturating_mul(wa),
+                a.len(),
+            );
         }
         let want_b = n.checked_mul(wb).ok_or(KernelError::Overflow {
             what: "row-wise job",

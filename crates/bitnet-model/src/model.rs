@@ -170,7 +170,7 @@ fn sized<T: Clone + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
 }
 
 /// Rows a light step needs before it is split over the row pool: below this, handing the work
-/// to the threads costs about what it saves (a batched decode step of 4 rows measured 2–4 %
+/// to the threads costs about what it saves (a batched decode step of 4 rows measured 1.5–4 %
 /// slower split than whole).
 const ROW_POOL_MIN_ROWS: usize = 16;
 
