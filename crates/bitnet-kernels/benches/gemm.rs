@@ -26,7 +26,7 @@ use std::time::Instant;
 use bitnet_kernels::{isa, supported_isas, Isa, Pool, TernaryLayout, TernaryMatrix};
 
 mod common;
-use common::{bytes, tensor};
+use common::{bytes, probe, tensor};
 
 struct Variant<'a> {
     name: String,
@@ -38,76 +38,6 @@ struct Variant<'a> {
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-/// Independent chains of one multiply instruction on registers: nanoseconds per instruction
-/// (the issue rate, not the latency).
-#[cfg(target_arch = "x86_64")]
-mod probe {
-    use std::arch::x86_64::*;
-    use std::hint::black_box;
-    use std::time::Instant;
-
-    /// Instructions per timed loop (10 chains × this).
-    const N: u64 = 20_000_000;
-
-    macro_rules! probe_fn {
-        ($name:ident, $feat:literal, $ty:ty, $reg:ident, $init:expr, |$a:ident, $x:ident| $op:expr) => {
-            /// # Safety
-            /// The named target features are available.
-            #[target_feature(enable = $feat)]
-            pub unsafe fn $name() -> f64 {
-                let $x: $ty = black_box($init);
-                let mut c: [$ty; 10] = [black_box($init); 10];
-                let mut best = f64::MAX;
-                for _ in 0..3 {
-                    let t = Instant::now();
-                    for _ in 0..N {
-                        for $a in c.iter_mut() {
-                            *$a = $op;
-                        }
-                        // SAFETY: an empty instruction string; it only makes the registers
-                        // opaque so the chains are neither folded nor merged.
-                        unsafe {
-                            std::arch::asm!("# {0} {1} {2} {3} {4} {5} {6} {7} {8} {9}",
-                                inout($reg) c[0], inout($reg) c[1], inout($reg) c[2],
-                                inout($reg) c[3], inout($reg) c[4], inout($reg) c[5],
-                                inout($reg) c[6], inout($reg) c[7], inout($reg) c[8],
-                                inout($reg) c[9], options(nomem, nostack, preserves_flags));
-                        }
-                    }
-                    best = best.min(t.elapsed().as_secs_f64() * 1e9 / (10 * N) as f64);
-                }
-                black_box(c);
-                best
-            }
-        };
-    }
-
-    probe_fn!(
-        maddubs_ymm,
-        "avx2",
-        __m256i,
-        ymm_reg,
-        _mm256_set1_epi8(1),
-        |a, x| _mm256_maddubs_epi16(*a, x)
-    );
-    probe_fn!(
-        dpbusd_ymm,
-        "avx2,avxvnni",
-        __m256i,
-        ymm_reg,
-        _mm256_set1_epi8(1),
-        |a, x| _mm256_dpbusd_avx_epi32(*a, x, x)
-    );
-    probe_fn!(
-        dpbusd_zmm,
-        "avx512f,avx512vnni",
-        __m512i,
-        zmm_reg,
-        _mm512_set1_epi8(1),
-        |a, x| _mm512_dpbusd_epi32(*a, x, x)
-    );
 }
 
 /// The multiply instruction `isa`'s panel kernel is built on, and its int8 multiply-adds.

@@ -24,6 +24,8 @@ use std::hint::black_box;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use bitnet_kernels::layout::i2s;
 use bitnet_kernels::{
     act, part_range, supported_isas, F16DotOrder, Isa, Pool, RowMatrix, RowRunner, RowType,
@@ -181,45 +183,6 @@ fn filter_ok(name: &str) -> bool {
     std::env::var("BENCH_FILTER").map_or(true, |f| name.contains(&f))
 }
 
-/// Nanoseconds per `vpmaddubsw` on 256-bit registers: eight independent dependency chains,
-/// so the figure is the issue rate, not the latency.
-///
-/// # Safety
-/// AVX2 available.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn maddubs_probe_ns() -> f64 {
-    use std::arch::x86_64::*;
-    let x = black_box(_mm256_set1_epi8(1));
-    let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5, mut a6, mut a7] =
-        [black_box(_mm256_set1_epi8(1)); 8];
-    let n = 20_000_000u64;
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        let t = Instant::now();
-        for _ in 0..n {
-            a0 = _mm256_maddubs_epi16(a0, x);
-            a1 = _mm256_maddubs_epi16(a1, x);
-            a2 = _mm256_maddubs_epi16(a2, x);
-            a3 = _mm256_maddubs_epi16(a3, x);
-            a4 = _mm256_maddubs_epi16(a4, x);
-            a5 = _mm256_maddubs_epi16(a5, x);
-            a6 = _mm256_maddubs_epi16(a6, x);
-            a7 = _mm256_maddubs_epi16(a7, x);
-            // SAFETY: an empty instruction string; it only makes the registers opaque so the
-            // chains are neither folded nor merged.
-            unsafe {
-                std::arch::asm!("# {0} {1} {2} {3} {4} {5} {6} {7}", inout(ymm_reg) a0, inout(ymm_reg) a1, inout(ymm_reg) a2,
-                    inout(ymm_reg) a3, inout(ymm_reg) a4, inout(ymm_reg) a5, inout(ymm_reg) a6,
-                    inout(ymm_reg) a7, options(nomem, nostack, preserves_flags));
-            }
-        }
-        best = best.min(t.elapsed().as_secs_f64() * 1e9 / (8 * n) as f64);
-    }
-    black_box([a0, a1, a2, a3, a4, a5, a6, a7]);
-    best
-}
-
 fn main() {
     let runners = Runners {
         ours: [Pool::new(1), Pool::new(2)],
@@ -243,10 +206,10 @@ fn main() {
     #[cfg(target_arch = "x86_64")]
     if filter_ok("probe") && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 detected just above.
-        let ns = unsafe { maddubs_probe_ns() };
+        let ns = unsafe { common::probe::maddubs_ymm() };
         // The I2_S kernels issue 4 vpmaddubsw (ymm) per 128 weights = 32 bytes per token.
         println!(
-            "probe: vpmaddubsw ymm {ns:.3} ns each (8 independent chains, 1 thread) -> \
+            "probe: vpmaddubsw ymm {ns:.3} ns each (10 independent chains, 1 thread) -> \
              I2_S compute bound {:.2} GB/s of weights per core and token",
             32.0 / (4.0 * ns)
         );

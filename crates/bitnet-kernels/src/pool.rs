@@ -364,20 +364,6 @@ impl Pool {
         });
         Ok(())
     }
-
-    /// [`Pool::for_rows_mut2`] with one slice: `f(rows, a_rows)`.
-    ///
-    /// # Errors
-    /// [`KernelError::ShapeMismatch`] when `wa` is 0 or `a` is not whole rows.
-    pub fn for_rows_mut<A: Send>(
-        &self,
-        a: &mut [A],
-        wa: usize,
-        grain: usize,
-        f: &(dyn Fn(Range<usize>, &mut [A]) + Sync),
-    ) -> Result<(), KernelError> {
-        self.for_rows_mut2(a, wa, &mut [(); 0], 0, grain, &|r, ra, _| f(r, ra))
-    }
 }
 
 /// Shared mutable access to a slice for writes to disjoint indices from pool threads.

@@ -102,7 +102,7 @@ fn row_slices_are_each_rows_own_elements() {
                 assert_eq!(x, u16::try_from(i / wb.max(1)).unwrap() + 1);
             }
             let mut one = vec![0u8; n * wa];
-            pool.for_rows_mut(&mut one, wa, 2, &|r, ra| {
+            pool.for_rows_mut2(&mut one, wa, &mut [(); 0], 0, 2, &|r, ra, _| {
                 assert_eq!(ra.len(), r.len() * wa);
                 ra.iter_mut().for_each(|x| *x += 1);
             })
@@ -110,9 +110,14 @@ fn row_slices_are_each_rows_own_elements() {
             assert!(one.iter().all(|&x| x == 1));
         }
         let mut a = vec![0f32; 10];
-        let never = |_: std::ops::Range<usize>, _: &mut [f32]| panic!("ran on a bad shape");
-        assert!(pool.for_rows_mut(&mut a, 0, 1, &never).is_err());
-        assert!(pool.for_rows_mut(&mut a, 3, 1, &never).is_err());
+        let never =
+            |_: std::ops::Range<usize>, _: &mut [f32], _: &mut [()]| panic!("ran on a bad shape");
+        assert!(pool
+            .for_rows_mut2(&mut a, 0, &mut [], 0, 1, &never)
+            .is_err());
+        assert!(pool
+            .for_rows_mut2(&mut a, 3, &mut [], 0, 1, &never)
+            .is_err());
         let mut b = vec![0i8; 4];
         let never2 =
             |_: std::ops::Range<usize>, _: &mut [f32], _: &mut [i8]| panic!("ran on a bad shape");

@@ -37,6 +37,12 @@ impl std::str::FromStr for Numerics {
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     debug_assert!(x.len() == w.len() && x.len() == y.len());
     let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+    scale_by_rms(x, w, eps, sum, y);
+}
+
+/// The common end of both norms, from the f64 sum of squares: `mean = (f32)(sum / n)`,
+/// `scale = 1 / sqrtf(mean + eps)` in f32, `y = (x * scale) * w` in f32.
+fn scale_by_rms(x: &[f32], w: &[f32], eps: f32, sum: f64, y: &mut [f32]) {
     let n = x.len().max(1) as f64;
     #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the rule
     let mean = (sum / n) as f32;
@@ -64,13 +70,7 @@ pub fn rms_norm_fast(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     }
     let [a, b, c, d, e, f, g, h] = lanes;
     let sum = ((a + e) + (c + g)) + ((b + f) + (d + h));
-    let n = x.len().max(1) as f64;
-    #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the rule
-    let mean = (sum / n) as f32;
-    let scale = 1.0f32 / (mean + eps).sqrt();
-    for ((o, &xi), &wi) in y.iter_mut().zip(x).zip(w) {
-        *o = (xi * scale) * wi;
-    }
+    scale_by_rms(x, w, eps, sum, y);
 }
 
 /// The RMSNorm of `numerics`: [`rms_norm`] (exact) or [`rms_norm_fast`].
