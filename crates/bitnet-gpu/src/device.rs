@@ -83,6 +83,13 @@ pub struct Gpu {
 
 /// Workgroup storage the kernels declare at most (the fused gate/up kernel: 4 × 64 × 16 bytes).
 const WORKGROUP_STORAGE: u32 = 4096;
+/// Rows a call may have for attention to split its positions into chunks over workgroups
+/// (attention_split.wgsl): a decode step.
+pub(crate) const ATTN_SPLIT_TOKENS: usize = 4;
+/// The fewest positions worth a chunk of their own (one block of 64).
+pub(crate) const ATTN_CHUNK: usize = 64;
+/// The most chunks (one merge thread each).
+pub(crate) const ATTN_MAX_SPLIT: usize = 64;
 /// Staged upload bytes after which [`Gpu::upload`] waits for the queue.
 const STAGING_FLUSH: u64 = 64 << 20;
 /// Invocations per workgroup the kernels use at most.
@@ -349,6 +356,7 @@ pub(crate) struct Kernels {
     pub rope: wgpu::ComputePipeline,
     pub attention_f32: wgpu::ComputePipeline,
     pub attention_f16: wgpu::ComputePipeline,
+    pub attention_merge: wgpu::ComputePipeline,
     pub kv_store_f16: wgpu::ComputePipeline,
     pub ternary_glu: wgpu::ComputePipeline,
     pub head: wgpu::ComputePipeline,
@@ -361,6 +369,8 @@ pub(crate) struct Kernels {
 const COMMON: &str = include_str!("shaders/common.wgsl");
 /// The attention kernel's body; a prelude in front of it says how the cache is read.
 const ATTENTION: &str = include_str!("shaders/attention.wgsl");
+/// How attention splits a call's positions over workgroups, shared with its merge kernel.
+const SPLIT: &str = include_str!("shaders/attention_split.wgsl");
 /// RMSNorm's bindings and row scale, shared by the two norm kernels.
 const NORM: &str = include_str!("shaders/norm_common.wgsl");
 /// The top-k kernels' shared selection.
@@ -368,6 +378,10 @@ const TOPK: &str = include_str!("shaders/topk_select.wgsl");
 
 impl Kernels {
     fn new(device: &wgpu::Device) -> Self {
+        let split = format!(
+            "const SPLIT_TOKENS: u32 = {ATTN_SPLIT_TOKENS}u;\nconst CHUNK: u32 = {ATTN_CHUNK}u;\n\
+             const MAX_SPLIT: u32 = {ATTN_MAX_SPLIT}u;\n{SPLIT}"
+        );
         let make = |name: &str, body: &str| {
             let src = format!("{COMMON}\n{body}");
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -397,16 +411,20 @@ impl Kernels {
             attention_f32: make(
                 "attention_f32",
                 &format!(
-                    "{}\n{ATTENTION}",
+                    "{}\n{split}\n{ATTENTION}",
                     include_str!("shaders/attention_f32.wgsl")
                 ),
             ),
             attention_f16: make(
                 "attention_f16",
                 &format!(
-                    "{}\n{ATTENTION}",
+                    "{}\n{split}\n{ATTENTION}",
                     include_str!("shaders/attention_f16.wgsl")
                 ),
+            ),
+            attention_merge: make(
+                "attention_merge",
+                &format!("{split}\n{}", include_str!("shaders/attention_merge.wgsl")),
             ),
             kv_store_f16: make("kv_store_f16", include_str!("shaders/kv_store_f16.wgsl")),
             ternary_glu: make("ternary_glu", include_str!("shaders/ternary_glu.wgsl")),

@@ -5,7 +5,7 @@ use bitnet_kernels::{RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 use bitnet_model::numerics::{rope_neox_back, rope_row};
 use bitnet_model::{Activation, Config, Model, Outputs};
 
-use crate::device::Gpu;
+use crate::device::{Gpu, ATTN_CHUNK, ATTN_MAX_SPLIT, ATTN_SPLIT_TOKENS};
 use crate::{GpuError, Result};
 
 /// Token rows per workgroup of the ternary kernel (`TT` in ternary.wgsl).
@@ -151,6 +151,8 @@ pub struct GpuCache {
     k: Vec<wgpu::Buffer>,
     v: Vec<wgpu::Buffer>,
     attn: Vec<wgpu::BindGroup>,
+    /// The merge of a split attention call's chunk states (one for every layer).
+    merge: wgpu::BindGroup,
     /// f16: the kernel that stores each block's new K and V rows.
     store: Vec<wgpu::BindGroup>,
     rope: wgpu::BindGroup,
@@ -545,14 +547,32 @@ impl GpuModel {
             GpuKv::F16 => &kp.attention_f16,
             GpuKv::F32 => &kp.attention_f32,
         };
+        // Chunk states of a split call: per (row, head, chunk) head_dim + 2 floats.
+        let part_len = mul(
+            mul(
+                ATTN_SPLIT_TOKENS * ATTN_MAX_SPLIT,
+                c.n_head,
+                "attention chunks",
+            )?,
+            c.head_dim + 2,
+            "attention chunks",
+        )?;
+        let part = self.gpu.storage(
+            "attention chunks",
+            bytes_of(mul(part_len, 4, "attention chunks")?)?,
+            wgpu::BufferUsages::empty(),
+        )?;
         let attn = (0..c.n_layer)
             .map(|il| {
                 self.gpu.bind(
                     pipeline,
-                    &[&self.step, &attn_dims, &a.q, &k[il], &v[il], &a.o],
+                    &[&self.step, &attn_dims, &a.q, &k[il], &v[il], &a.o, &part],
                 )
             })
             .collect();
+        let merge = self
+            .gpu
+            .bind(&kp.attention_merge, &[&self.step, &attn_dims, &part, &a.o]);
         let store = match ty {
             GpuKv::F32 => Vec::new(),
             GpuKv::F16 => {
@@ -571,12 +591,13 @@ impl GpuModel {
         };
         self.gpu.wait()?;
         Ok(GpuCache {
-            bytes: per * 2 * bytes_of(c.n_layer)? + tb.size(),
+            bytes: per * 2 * bytes_of(c.n_layer)? + tb.size() + part.size(),
             ty,
             store,
             k,
             v,
             attn,
+            merge,
             rope,
             len: 0,
             n_ctx,
@@ -827,6 +848,15 @@ impl GpuModel {
         let rope_heads = u32_of(c.n_head + c.n_head_kv, "n_head")?;
         let kv_bytes = bytes_of(mul(n, kv, "kv")? * 4)?;
         let kv_at = bytes_of(mul(cache.len, kv, "kv")? * 4)?;
+        // attention_split.wgsl's n_split(): a decode step's positions in chunks.
+        let split = if n <= ATTN_SPLIT_TOKENS {
+            u32_of(
+                (cache.len + n).div_ceil(ATTN_CHUNK).min(ATTN_MAX_SPLIT),
+                "attention chunks",
+            )?
+        } else {
+            1
+        };
         for (il, l) in self.layers.iter().enumerate() {
             if self.skip.get(il).copied().unwrap_or(false) {
                 continue;
@@ -855,7 +885,10 @@ impl GpuModel {
                 GpuKv::F16 => &kp.attention_f16,
                 GpuKv::F32 => &kp.attention_f32,
             };
-            dispatch(&mut p, attention, &cache.attn[il], heads, n32);
+            dispatch3(&mut p, attention, &cache.attn[il], heads, n32, split);
+            if split > 1 {
+                dispatch(&mut p, &kp.attention_merge, &cache.merge, heads, n32);
+            }
             // 5.–6. h += Lin(Wo, RMS(O))
             dispatch(&mut p, &kp.norm_quant, &l.norm_sub, n32, 1);
             lin(&mut p, &l.o)?;
@@ -906,9 +939,20 @@ fn dispatch(
     x: u32,
     y: u32,
 ) {
+    dispatch3(p, pipeline, bind, x, y, 1);
+}
+
+fn dispatch3(
+    p: &mut wgpu::ComputePass<'_>,
+    pipeline: &wgpu::ComputePipeline,
+    bind: &wgpu::BindGroup,
+    x: u32,
+    y: u32,
+    z: u32,
+) {
     p.set_pipeline(pipeline);
     p.set_bind_group(0, bind, &[]);
-    p.dispatch_workgroups(x, y, 1);
+    p.dispatch_workgroups(x, y, z);
 }
 
 /// One ternary matrix on the device: 2-bit codes in I2_S order, its scales, and the kernels'

@@ -221,6 +221,62 @@ fn medium_synth_matches_the_cpu_in_i2s_and_tq2() {
     }
 }
 
+/// Decode steps past one attention chunk split each row's positions over workgroups and
+/// merge the chunks; a 3-row call whose first row ends on a chunk boundary gives that row an
+/// empty chunk. Both must match the CPU, as the unsplit prompt does.
+#[test]
+fn split_attention_matches_the_cpu() {
+    if !common::have_gpu() {
+        return;
+    }
+    let f = tiny();
+    let m = Model::load(&f).unwrap();
+    let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
+    let pool = Pool::new(2);
+    let mut exec = Exec {
+        backend: &pool,
+        numerics: Numerics::Fast,
+        trace: None,
+        scratch: None,
+    };
+    let nv = m.config.n_vocab;
+    // 381 prompt rows: positions 0..381, then steps at 381 and 382 (3 chunks of 128), then
+    // rows at 383..386 (4 chunks; the first row sees 384 positions, so its 4th is empty).
+    let prompt: Vec<u32> = (0..381u32).map(|i| (i * 211 + 5) % 4256).collect();
+    for kv in [GpuKv::F16, GpuKv::F32] {
+        let mut cache = m.new_cache(400, cpu_kv(kv), u64::MAX).unwrap();
+        let mut gc = g.new_cache(400, kv).unwrap();
+        let a = m
+            .forward(&prompt, &mut cache, Outputs::Last, &mut exec)
+            .unwrap();
+        let b = g.forward(&prompt, &mut gc, Outputs::Last).unwrap();
+        gate(&format!("{kv:?} prompt of 381"), &a, &b);
+        for (i, call) in [&[17u32][..], &[99], &[1234, 5, 4000]].iter().enumerate() {
+            let a = m
+                .forward(call, &mut cache, Outputs::All, &mut exec)
+                .unwrap();
+            let b = g.forward(call, &mut gc, Outputs::All).unwrap();
+            assert_eq!(a.len(), call.len() * nv);
+            for (r, (x, y)) in a.chunks_exact(nv).zip(b.chunks_exact(nv)).enumerate() {
+                gate(&format!("{kv:?} split call {i}, row {r}"), x, y);
+            }
+        }
+        assert_eq!(gc.len(), 386);
+    }
+    // Past 64 chunks of 64 positions the chunks grow (to 128 here): a step at 4,150.
+    let long: Vec<u32> = (0..4150u32).map(|i| (i * 211 + 5) % 4256).collect();
+    let mut cache = m.new_cache(4160, KvType::F16, u64::MAX).unwrap();
+    let mut gc = g.new_cache(4160, GpuKv::F16).unwrap();
+    m.forward(&long, &mut cache, Outputs::None, &mut exec)
+        .unwrap();
+    g.forward(&long, &mut gc, Outputs::None).unwrap();
+    let a = m
+        .forward(&[17], &mut cache, Outputs::Last, &mut exec)
+        .unwrap();
+    let b = g.forward(&[17], &mut gc, Outputs::Last).unwrap();
+    gate("a step at 4,150", &a, &b);
+}
+
 #[test]
 fn context_shift_matches_the_cpu() {
     if !common::have_gpu() {

@@ -1,6 +1,8 @@
-// Causal GQA attention of one query row and head per workgroup over the cache, in blocks of
-// 64 positions with an online softmax (running max m, sum l, rescaled accumulators), so
-// memory does not grow with the context. Query head h reads KV head h / (n_head / n_head_kv).
+// Causal GQA attention of one query row and head per workgroup (and, for a decode step, one
+// chunk of its positions: attention_split.wgsl) over the cache, in blocks of 64 positions
+// with an online softmax (running max m, sum l, rescaled accumulators), so memory does not
+// grow with the context. Query head h reads KV head h / (n_head / n_head_kv). A split call
+// leaves each chunk's state (acc, m, l) to attention_merge.wgsl.
 // The cache's element type comes from the prelude compiled in front of this file
 // (attention_f32.wgsl or attention_f16.wgsl): `k_at(i)` and `v_at(i)` read element i.
 struct Dims {
@@ -14,6 +16,8 @@ struct Dims {
 @group(0) @binding(1) var<uniform> dims: Dims;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
+// Chunk states of a split call: per (row, head, chunk) `acc[d]`, m, l.
+@group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
 const WG: u32 = 64u;
 // head_dim ≤ 64 · ACC
@@ -31,6 +35,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let kv_stride = dims.n_head_kv * d;
     let qo = (t * dims.n_head + h) * d;
     let n_pos = step.pos0 + t + 1u;
+    let ns = n_split();
+    var lo = 0u;
+    var hi = n_pos;
+    if ns > 1u {
+        let cl = chunk_len(ns);
+        lo = min(wg.z * cl, n_pos);
+        hi = min(n_pos, lo + cl);
+    }
     for (var i = lid.x; i < d; i += WG) {
         qs[i] = q[qo + i];
     }
@@ -38,10 +50,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     var m = -3.0e38;
     var l = 0.0;
     var acc: array<f32, 4>;
-    for (var c0 = 0u; c0 < n_pos; c0 += WG) {
+    for (var c0 = lo; c0 < hi; c0 += WG) {
         let j = c0 + lid.x;
         var s = -3.0e38;
-        if j < n_pos {
+        if j < hi {
             let ko = j * kv_stride + kvh * d;
             var dot = 0.0;
             for (var i = 0u; i < d; i++) {
@@ -60,7 +72,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         let m_new = max(m, red[0]);
         workgroupBarrier();
         var pj = 0.0;
-        if j < n_pos {
+        if j < hi {
             pj = exp(s - m_new);
         }
         p[lid.x] = pj;
@@ -75,7 +87,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         let alpha = exp(m - m_new);
         l = l * alpha + red[0];
         m = m_new;
-        let n = min(WG, n_pos - c0);
+        let n = min(WG, hi - c0);
         for (var a = 0u; a < ACC; a++) {
             let i = lid.x + a * WG;
             if i < d {
@@ -88,10 +100,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         }
         workgroupBarrier();
     }
-    for (var a = 0u; a < ACC; a++) {
-        let i = lid.x + a * WG;
-        if i < d {
-            o[qo + i] = acc[a] / l;
+    if ns == 1u {
+        for (var a = 0u; a < ACC; a++) {
+            let i = lid.x + a * WG;
+            if i < d {
+                o[qo + i] = acc[a] / l;
+            }
+        }
+    } else {
+        let pb = ((t * dims.n_head + h) * ns + wg.z) * (d + 2u);
+        for (var a = 0u; a < ACC; a++) {
+            let i = lid.x + a * WG;
+            if i < d {
+                part[pb + i] = acc[a];
+            }
+        }
+        if lid.x == 0u {
+            part[pb + d] = m;
+            part[pb + d + 1u] = l;
         }
     }
 }

@@ -1,0 +1,20 @@
+// Shared by attention.wgsl and attention_merge.wgsl: how a call's positions are split over
+// workgroups. A call of at most SPLIT_TOKENS rows (a decode step) cuts the positions into
+// n_split() chunks of chunk_len() (whole blocks of 64), one workgroup each (its z index), so
+// that a long history keeps the whole GPU busy; the merge kernel then combines the chunks'
+// softmax states. A longer call (a prompt) has rows enough: one workgroup per (head, row)
+// sees every position. SPLIT_TOKENS, CHUNK (the fewest positions worth a chunk) and
+// MAX_SPLIT are defined in front of this file from the Rust constants, which the dispatch
+// uses too.
+
+fn n_split() -> u32 {
+    if step.n_tok > SPLIT_TOKENS {
+        return 1u;
+    }
+    return min(MAX_SPLIT, (step.pos0 + step.n_tok + CHUNK - 1u) / CHUNK);
+}
+
+fn chunk_len(ns: u32) -> u32 {
+    let n_kv = step.pos0 + step.n_tok;
+    return ((n_kv + ns - 1u) / ns + 63u) / 64u * 64u;
+}
