@@ -240,8 +240,9 @@ fn split_attention_matches_the_cpu() {
         scratch: None,
     };
     let nv = m.config.n_vocab;
-    // 381 prompt rows: positions 0..381, then steps at 381 and 382 (3 chunks of 128), then
-    // rows at 383..386 (4 chunks; the first row sees 384 positions, so its 4th is empty).
+    // 381 prompt rows (one workgroup per row and head), then steps at 381 and 382 (6 chunks
+    // of 64), then rows at 383..386 (7 chunks; the first row sees 384 positions, so its 7th
+    // is empty).
     let prompt: Vec<u32> = (0..381u32).map(|i| (i * 211 + 5) % 4256).collect();
     for kv in [GpuKv::F16, GpuKv::F32] {
         let mut cache = m.new_cache(400, cpu_kv(kv), u64::MAX).unwrap();

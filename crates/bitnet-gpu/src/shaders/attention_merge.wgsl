@@ -1,8 +1,8 @@
 // The chunks of a split attention call (attention.wgsl) combined, per (head, row): with
 // M the largest chunk maximum and w_c = exp(m_c − M), o = Σ acc_c·w_c / Σ l_c·w_c, the sums
 // in chunk order; a chunk that saw no position (l = 0) weighs 0. Thread c reads chunk c's
-// state (n_split() ≤ 64); each thread then sums its dimensions over the chunks, four loads
-// in flight at a time.
+// state (n_split() ≤ 64); each thread then sums its dimensions over the chunks, issuing four
+// chunks' loads before it adds them.
 struct Dims {
     n_head: u32,
     n_head_kv: u32,
