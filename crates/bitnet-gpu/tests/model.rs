@@ -83,17 +83,22 @@ fn cpu_kv(kv: GpuKv) -> KvType {
     }
 }
 
+/// The CPU's fast forward pass on `pool`.
+fn fast(pool: &Pool) -> Exec<'_> {
+    Exec {
+        backend: pool,
+        numerics: Numerics::Fast,
+        trace: None,
+        scratch: None,
+    }
+}
+
 /// Every prompt position, then 32 steps fed the CPU's greedy choice, on both.
 fn compare(m: &Model<'_>, opts: GpuOptions, kv: GpuKv, prompt: &[u32], what: &str) {
     let g = GpuModel::new(m, opts).unwrap();
     let nv = m.config.n_vocab;
     let pool = Pool::new(2);
-    let mut exec = Exec {
-        backend: &pool,
-        numerics: Numerics::Fast,
-        trace: None,
-        scratch: None,
-    };
+    let mut exec = fast(&pool);
     let mut cache = m
         .new_cache(prompt.len() + 40, cpu_kv(kv), u64::MAX)
         .unwrap();
@@ -125,12 +130,7 @@ fn greedy(m: &Model<'_>, prompt: &[u32], what: &str) {
     let g = GpuModel::new(m, GpuOptions::default()).unwrap();
     let nv = m.config.n_vocab;
     let pool = Pool::new(2);
-    let mut exec = Exec {
-        backend: &pool,
-        numerics: Numerics::Fast,
-        trace: None,
-        scratch: None,
-    };
+    let mut exec = fast(&pool);
     let mut cache = m
         .new_cache(prompt.len() + 24, KvType::F16, u64::MAX)
         .unwrap();
@@ -233,12 +233,7 @@ fn split_attention_matches_the_cpu() {
     let m = Model::load(&f).unwrap();
     let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
     let pool = Pool::new(2);
-    let mut exec = Exec {
-        backend: &pool,
-        numerics: Numerics::Fast,
-        trace: None,
-        scratch: None,
-    };
+    let mut exec = fast(&pool);
     let nv = m.config.n_vocab;
     // 381 prompt rows (one workgroup per row and head), then steps at 381 and 382 (6 chunks
     // of 64), then rows at 383..386 (7 chunks; the first row sees 384 positions, so its 7th
@@ -287,12 +282,7 @@ fn context_shift_matches_the_cpu() {
     let m = Model::load(&f).unwrap();
     let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
     let pool = Pool::new(2);
-    let mut exec = Exec {
-        backend: &pool,
-        numerics: Numerics::Fast,
-        trace: None,
-        scratch: None,
-    };
+    let mut exec = fast(&pool);
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 211 + 5) % 4256).collect();
     let nv = m.config.n_vocab;
     let mut shifted = Vec::new();

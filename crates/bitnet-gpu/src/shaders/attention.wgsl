@@ -4,16 +4,8 @@
 // grow with the context. Query head h reads KV head h / (n_head / n_head_kv). A split call
 // leaves each chunk's state (acc, m, l) to attention_merge.wgsl.
 // The cache's element type comes from the prelude compiled in front of this file
-// (attention_f32.wgsl or attention_f16.wgsl): `k_at(i)` and `v_at(i)` read element i.
-struct Dims {
-    n_head: u32,
-    n_head_kv: u32,
-    head_dim: u32,
-    scale: f32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> dims: Dims;
+// (attention_f32.wgsl or attention_f16.wgsl): `k_at(i)` and `v_at(i)` read element i; the
+// shapes and uniforms (`dims`, `step`) are attention_split.wgsl's.
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
 // Chunk states of a split call: per (row, head, chunk) `acc[d]`, m, l.

@@ -2,16 +2,7 @@
 // M the largest chunk maximum and w_c = exp(m_c − M), o = Σ acc_c·w_c / Σ l_c·w_c, the sums
 // in chunk order; a chunk that saw no position (l = 0) weighs 0. Thread c reads chunk c's
 // state (n_split() ≤ 64); each thread then sums its dimensions over the chunks, issuing four
-// chunks' loads before it adds them.
-struct Dims {
-    n_head: u32,
-    n_head_kv: u32,
-    head_dim: u32,
-    scale: f32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> dims: Dims;
+// chunks' loads before it adds them. The shapes and uniforms are attention_split.wgsl's.
 @group(0) @binding(2) var<storage, read> part: array<f32>;
 @group(0) @binding(3) var<storage, read_write> o: array<f32>;
 

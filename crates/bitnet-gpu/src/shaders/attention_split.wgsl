@@ -1,11 +1,21 @@
-// Shared by attention.wgsl and attention_merge.wgsl: how a call's positions are split over
-// workgroups. A call of at most SPLIT_TOKENS rows (a decode step) cuts the positions into
-// n_split() chunks of chunk_len() (whole blocks of 64), one workgroup each (its z index), so
-// that a long history keeps the whole GPU busy; the merge kernel then combines the chunks'
-// softmax states. A longer call (a prompt) has rows enough: one workgroup per (head, row)
-// sees every position. SPLIT_TOKENS, CHUNK (the fewest positions worth a chunk) and
-// MAX_SPLIT are defined in front of this file from the Rust constants, which the dispatch
-// uses too.
+// Shared by attention.wgsl and attention_merge.wgsl: their shapes and uniforms, and how a
+// call's positions are split over workgroups. A call of at most SPLIT_TOKENS rows (a decode
+// step) cuts the positions into n_split() chunks of chunk_len() (whole blocks of 64), one
+// workgroup each (its z index), so that a long history keeps the whole GPU busy; the merge
+// kernel then combines the chunks' softmax states. A longer call (a prompt) has rows enough:
+// one workgroup per (head, row) sees every position. SPLIT_TOKENS, CHUNK (the fewest positions
+// worth a chunk) and MAX_SPLIT are defined in front of this file from the Rust constants,
+// which the dispatch uses too.
+
+struct Dims {
+    n_head: u32,
+    n_head_kv: u32,
+    head_dim: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> dims: Dims;
 
 fn n_split() -> u32 {
     if step.n_tok > SPLIT_TOKENS {
