@@ -90,6 +90,25 @@ pub(crate) const ATTN_SPLIT_TOKENS: usize = 4;
 pub(crate) const ATTN_CHUNK: usize = 64;
 /// The most chunks (one merge thread each).
 pub(crate) const ATTN_MAX_SPLIT: usize = 64;
+
+/// Workgroups per (head, row) that attention runs for a call of `n` rows over `n_kv` positions
+/// (attention_split.wgsl's `n_split()`); more than one needs the merge kernel after it.
+pub(crate) fn attn_split(n: usize, n_kv: usize) -> Result<u32> {
+    let split = if n <= ATTN_SPLIT_TOKENS {
+        n_kv.div_ceil(ATTN_CHUNK).min(ATTN_MAX_SPLIT)
+    } else {
+        1
+    };
+    u32::try_from(split).map_err(|_| GpuError::Overflow("attention chunks"))
+}
+
+/// Floats of the chunk states a split attention call writes, for `n_head` heads of `head_dim`.
+pub(crate) fn attn_part_len(n_head: usize, head_dim: usize) -> Result<usize> {
+    (ATTN_SPLIT_TOKENS * ATTN_MAX_SPLIT)
+        .checked_mul(n_head)
+        .and_then(|x| x.checked_mul(head_dim + 2))
+        .ok_or(GpuError::Overflow("attention chunks"))
+}
 /// Staged upload bytes after which [`Gpu::upload`] waits for the queue.
 const STAGING_FLUSH: u64 = 64 << 20;
 /// Invocations per workgroup the kernels use at most.

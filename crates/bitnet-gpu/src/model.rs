@@ -5,7 +5,7 @@ use bitnet_kernels::{RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 use bitnet_model::numerics::{rope_neox_back, rope_row};
 use bitnet_model::{Activation, Config, Model, Outputs};
 
-use crate::device::{Gpu, ATTN_CHUNK, ATTN_MAX_SPLIT, ATTN_SPLIT_TOKENS};
+use crate::device::{attn_part_len, attn_split, Gpu};
 use crate::{GpuError, Result};
 
 /// Token rows per workgroup of the ternary kernel (`TT` in ternary.wgsl).
@@ -548,15 +548,7 @@ impl GpuModel {
             GpuKv::F32 => &kp.attention_f32,
         };
         // Chunk states of a split call: per (row, head, chunk) head_dim + 2 floats.
-        let part_len = mul(
-            mul(
-                ATTN_SPLIT_TOKENS * ATTN_MAX_SPLIT,
-                c.n_head,
-                "attention chunks",
-            )?,
-            c.head_dim + 2,
-            "attention chunks",
-        )?;
+        let part_len = attn_part_len(c.n_head, c.head_dim)?;
         let part = self.gpu.storage(
             "attention chunks",
             bytes_of(mul(part_len, 4, "attention chunks")?)?,
@@ -848,15 +840,8 @@ impl GpuModel {
         let rope_heads = u32_of(c.n_head + c.n_head_kv, "n_head")?;
         let kv_bytes = bytes_of(mul(n, kv, "kv")? * 4)?;
         let kv_at = bytes_of(mul(cache.len, kv, "kv")? * 4)?;
-        // attention_split.wgsl's n_split(): a decode step's positions in chunks.
-        let split = if n <= ATTN_SPLIT_TOKENS {
-            u32_of(
-                (cache.len + n).div_ceil(ATTN_CHUNK).min(ATTN_MAX_SPLIT),
-                "attention chunks",
-            )?
-        } else {
-            1
-        };
+        // A decode step's positions in chunks (attention_split.wgsl).
+        let split = attn_split(n, cache.len + n)?;
         for (il, l) in self.layers.iter().enumerate() {
             if self.skip.get(il).copied().unwrap_or(false) {
                 continue;

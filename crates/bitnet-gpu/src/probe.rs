@@ -22,7 +22,7 @@ pub fn gpu_tests_enabled() -> bool {
     );
 }
 
-use crate::device::Gpu;
+use crate::device::{attn_part_len, attn_split, Gpu};
 use crate::model::{upload_glu, upload_matrix};
 use crate::{GpuError, Result};
 
@@ -51,12 +51,23 @@ fn run(
     x: u32,
     y: u32,
 ) -> Result<()> {
+    run3(gpu, pipeline, bind, x, y, 1)
+}
+
+fn run3(
+    gpu: &Gpu,
+    pipeline: &wgpu::ComputePipeline,
+    bind: &wgpu::BindGroup,
+    x: u32,
+    y: u32,
+    z: u32,
+) -> Result<()> {
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     {
         let mut p = enc.begin_compute_pass(&Default::default());
         p.set_pipeline(pipeline);
         p.set_bind_group(0, bind, &[]);
-        p.dispatch_workgroups(x, y, 1);
+        p.dispatch_workgroups(x, y, z);
     }
     gpu.queue.submit([enc.finish()]);
     gpu.wait()
@@ -133,7 +144,8 @@ pub struct AttnProbe {
 }
 
 /// The attention kernel: `q` is `n × n_head × head_dim`, `k`/`v` hold `pos0 + n` rows of
-/// `n_head_kv × head_dim`, stored as f16 (rounded to nearest even) when `f16`.
+/// `n_head_kv × head_dim`, stored as f16 (rounded to nearest even) when `f16`. A call of few
+/// rows splits its positions over workgroups and merges them, as the model's calls do.
 pub fn attention(
     gpu: &Gpu,
     s: AttnProbe,
@@ -174,8 +186,15 @@ pub fn attention(
         )
     };
     let out = rw(gpu, "o", q.len() * 4)?;
-    let bind = gpu.bind(pipeline, &[&step, &dims, &qb, &kb, &vb, &out]);
-    run(gpu, pipeline, &bind, n32(s.n_head)?, n32(s.n)?)?;
+    let part = rw(gpu, "part", attn_part_len(s.n_head, s.head_dim)? * 4)?;
+    let bind = gpu.bind(pipeline, &[&step, &dims, &qb, &kb, &vb, &out, &part]);
+    let split = attn_split(s.n, s.pos0 + s.n)?;
+    run3(gpu, pipeline, &bind, n32(s.n_head)?, n32(s.n)?, split)?;
+    if split > 1 {
+        let merge = &gpu.k.attention_merge;
+        let bind = gpu.bind(merge, &[&step, &dims, &part, &out]);
+        run(gpu, merge, &bind, n32(s.n_head)?, n32(s.n)?)?;
+    }
     Ok(le_f32(&gpu.read(&out, u64::from(n32(q.len() * 4)?))?))
 }
 

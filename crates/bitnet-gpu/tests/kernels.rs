@@ -266,7 +266,18 @@ fn attention_matches_the_reference() {
         (5, 5, 64),
     ];
     for (case, &(n_head, n_head_kv, head_dim)) in shapes.iter().enumerate() {
-        for (pos0, n) in [(0, 1), (0, 7), (63, 2), (130, 1), (5, 70)] {
+        // Calls of at most 4 rows split their positions into chunks of 64 (2 at 65, 3 at
+        // 131, a 2-row call at 192..194 whose first row's 4th chunk is empty) and, past 64
+        // chunks, of 128 (4,150); longer calls do not split.
+        for (pos0, n) in [
+            (0, 1),
+            (0, 7),
+            (63, 2),
+            (130, 1),
+            (191, 2),
+            (4149, 1),
+            (5, 70),
+        ] {
             let s = AttnProbe {
                 n_head,
                 n_head_kv,
