@@ -5,15 +5,13 @@
 // leaves each chunk's state (acc, m, l) to attention_merge.wgsl.
 // The cache's element type comes from the prelude compiled in front of this file
 // (attention_f32.wgsl or attention_f16.wgsl): `k_at(i)` and `v_at(i)` read element i; the
-// shapes and uniforms (`dims`, `step`) are attention_split.wgsl's.
+// shapes, uniforms and workgroup constants (`dims`, `step`, `WG`, `ACC`) are
+// attention_split.wgsl's.
 @group(0) @binding(2) var<storage, read> q: array<f32>;
 @group(0) @binding(5) var<storage, read_write> o: array<f32>;
 // Chunk states of a split call: per (row, head, chunk) `acc[d]`, m, l.
 @group(0) @binding(6) var<storage, read_write> part: array<f32>;
 
-const WG: u32 = 64u;
-// head_dim ≤ 64 · ACC
-const ACC: u32 = 4u;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> p: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;

@@ -2,12 +2,11 @@
 // M the largest chunk maximum and w_c = exp(m_c − M), o = Σ acc_c·w_c / Σ l_c·w_c, the sums
 // in chunk order; a chunk that saw no position (l = 0) weighs 0. Thread c reads chunk c's
 // state (n_split() ≤ 64); each thread then sums its dimensions over the chunks, issuing four
-// chunks' loads before it adds them. The shapes and uniforms are attention_split.wgsl's.
+// chunks' loads before it adds them. The shapes, uniforms and WG, ACC are
+// attention_split.wgsl's.
 @group(0) @binding(2) var<storage, read> part: array<f32>;
 @group(0) @binding(3) var<storage, read_write> o: array<f32>;
 
-const WG: u32 = 64u;
-const ACC: u32 = 4u;
 var<workgroup> red: array<f32, 64>;
 // Per chunk: its weight w_c, and l_c·w_c.
 var<workgroup> wc: array<f32, 64>;

@@ -17,6 +17,10 @@ struct Dims {
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> dims: Dims;
 
+// Threads per workgroup; each holds dimensions lid, lid + WG, ... of a row (head_dim ≤ WG · ACC).
+const WG: u32 = 64u;
+const ACC: u32 = 4u;
+
 fn n_split() -> u32 {
     if step.n_tok > SPLIT_TOKENS {
         return 1u;
