@@ -413,11 +413,14 @@ impl Engine {
 
     /// Switch to the low-memory backend with `plan` (see [`budget`]), streaming as `mode`
     /// says (the mmap window for a file held in memory or in a container without a file
-    /// handle: `pread` has nothing to read from there).
+    /// handle: `pread` has nothing to read from there). `huge_pages`: the mapped file comes in
+    /// huge pages ([`budget::prefer_huge_pages`]), so the window reads ahead by faulting
+    /// rather than by `MADV_WILLNEED`, whose read-ahead would bring pages in at 4 KiB.
     pub(crate) fn stream(
         mut self,
         plan: budget::MemoryPlan,
         mode: budget::StreamMode,
+        huge_pages: bool,
     ) -> Result<Self> {
         let layers = budget::layer_ranges(self.model.model(), self.model.file())?;
         let io = match mode {
@@ -436,6 +439,7 @@ impl Engine {
             file: self.model.file_arc(),
             layers,
             read_ahead: plan.window_layers >= 2,
+            huge_pages,
             pinned_layers: plan.pinned_layers,
             pinned: {
                 let head = self.model.model().lm_head();

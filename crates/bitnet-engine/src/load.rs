@@ -344,9 +344,13 @@ fn load_budgeted(
             Ok(())
         })?;
     }
-    let runtime = crate::sys::rss_bytes().unwrap_or(0);
     let layers = crate::budget::layer_ranges(model.model(), model.file())?;
-    let plan = crate::budget::plan(
+    let (huge_pages, huge_note) = match req.stream {
+        crate::budget::StreamMode::Mmap => crate::budget::prefer_huge_pages(model.file(), &layers)?,
+        crate::budget::StreamMode::Pread => (false, None),
+    };
+    let runtime = crate::sys::rss_bytes().unwrap_or(0);
+    let mut plan = crate::budget::plan(
         model.model(),
         &layers,
         req,
@@ -355,11 +359,12 @@ fn load_budgeted(
         opts.threads,
         runtime,
     )?;
+    plan.notes.extend(huge_note);
     progress(LoadEvent::Plan(&plan));
     let mut eo = opts.engine_options();
     eo.kv_type = plan.kv_type;
     eo.n_batch = plan.n_batch;
-    Engine::new(model, tokenizer, eo)?.stream(plan, req.stream)
+    Engine::new(model, tokenizer, eo)?.stream(plan, req.stream, huge_pages)
 }
 
 /// Open a GGUF file, memory-mapped or (`in_memory`) read whole, with the default limits.

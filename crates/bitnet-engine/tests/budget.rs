@@ -16,20 +16,39 @@ fn tiny() -> PathBuf {
 /// A synthetic model with the small preset's shapes (6 blocks: the window moves) and the
 /// tiny golden vocabulary.
 fn small_synth(dir: &Path) -> PathBuf {
-    let path = dir.join("small.gguf");
-    let spec = SynthSpec::preset(Preset::Small);
+    synth_with(dir, "small.gguf", SynthSpec::preset(Preset::Small))
+}
+
+/// The small preset with twice its feed-forward width: every block's weights span more than
+/// 4 MiB, so each holds a whole 2 MiB piece and the mmap window's huge-page probe (and, where
+/// the page cache holds the freshly written file in small pages, its drop) runs at load.
+fn wide_synth(dir: &Path) -> PathBuf {
+    let mut spec = SynthSpec::preset(Preset::Small);
+    spec.n_ff *= 2;
+    synth_with(dir, "wide.gguf", spec)
+}
+
+fn synth_with(dir: &Path, name: &str, spec: SynthSpec) -> PathBuf {
+    let path = dir.join(name);
     let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
     let f = std::fs::File::create(&path).unwrap();
     synth::write(&spec, &vocab, std::io::BufWriter::new(f), &mut |_, _| {}).unwrap();
+    // On disk, so that its pages in the page cache are clean (only clean pages can be
+    // dropped, as the huge-page probe may do).
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
     path
 }
 
 fn budget(bytes: u64) -> Option<BudgetRequest> {
+    budget_streaming(bytes, StreamMode::default())
+}
+
+fn budget_streaming(bytes: u64, stream: StreamMode) -> Option<BudgetRequest> {
     Some(BudgetRequest {
         bytes,
         n_ctx: Some(256),
         kv_type_explicit: true,
-        stream: StreamMode::default(),
+        stream,
         reserve_bytes: 0,
     })
 }
@@ -62,18 +81,26 @@ fn run(e: &Engine, prompt: &[u32]) -> Vec<u8> {
 fn streamed_logits_equal_normal_mode_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let small = small_synth(dir.path());
+    let wide = wide_synth(dir.path());
     let prompt: Vec<u32> = (0..40).map(|i| (i * 131 + 7) % 4000).collect();
-    for path in [tiny(), small] {
+    for path in [tiny(), small, wide] {
         for numerics in [Numerics::Fast, Numerics::Exact] {
             let normal = engine(&path, numerics, None);
-            let streamed = engine(&path, numerics, budget(1 << 30));
-            assert!(streamed.plan().is_some() && normal.plan().is_none());
-            assert_eq!(streamed.backend().name(), "cpu (streamed)");
-            assert!(
-                run(&normal, &prompt) == run(&streamed, &prompt),
-                "{} {numerics:?}: logits differ",
-                path.display()
-            );
+            assert!(normal.plan().is_none());
+            let want = run(&normal, &prompt);
+            // Its map goes, so that the streamed engines' huge-page probe can drop the file's
+            // cached pages (pages a map holds are never dropped).
+            drop(normal);
+            for stream in [StreamMode::Mmap, StreamMode::Pread] {
+                let streamed = engine(&path, numerics, budget_streaming(1 << 30, stream));
+                assert!(streamed.plan().is_some());
+                assert_eq!(streamed.backend().name(), "cpu (streamed)");
+                assert!(
+                    want == run(&streamed, &prompt),
+                    "{} {numerics:?} {stream:?}: logits differ",
+                    path.display()
+                );
+            }
         }
     }
 }

@@ -39,7 +39,9 @@ mod writer;
 pub use error::GgufError;
 pub use limits::Limits;
 pub use mapped::MappedFile;
-pub use reader::{GgufFile, TableEntry, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, KEY_ALIGNMENT};
+pub use reader::{
+    GgufFile, TableEntry, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, HUGE_PAGE, KEY_ALIGNMENT,
+};
 pub use types::GgmlType;
 pub use value::{type_id as value_type, Array, Metadata, Value};
 pub use writer::GgufWriter;

@@ -108,6 +108,42 @@ pub struct GgufFile {
     file: Option<File>,
 }
 
+/// Bytes of a transparent huge page on x86-64 and on aarch64 with 4 KiB pages: the piece of a
+/// map that one page-table entry can cover (see [`GgufFile::advise_huge_pages`]).
+pub const HUGE_PAGE: usize = 2 << 20;
+
+/// The `FilePmdMapped` of the mapping that starts at address `base` (Linux
+/// `/proc/self/smaps`, KiB): how much of it is mapped in huge pages now.
+fn smaps_pmd_kib(base: usize) -> Option<u64> {
+    #[cfg(target_os = "linux")]
+    {
+        let s = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut in_map = false;
+        for line in s.lines() {
+            let mut words = line.split_whitespace();
+            let Some(first) = words.next() else {
+                continue;
+            };
+            if let Some((a, b)) = first.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    in_map = a <= base && base < b;
+                    continue;
+                }
+            }
+            if in_map && first == "FilePmdMapped:" {
+                return words.next()?.parse().ok();
+            }
+        }
+        None
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = base;
+        None
+    }
+}
+
 fn to_u64(n: usize) -> u64 {
     // usize is at most 64 bits on every supported target.
     u64::try_from(n).unwrap_or(u64::MAX)
@@ -392,6 +428,93 @@ impl GgufFile {
             #[cfg(not(unix))]
             Some(_) => Ok(false),
         }
+    }
+
+    /// Asks the OS to back the map with huge pages where it can (Linux `MADV_HUGEPAGE`):
+    /// pages read from the file through the map from now on enter the page cache as
+    /// [`HUGE_PAGE`] folios, which the map takes in, and drops, with one page-table entry each
+    /// instead of 512. Only a hint: contents are unchanged. A no-op for a file held in memory
+    /// and off Linux. Returns whether the hint was given.
+    pub fn advise_huge_pages(&self) -> Result<bool, GgufError> {
+        match &self.backing {
+            #[cfg(target_os = "linux")]
+            Backing::Mmap(m) => {
+                m.advise(memmap2::Advice::HugePage)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// How many of the [`HUGE_PAGE`] pieces of the file that start at `offsets` the OS maps
+    /// whole, with one entry each, when they are read (the page cache holds them as huge
+    /// folios, or reads them in as such after [`Self::advise_huge_pages`]). Touches one byte
+    /// of each piece, counts the growth of the map's `FilePmdMapped` (Linux
+    /// `/proc/self/smaps`), and drops the pieces from the process again, before and after.
+    /// Offsets that are not multiples of [`HUGE_PAGE`], or whose piece runs past the end, are
+    /// skipped. `None` when it cannot be known: off Linux, a file held in memory, no usable
+    /// offset, or smaps unreadable.
+    pub fn huge_mapped_pieces(&self, offsets: &[usize]) -> Result<Option<usize>, GgufError> {
+        let all = self.bytes();
+        let pieces: Vec<&[u8]> = offsets
+            .iter()
+            .filter(|&&o| o % HUGE_PAGE == 0)
+            .filter_map(|&o| all.get(o..o.checked_add(HUGE_PAGE)?))
+            .collect();
+        if pieces.is_empty() || !self.is_mapped() {
+            return Ok(None);
+        }
+        for p in &pieces {
+            self.release(p)?;
+        }
+        let base = all.as_ptr().addr();
+        let Some(before) = smaps_pmd_kib(base) else {
+            return Ok(None);
+        };
+        for p in &pieces {
+            std::hint::black_box(p[0]);
+        }
+        let after = smaps_pmd_kib(base);
+        for p in &pieces {
+            self.release(p)?;
+        }
+        let piece_kib = to_u64(HUGE_PAGE / 1024);
+        Ok(after.map(|a| {
+            usize::try_from(a.saturating_sub(before) / piece_kib)
+                .unwrap_or(usize::MAX)
+                .min(pieces.len())
+        }))
+    }
+
+    /// Drops the file's clean pages over `range` (byte offsets) from the OS page cache
+    /// (Linux `posix_fadvise(POSIX_FADV_DONTNEED)`): later reads come from storage again, and
+    /// after [`Self::advise_huge_pages`] they come in as huge folios. Pages that a process has
+    /// mapped stay. Contents are unchanged. A no-op for a file held in memory and off Linux.
+    /// Returns whether the advice was given.
+    pub fn drop_cached(&self, range: std::ops::Range<usize>) -> Result<bool, GgufError> {
+        if range.start >= range.end || range.end > self.bytes().len() {
+            return Ok(false);
+        }
+        #[cfg(target_os = "linux")]
+        if let (Some(f), Backing::Mmap(_)) = (&self.file, &self.backing) {
+            use std::os::fd::AsRawFd;
+            let (Ok(at), Ok(len)) = (
+                libc::off_t::try_from(range.start),
+                libc::off_t::try_from(range.end - range.start),
+            ) else {
+                return Ok(false);
+            };
+            // SAFETY: `posix_fadvise` only reads its integer arguments; the descriptor is the
+            // open file this value owns. The advice changes what the page cache keeps, never
+            // the file's contents.
+            let rc =
+                unsafe { libc::posix_fadvise(f.as_raw_fd(), at, len, libc::POSIX_FADV_DONTNEED) };
+            if rc != 0 {
+                return Err(GgufError::Io(std::io::Error::from_raw_os_error(rc)));
+            }
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Copies `out.len()` bytes of the file, from byte `offset` of [`Self::as_bytes`], into

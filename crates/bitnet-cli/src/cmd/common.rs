@@ -75,9 +75,10 @@ pub struct ModelArgs {
     /// printing its plan. Bytes, or a number with K, M or G (powers of 1024).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub ram_budget: Option<u64>,
-    /// How --ram-budget brings each block in: pread (copies into two reusable buffers on an
-    /// I/O thread; default) or mmap (the mapped pages, read ahead and dropped behind).
-    #[arg(long, default_value = "pread")]
+    /// How --ram-budget brings each block in: mmap (the mapped pages, in 2 MiB pages where
+    /// the system can, dropped behind; default) or pread (copies into two reusable buffers on
+    /// an I/O thread).
+    #[arg(long, default_value = "mmap")]
     pub stream: StreamArg,
     /// Skip these blocks (comma-separated indices), or `auto`: the least important ones
     /// (1 − cosine of a block's input and output over built-in calibration text), up to

@@ -1,0 +1,80 @@
+//! `GgufFile::advise_huge_pages`, `huge_mapped_pieces` and `drop_cached`: hints and probes that
+//! never change what the file reads as, count only whole pieces inside the file, and leave
+//! nothing of the probed pieces resident. (One test in its own binary, so no other test maps
+//! files while resident memory is read.)
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::cast_possible_truncation
+)]
+
+use bitnet_gguf::{GgufFile, GgufWriter, Limits, HUGE_PAGE};
+
+/// Resident file-backed memory of this process, in KiB (Linux only).
+#[cfg(target_os = "linux")]
+fn rss_file_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("RssFile:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn huge_page_hints_and_probes_keep_contents_and_release_what_they_touch() {
+    // A 12 MiB F16 tensor of varied bytes: five whole 2 MiB pieces lie inside the file.
+    let n = 6 << 20;
+    let big: Vec<u8> = (0..2 * n).map(|i| (i * 13 + i / 4096) as u8).collect();
+    let mut w = GgufWriter::new(Vec::new(), 32).unwrap();
+    w.add_kv("general.architecture", "llama".into()).unwrap();
+    w.add_tensor("big", &[n as u64], 1, 2 * n as u64).unwrap();
+    w.write_header().unwrap();
+    w.write_tensor_data("big", &big).unwrap();
+    let bytes = w.finish().unwrap();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bitnet-gguf-huge.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let len = bytes.len();
+
+    let f = GgufFile::open(&path, &Limits::default()).unwrap();
+    let linux = cfg!(target_os = "linux");
+    assert_eq!(f.advise_huge_pages().unwrap(), linux);
+
+    // Nothing usable to probe: no offsets, unaligned, or a piece running past the end.
+    assert_eq!(f.huge_mapped_pieces(&[]).unwrap(), None);
+    assert_eq!(f.huge_mapped_pieces(&[1, HUGE_PAGE + 4096]).unwrap(), None);
+    let past = (len / HUGE_PAGE) * HUGE_PAGE;
+    assert_eq!(f.huge_mapped_pieces(&[past]).unwrap(), None);
+
+    #[cfg(target_os = "linux")]
+    {
+        let before = rss_file_kib();
+        let pieces = [HUGE_PAGE, 2 * HUGE_PAGE, 3 * HUGE_PAGE];
+        let n = f
+            .huge_mapped_pieces(&pieces)
+            .unwrap()
+            .expect("smaps is readable on Linux");
+        assert!(n <= pieces.len());
+        // Every probed piece has left again (whatever the page size it came in).
+        let after = rss_file_kib();
+        assert!(after < before + 1024, "RssFile {before} KiB -> {after} KiB");
+        // Unusable offsets beside usable ones are skipped, not counted.
+        let m = f
+            .huge_mapped_pieces(&[HUGE_PAGE, 7, past])
+            .unwrap()
+            .unwrap();
+        assert!(m <= 1);
+    }
+
+    // Dropping the page cache never changes the bytes; empty and outside ranges do nothing.
+    assert_eq!(f.drop_cached(0..len).unwrap(), linux);
+    assert_eq!(f.as_bytes(), &bytes[..]);
+    assert_eq!(f.drop_cached(HUGE_PAGE..2 * HUGE_PAGE).unwrap(), linux);
+    assert_eq!(f.tensor_data(f.tensor("big").unwrap()).unwrap(), &big[..]);
+    assert!(!f.drop_cached(5..5).unwrap());
+    assert!(!f.drop_cached(0..len + 1).unwrap());
+
+    // A file read into memory: no hint, no probe, nothing to drop, contents untouched.
+    let m = GgufFile::open_in_memory(&path, &Limits::default()).unwrap();
+    assert!(!m.advise_huge_pages().unwrap());
+    assert_eq!(m.huge_mapped_pieces(&[HUGE_PAGE]).unwrap(), None);
+    assert!(!m.drop_cached(0..len).unwrap());
+    assert_eq!(m.as_bytes(), &bytes[..]);
+}
