@@ -433,15 +433,18 @@ impl GgufFile {
     /// Asks the OS to back the map with huge pages where it can (Linux `MADV_HUGEPAGE`):
     /// pages read from the file through the map from now on enter the page cache as
     /// [`HUGE_PAGE`] folios, which the map takes in, and drops, with one page-table entry each
-    /// instead of 512. Only a hint: contents are unchanged. A no-op for a file held in memory
-    /// and off Linux. Returns whether the hint was given.
+    /// instead of 512. Only a hint: contents are unchanged. A no-op for a file held in memory,
+    /// off Linux, and on a kernel without transparent huge pages. Returns whether the hint was
+    /// given.
     pub fn advise_huge_pages(&self) -> Result<bool, GgufError> {
         match &self.backing {
             #[cfg(target_os = "linux")]
-            Backing::Mmap(m) => {
-                m.advise(memmap2::Advice::HugePage)?;
-                Ok(true)
-            }
+            Backing::Mmap(m) => match m.advise(memmap2::Advice::HugePage) {
+                Ok(()) => Ok(true),
+                // A kernel built without transparent huge pages.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+                Err(e) => Err(e.into()),
+            },
             _ => Ok(false),
         }
     }
