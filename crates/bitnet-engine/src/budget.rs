@@ -153,60 +153,74 @@ pub fn layer_ranges(model: &Model<'_>, file: &GgufFile) -> Result<Vec<Range<usiz
     Ok(out)
 }
 
-/// Blocks sampled by [`prefer_huge_pages`].
-const HUGE_PROBES: usize = 8;
+/// Pieces probed by [`prefer_huge_pages`].
+const HUGE_PROBES: usize = 16;
 
 /// Readies the page cache for the mmap window, and says whether it comes in huge pages.
 ///
-/// A block is about 16 MB in the 2B model. Held in the page cache as 4 KiB folios, the window
-/// maps and drops it 4 KiB at a time: thousands of page-table entries and cache lookups per
-/// block, about 7 GB/s on one core here. Held as 2 MiB folios, it takes a few dozen entries,
-/// at about 28 GB/s, the memory's own speed. So this asks for huge pages on the map, then
-/// probes one piece in each of up to [`HUGE_PROBES`] blocks of `layers` (the file is read in
-/// huge pages where it is not cached). When most are cached in small folios, it drops one
-/// piece from the page cache and reads it back: if that comes back huge, the system can do
-/// it, and the whole file's cached pages are dropped so that the window reads them again in
-/// huge pages (one read of the file from storage; the returned note says so).
+/// A block is about 16 MB in the 2B model and its F16 head 656 MB. Held in the page cache as
+/// 4 KiB folios, the window maps and drops them 4 KiB at a time: thousands of page-table
+/// entries and cache lookups per block, about 7 GB/s on one core here. Held as 2 MiB folios,
+/// it takes a few dozen entries per block, at about 28 GB/s, the memory's own speed. So this
+/// asks for huge pages on the map, then probes [`HUGE_PROBES`] pieces spread evenly over the
+/// `streamed` byte ranges (the blocks and the head; the file is read in huge pages where it is
+/// not cached). Even a fifth of the bytes in small folios takes half the streaming time, so
+/// when any piece comes in small folios, it drops that piece from the page cache and reads it
+/// back: if that comes back huge, the system can do it, and the whole file's cached pages are
+/// dropped so that the window reads them again in huge pages (one read of the file from
+/// storage; the returned note says so). If it does not (another process maps those pages, or
+/// the system cannot), the cache is left as it is.
 ///
-/// Returns whether the probed pieces now come in huge pages (then read-ahead must not use
-/// `MADV_WILLNEED`, which brings pages in at 4 KiB), and the note. A file held in memory,
-/// a system without huge pages for files, and blocks too small to hold a piece give
-/// `(false, None)`.
+/// Returns whether the pieces (now, or at least three in four of them) come in huge pages,
+/// when read-ahead should not use `MADV_WILLNEED`, which brings pages in at 4 KiB; and the
+/// note. A file held in memory, a system without huge pages for files, and ranges too small
+/// to hold a piece give `(false, None)`.
 pub(crate) fn prefer_huge_pages(
     file: &GgufFile,
-    layers: &[Range<usize>],
+    streamed: &[Range<usize>],
 ) -> Result<(bool, Option<String>)> {
     let gguf = |e: bitnet_gguf::GgufError| EngineError::Model(ModelError::from(e));
-    if !file.advise_huge_pages().map_err(gguf)? || layers.is_empty() {
+    if !file.advise_huge_pages().map_err(gguf)? {
         return Ok((false, None));
     }
-    let step = layers.len().div_ceil(HUGE_PROBES).max(1);
-    let probes: Vec<usize> = layers
+    // Every whole piece inside the ranges, then an even sample of them.
+    let pieces: Vec<usize> = streamed
         .iter()
-        .step_by(step)
-        .filter_map(|r| {
-            let o = r.start.checked_next_multiple_of(HUGE_PAGE)?;
-            (o.checked_add(HUGE_PAGE)? <= r.end).then_some(o)
+        .filter_map(|r| Some((r.start.checked_next_multiple_of(HUGE_PAGE)?, r.end)))
+        .flat_map(|(start, end)| {
+            (start..end)
+                .step_by(HUGE_PAGE)
+                .take_while(move |o| o.checked_add(HUGE_PAGE).is_some_and(|e| e <= end))
         })
         .collect();
-    let Some(&first) = probes.first() else {
-        return Ok((false, None));
-    };
-    match file.huge_mapped_pieces(&probes).map_err(gguf)? {
-        None => return Ok((false, None)),
-        Some(n) if n.saturating_mul(2) >= probes.len() => return Ok((true, None)),
-        Some(_) => {}
+    let step = pieces.len().div_ceil(HUGE_PROBES).max(1);
+    let probes: Vec<usize> = pieces.iter().copied().step_by(step).collect();
+    // The probed pieces that come in small folios.
+    let mut small = Vec::new();
+    for &o in &probes {
+        match file.huge_mapped_pieces(&[o]).map_err(gguf)? {
+            None => return Ok((false, None)),
+            Some(0) => small.push(o),
+            Some(_) => {}
+        }
     }
-    file.drop_cached(first..first + HUGE_PAGE).map_err(gguf)?;
-    if file.huge_mapped_pieces(&[first]).map_err(gguf)? != Some(1) {
-        return Ok((false, None));
+    let Some(&trial) = small.first() else {
+        return Ok((!probes.is_empty(), None));
+    };
+    // Mostly huge already: the faults read ahead well enough without MADV_WILLNEED.
+    let mostly = small.len().saturating_mul(4) <= probes.len();
+    file.drop_cached(trial..trial + HUGE_PAGE).map_err(gguf)?;
+    if file.huge_mapped_pieces(&[trial]).map_err(gguf)? != Some(1) {
+        // Pages another map holds, or a system that cannot: leave the cache as it is.
+        return Ok((mostly, None));
     }
     file.drop_cached(0..file.as_bytes().len()).map_err(gguf)?;
     Ok((
         true,
         Some(
-            "the page cache held the file in 4 KiB pages; dropped them so that the window \
-             reads the file back in 2 MiB pages (one read from storage, faster streaming after)"
+            "the page cache held (part of) the file in small pages; dropped them so that the \
+             window reads the file back in 2 MiB pages (one read from storage, faster streaming \
+             after)"
                 .into(),
         ),
     ))

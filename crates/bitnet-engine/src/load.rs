@@ -346,7 +346,12 @@ fn load_budgeted(
     }
     let layers = crate::budget::layer_ranges(model.model(), model.file())?;
     let (huge_pages, huge_note) = match req.stream {
-        crate::budget::StreamMode::Mmap => crate::budget::prefer_huge_pages(model.file(), &layers)?,
+        crate::budget::StreamMode::Mmap => {
+            // The blocks and the head: what streams per token.
+            let head = model.file().range_of(model.model().lm_head().data());
+            let streamed: Vec<_> = layers.iter().cloned().chain(head).collect();
+            crate::budget::prefer_huge_pages(model.file(), &streamed)?
+        }
         crate::budget::StreamMode::Pread => (false, None),
     };
     let runtime = crate::sys::rss_bytes().unwrap_or(0);
