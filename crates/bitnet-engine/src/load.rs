@@ -244,6 +244,12 @@ pub fn load_file(
 ) -> Result<Engine> {
     opts.validate()?;
     if let Some(req) = &opts.budget {
+        if req.stream == crate::budget::StreamMode::Mmap {
+            // Before binding reads every projection (its code check): what is not cached yet
+            // then comes in huge pages, as the window wants it (`prefer_huge_pages`).
+            file.advise_huge_pages()
+                .map_err(bitnet_model::ModelError::from)?;
+        }
         let model = OwnedModel::load_releasing(file)?;
         return load_budgeted(model, opts, req, progress);
     }
