@@ -8,29 +8,19 @@
     clippy::cast_possible_truncation
 )]
 
-use bitnet_gguf::{GgufFile, GgufWriter, Limits, HUGE_PAGE};
+mod common;
 
-/// Resident file-backed memory of this process, in KiB (Linux only).
 #[cfg(target_os = "linux")]
-fn rss_file_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("RssFile:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
+use common::rss_file_kib;
+
+use bitnet_gguf::{GgufFile, Limits, HUGE_PAGE};
 
 #[test]
 fn huge_page_hints_and_probes_keep_contents_and_release_what_they_touch() {
     // A 12 MiB F16 tensor of varied bytes: five whole 2 MiB pieces lie inside the file.
     let n = 6 << 20;
     let big: Vec<u8> = (0..2 * n).map(|i| (i * 13 + i / 4096) as u8).collect();
-    let mut w = GgufWriter::new(Vec::new(), 32).unwrap();
-    w.add_kv("general.architecture", "llama".into()).unwrap();
-    w.add_tensor("big", &[n as u64], 1, 2 * n as u64).unwrap();
-    w.write_header().unwrap();
-    w.write_tensor_data("big", &big).unwrap();
-    let bytes = w.finish().unwrap();
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bitnet-gguf-huge.gguf");
-    std::fs::write(&path, &bytes).unwrap();
+    let (path, bytes) = common::f16_file("bitnet-gguf-huge.gguf", &big, None);
     let len = bytes.len();
 
     let f = GgufFile::open(&path, &Limits::default()).unwrap();

@@ -8,31 +8,19 @@
     clippy::cast_possible_truncation
 )]
 
-use bitnet_gguf::{GgufError, GgufFile, GgufWriter, Limits};
+mod common;
 
-/// Resident file-backed memory of this process, in KiB (Linux only).
 #[cfg(target_os = "linux")]
-fn rss_file_kib() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = s.lines().find(|l| l.starts_with("RssFile:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
+use common::rss_file_kib;
+
+use bitnet_gguf::{GgufError, GgufFile, Limits};
 
 #[test]
 fn release_drops_mapped_pages_and_keeps_contents() {
     // 16 MiB F16 tensor (ggml type 1) of varied bytes, then a small one after it.
     let n = 8 << 20;
     let big: Vec<u8> = (0..2 * n).map(|i| (i * 7 + i / 4096) as u8).collect();
-    let mut w = GgufWriter::new(Vec::new(), 32).unwrap();
-    w.add_kv("general.architecture", "llama".into()).unwrap();
-    w.add_tensor("big", &[n as u64], 1, 2 * n as u64).unwrap();
-    w.add_tensor("small", &[16], 1, 32).unwrap();
-    w.write_header().unwrap();
-    w.write_tensor_data("big", &big).unwrap();
-    w.write_tensor_data("small", &[5; 32]).unwrap();
-    let bytes = w.finish().unwrap();
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bitnet-gguf-release.gguf");
-    std::fs::write(&path, &bytes).unwrap();
+    let (path, bytes) = common::f16_file("bitnet-gguf-release.gguf", &big, Some(&[5; 32]));
 
     let f = GgufFile::open(&path, &Limits::default()).unwrap();
     let data = f.tensor_data(f.tensor("big").unwrap()).unwrap();

@@ -8,7 +8,7 @@
     clippy::cast_possible_truncation
 )]
 
-use bitnet_gguf::{GgufError, GgufFile, Limits};
+use bitnet_gguf::{GgufError, GgufFile, GgufWriter, Limits};
 
 pub const T_U8: u32 = 0;
 pub const T_I8: u32 = 1;
@@ -132,4 +132,34 @@ macro_rules! assert_err {
             Ok(_) => panic!("expected an error matching {}, got Ok", stringify!($pat)),
         }
     }};
+}
+
+/// Resident file-backed memory of this process, in KiB (Linux only).
+#[cfg(target_os = "linux")]
+pub fn rss_file_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("RssFile:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A GGUF (written by the crate's writer into the test target's temporary folder as `name`)
+/// holding the F16 tensor "big" of `big`'s bytes, then the 16-element F16 tensor "small" of
+/// `small`'s 32 bytes when given. Returns the path and the file's bytes.
+pub fn f16_file(name: &str, big: &[u8], small: Option<&[u8; 32]>) -> (std::path::PathBuf, Vec<u8>) {
+    let mut w = GgufWriter::new(Vec::new(), 32).unwrap();
+    w.add_kv("general.architecture", "llama".into()).unwrap();
+    let n = big.len() as u64;
+    w.add_tensor("big", &[n / 2], G_F16, n).unwrap();
+    if small.is_some() {
+        w.add_tensor("small", &[16], G_F16, 32).unwrap();
+    }
+    w.write_header().unwrap();
+    w.write_tensor_data("big", big).unwrap();
+    if let Some(t) = small {
+        w.write_tensor_data("small", t).unwrap();
+    }
+    let bytes = w.finish().unwrap();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, &bytes).unwrap();
+    (path, bytes)
 }
