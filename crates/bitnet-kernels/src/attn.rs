@@ -1688,9 +1688,20 @@ mod x86 {
         vb: Block<'_, T>,
     ) {
         let nch = dp / LANES;
-        // 16 accumulators per tile: 8 vectors × 2 chunks, or (fewer vectors) × 4 chunks.
+        // 16 accumulators per tile: 16 vectors × 1 chunk (prompts: each V chunk is widened
+        // once for all 16 vectors, where 8 × 2 widened it twice; a 128-row batch at 4096
+        // positions, Zen 4: 61.8 → 58.0 ms on one thread), 8 vectors × 2 chunks, or (fewer
+        // vectors) × 4 chunks.
         // SAFETY: (every call) the caller's contract; qg + QA ≤ nqp and c + CA ≤ nch.
         unsafe {
+            if nqp.is_multiple_of(16) {
+                for qg in (0..nqp).step_by(16) {
+                    for c in 0..nch {
+                        tile512::<16, 1, T>(acc, dp, nqp, qg, c, st, vb);
+                    }
+                }
+                return;
+            }
             if nqp >= 8 {
                 for qg in (0..nqp).step_by(8) {
                     let mut c = 0;
