@@ -1702,16 +1702,15 @@ mod x86 {
                 }
                 return;
             }
-            if nqp >= 8 {
-                for qg in (0..nqp).step_by(8) {
-                    let mut c = 0;
-                    while c + 2 <= nch {
-                        tile512::<8, 2, T>(acc, dp, nqp, qg, c, st, vb);
-                        c += 2;
-                    }
-                    if c < nch {
-                        tile512::<8, 1, T>(acc, dp, nqp, qg, c, st, vb);
-                    }
+            // Not a multiple of 16: a power of two up to 8.
+            if nqp == 8 {
+                let mut c = 0;
+                while c + 2 <= nch {
+                    tile512::<8, 2, T>(acc, dp, nqp, 0, c, st, vb);
+                    c += 2;
+                }
+                if c < nch {
+                    tile512::<8, 1, T>(acc, dp, nqp, 0, c, st, vb);
                 }
                 return;
             }
