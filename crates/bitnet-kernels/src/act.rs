@@ -12,7 +12,8 @@
 //! runs an AVX2 kernel that returns bit-identical scales and codes for every input (NaN,
 //! ±inf, −0.0, exact .5 ties, any length).
 
-use crate::dispatch::{kernels, kernels_for, Isa, Kernels};
+use crate::dispatch::{kernels, kernels_for};
+use crate::tier::{Isa, Kernels};
 
 /// The floor of the absolute maximum, so an all-zero row gives `s = 127e5` and `q = 0`.
 pub const ABSMAX_FLOOR: f64 = 1e-5;
@@ -130,7 +131,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::ABSMAX_FLOOR;
-    use crate::dispatch::{Isa, Kernels};
+    use crate::tier::{Isa, Kernels};
 
     /// Run the AVX2 kernel when `k` is the table of a tier that includes AVX2 (every x86 tier
     /// from AVX2 up, the order the attention kernels use too); `None` otherwise.

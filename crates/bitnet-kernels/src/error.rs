@@ -1,7 +1,6 @@
 //! Typed errors of the kernel crate.
 
-use crate::layout::TernaryLayout;
-use crate::rows::RowType;
+use crate::formats::{RowType, TernaryLayout};
 
 /// Everything that can go wrong when building a weight view or running a kernel.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]

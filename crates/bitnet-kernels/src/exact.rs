@@ -16,8 +16,8 @@
 
 use half::f16;
 
-use crate::dispatch::Isa;
 use crate::pool::{Pool, SharedMut};
+use crate::tier::Isa;
 use crate::KernelError;
 
 /// Round an f32 to the nearest f16 (ties to even, as F16C's `vcvtps2ph` with mode 0) and back.

@@ -12,6 +12,14 @@
 //! - [`Pool`]: the row-partitioned thread pool; [`isa`] / [`isa_report`]: the kernel tier
 //!   chosen at run time (`BITNET_ISA` may lower it).
 //!
+//! **Layers.** Imports run one way (`tests/layers.rs` checks it): the leaves `formats` (the
+//! format names), `cpu` (feature detection) and `aligned`; then `error`, `layout`, `pool`,
+//! `panel`, `lut`; then `tier`, the types every tier shares (`Isa`, the kernel function types,
+//! the `Kernels` table, prepared activations); then the tiers in `simd` (`scalar` below the
+//! others, `avx512` and `vnni256` on `avx2`); then `dispatch`, which names each tier's table
+//! and picks one; and on top the operations model code calls (`ternary`, `rows`, `act`,
+//! `attn`, `exact`).
+//!
 //! `unsafe` is confined to the SIMD tiers (`simd::*`, intrinsics behind runtime detection)
 //! and the pool (lifetime-erased job closure, disjoint output writes); each unsafe fn has a
 //! `# Safety` section.
@@ -19,9 +27,11 @@
 pub mod act;
 pub mod aligned;
 pub mod attn;
+mod cpu;
 mod dispatch;
 mod error;
 pub mod exact;
+mod formats;
 pub mod layout;
 pub mod lut;
 pub mod panel;
@@ -29,10 +39,12 @@ mod pool;
 pub mod rows;
 mod simd;
 mod ternary;
+mod tier;
 
-pub use dispatch::{has_panel_kernel, isa, isa_report, supported_isas, Isa};
+pub use dispatch::{has_panel_kernel, isa, isa_report, supported_isas};
 pub use error::KernelError;
 pub use layout::{ExternalScales, TernaryLayout};
 pub use pool::{part_range, Pool, RowsJob2};
 pub use rows::{F16DotOrder, RowMatrix, RowType};
 pub use ternary::{detect_candidates, RowRunner, TernaryMatrix, ROW_GRAIN, TOKEN_TILE};
+pub use tier::Isa;

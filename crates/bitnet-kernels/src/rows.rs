@@ -19,27 +19,13 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use crate::dispatch::{kernels, kernels_for, Isa, Kernels, RowDot, RowDotQ8, RowDotQ8Multi};
+use crate::dispatch::{kernels, kernels_for};
 use crate::layout::read_f16;
 use crate::pool::Pool;
+use crate::tier::{Isa, Kernels, RowDot, RowDotQ8, RowDotQ8Multi};
 use crate::KernelError;
 
-/// A row format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RowType {
-    /// f32.
-    F32,
-    /// IEEE half.
-    F16,
-    /// bfloat16.
-    BF16,
-    /// ggml Q8_0 (32-element blocks).
-    Q8_0,
-    /// ggml Q6_K (256-element super-blocks).
-    Q6K,
-    /// ggml Q4_0 (32-element blocks).
-    Q4_0,
-}
+pub use crate::formats::RowType;
 
 impl RowType {
     /// The ggml type id of this format.

@@ -14,10 +14,11 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::dispatch::{kernels, kernels_for, Isa, Kernels};
+use crate::dispatch::{kernels, kernels_for};
 use crate::layout::{i2s, qk256, seq32, tq1_0, tq2_0, ExternalScales, TernaryLayout};
 use crate::panel::{Panels, PANEL_ROWS};
 use crate::pool::{Pool, SharedMut};
+use crate::tier::{Isa, Kernels, Prepared};
 use crate::KernelError;
 
 /// A parallel-for over rows: `runner(n, grain, f)` calls `f` on disjoint ranges covering
@@ -26,58 +27,6 @@ pub type RowRunner<'r> = dyn Fn(usize, usize, &(dyn Fn(Range<usize>) + Sync)) + 
 
 /// Tokens processed together per weight row (weights decoded once per tile).
 pub const TOKEN_TILE: usize = 4;
-
-/// Int8 activations of `n_tok` tokens prepared for one layout.
-#[derive(Debug)]
-#[allow(dead_code)] // xp / kp are read by the SIMD tiers
-pub(crate) struct Prepared<'a> {
-    /// `n_tok × k` activations in their original order.
-    pub x: &'a [i8],
-    /// Row length K.
-    pub k: usize,
-    /// `n_tok × kp` activations permuted for sequentially packed layouts (BitNet32F16,
-    /// Split32, QK256) and zero-padded: within each 128-element chunk c,
-    /// `xp[128c + 32l + B] = x[128c + 4B + l]` (l = 0..4, B = 0..32). Empty for others.
-    pub xp: Vec<i8>,
-    /// Padded row length of `xp`.
-    pub kp: usize,
-}
-
-impl<'a> Prepared<'a> {
-    fn new(layout: TernaryLayout, x: &'a [i8], k: usize, n_tok: usize) -> Self {
-        let kp = match layout {
-            TernaryLayout::BitNet32F16 | TernaryLayout::Split32WithSibling => k.div_ceil(128) * 128,
-            TernaryLayout::Qk256 => k.div_ceil(256) * 256,
-            _ => 0,
-        };
-        let mut xp = vec![0i8; kp * n_tok];
-        if kp > 0 {
-            for t in 0..n_tok {
-                let src = &x[t * k..(t + 1) * k];
-                let dst = &mut xp[t * kp..(t + 1) * kp];
-                for (j, &v) in src.iter().enumerate() {
-                    let c = j / 128;
-                    let r = j % 128;
-                    dst[128 * c + 32 * (r % 4) + r / 4] = v;
-                }
-            }
-        }
-        Prepared { x, k, xp, kp }
-    }
-
-    /// Token `t`'s activations in original order.
-    #[inline]
-    pub fn token(&self, t: usize) -> &[i8] {
-        &self.x[t * self.k..(t + 1) * self.k]
-    }
-
-    /// Token `t`'s permuted, padded activations.
-    #[inline]
-    #[allow(dead_code)]
-    pub fn token_perm(&self, t: usize) -> &[i8] {
-        &self.xp[t * self.kp..(t + 1) * self.kp]
-    }
-}
 
 /// Where a layout's scales live.
 #[derive(Debug, Clone, Copy)]
@@ -578,8 +527,8 @@ impl<'a> TernaryMatrix<'a> {
     #[allow(clippy::too_many_arguments)]
     fn rows_kernel(
         &self,
-        kernel: crate::dispatch::TernaryKernel,
-        quad: Option<crate::dispatch::I2sQuadKernel>,
+        kernel: crate::tier::TernaryKernel,
+        quad: Option<crate::tier::I2sQuadKernel>,
         p: &Prepared<'_>,
         bsum: &[i32],
         s: &[f32],
@@ -630,7 +579,7 @@ impl<'a> TernaryMatrix<'a> {
     #[allow(clippy::too_many_arguments)]
     fn panel_rows(
         &self,
-        kernel: crate::dispatch::PanelKernel,
+        kernel: crate::tier::PanelKernel,
         tile: usize,
         panels: &Panels,
         beta: f32,
@@ -762,7 +711,7 @@ impl<'a> TernaryMatrix<'a> {
     #[inline]
     fn tile_out(
         &self,
-        kernel: crate::dispatch::TernaryKernel,
+        kernel: crate::tier::TernaryKernel,
         p: &Prepared<'_>,
         bsum: &[i32],
         s: &[f32],

@@ -24,25 +24,9 @@ use crate::KernelError;
 /// element) far from overflow.
 pub const MAX_K: usize = 1 << 20;
 
-/// A ternary weight layout (see the module table).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TernaryLayout {
-    /// bitnet.cpp I2_S (GGUF type 36 in Microsoft's fork): 128-element blocks of 32 bytes,
-    /// MSB pair first, one f32 scale per tensor in a 32-byte tail.
-    I2S,
-    /// llama.cpp TQ2_0 (type 35): 256-element blocks of 66 bytes.
-    Tq2_0,
-    /// llama.cpp TQ1_0 (type 34): 256-element blocks of 54 bytes (base-3 packing).
-    Tq1_0,
-    /// BitNet.rs "inline f16": 32-element blocks of 8 packed bytes + f16 scale.
-    BitNet32F16,
-    /// BitNet.rs: 32-element blocks of 8 packed bytes, scales in a sibling tensor.
-    Split32WithSibling,
-    /// BitNet.rs GgmlQk256NoScale: 256-element blocks of 64 bytes, per-block scales from a
-    /// companion tensor (1.0 without one).
-    Qk256,
-}
+pub use crate::formats::TernaryLayout;
 
+// The methods of the format names live with the formats they describe.
 impl TernaryLayout {
     /// All layouts, in the order type-36 detection tries them.
     pub const ALL: [TernaryLayout; 6] = [

@@ -17,9 +17,9 @@
 use std::arch::x86_64::*;
 
 use super::scalar;
-use crate::dispatch::{Isa, Kernels};
 use crate::layout::{seq32, tq1_0, tq2_0};
-use crate::ternary::Prepared;
+use crate::tier::Prepared;
+use crate::tier::{Isa, Kernels};
 
 pub(crate) static TABLE: Kernels = TABLE_BASE;
 
@@ -610,7 +610,7 @@ fn seq32_dispatch(
     t0: usize,
     nt: usize,
     out: &mut [i32],
-    fallback: crate::dispatch::TernaryKernel,
+    fallback: crate::tier::TernaryKernel,
 ) {
     let k = p.k;
     let nb = k / 32;

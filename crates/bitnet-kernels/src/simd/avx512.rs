@@ -16,9 +16,9 @@
 use std::arch::x86_64::*;
 
 use super::{avx2, scalar};
-use crate::dispatch::{Isa, Kernels};
 use crate::layout::tq2_0;
-use crate::ternary::Prepared;
+use crate::tier::Prepared;
+use crate::tier::{Isa, Kernels};
 
 pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Avx512,
@@ -350,7 +350,7 @@ fn f16_dot_ggml_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
         return scalar::f16_dot_ggml_multi(rows, row_bytes, xs, out);
     }
     let pass_bytes = n_tok.min(MULTI_TOKENS).saturating_mul(k).saturating_mul(4);
-    if pass_bytes > super::l1d_bytes() {
+    if pass_bytes > crate::cpu::l1d_bytes() {
         return f16_dot_ggml_blocked(rows, row_bytes, xs, out);
     }
     for (row, o) in rows

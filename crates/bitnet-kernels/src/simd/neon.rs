@@ -14,9 +14,9 @@
 use std::arch::aarch64::*;
 
 use super::scalar;
-use crate::dispatch::{Isa, Kernels};
 use crate::layout::tq2_0;
-use crate::ternary::Prepared;
+use crate::tier::Prepared;
+use crate::tier::{Isa, Kernels};
 
 pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Neon,

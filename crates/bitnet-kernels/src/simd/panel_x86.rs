@@ -81,7 +81,7 @@ fn shape_ok(
 // ---------------------------------------------------------------------------------------
 // AVX-512 VNNI
 
-/// AVX-512 VNNI panel kernel (see `crate::dispatch::PanelKernel`).
+/// AVX-512 VNNI panel kernel (see `crate::tier::PanelKernel`).
 pub(crate) fn panel_512(
     w: &[PanelGroup],
     gpp: usize,
@@ -246,7 +246,7 @@ unsafe fn small512<const NT: usize>(
 // ---------------------------------------------------------------------------------------
 // AVX-VNNI (256-bit)
 
-/// AVX-VNNI panel kernel (see `crate::dispatch::PanelKernel`).
+/// AVX-VNNI panel kernel (see `crate::tier::PanelKernel`).
 pub(crate) fn panel_256(
     w: &[PanelGroup],
     gpp: usize,
@@ -389,7 +389,7 @@ unsafe fn tile256<const NT: usize>(
 // ---------------------------------------------------------------------------------------
 // AVX2 (`maddubs`)
 
-/// AVX2 panel kernel (see `crate::dispatch::PanelKernel`): `vpmaddubsw` multiplies the codes
+/// AVX2 panel kernel (see `crate::tier::PanelKernel`): `vpmaddubsw` multiplies the codes
 /// (u8, ≤ 2) by the activations (i8) into i16 pairs (|·| ≤ 2·2·128, no saturation), the four
 /// planes of a group are added in i16 (|·| ≤ 2048), and so are up to [`WIDEN_GROUPS`] groups
 /// (|·| ≤ 16384); then `vpmaddwd` by 1 widens each lane's pair to i32. The same integers as

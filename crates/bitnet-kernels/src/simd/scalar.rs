@@ -9,7 +9,8 @@
 //! reproduce exactly; `f32::mul_add` is a fused multiply-add like the SIMD FMA.
 
 use crate::layout::{i2s, qk256, seq32, tq1_0, tq2_0};
-use crate::ternary::Prepared;
+use crate::tier::Prepared;
+use crate::tier::{Isa, Kernels};
 
 /// I2_S: `out[ti] = Σ_j u(c_j) · q_j` over the whole row, u = (0, 1, 2, 1) for c = 0..3.
 pub(crate) fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
@@ -327,3 +328,30 @@ pub(crate) fn bf16_dot(row: &[u8], x: &[f32]) -> f32 {
 fn f16_at(row: &[u8], i: usize) -> f32 {
     half::f16::from_le_bytes([row[2 * i], row[2 * i + 1]]).to_f32()
 }
+
+/// The scalar tier's table: the reference every other tier is tested against.
+pub(crate) static TABLE: Kernels = Kernels {
+    isa: Isa::Scalar,
+    i2s,
+    i2s_clean: i2s,
+    i2s_quad: None,
+    tq2,
+    tq1,
+    bitnet32,
+    split32,
+    qk256,
+    f16_dot_ggml,
+    f16_dot_tiny,
+    q8_0_dot,
+    q4_0_dot,
+    bf16_dot,
+    f32_dot: f32_dot_lanes8,
+    q8_0_q8,
+    q4_0_q8,
+    f16_dot_ggml_multi,
+    q8_0_q8_multi,
+    q4_0_q8_multi,
+    i2s_panel: None,
+    panel_tokens: 0,
+    i2s_lut: None,
+};

@@ -1,7 +1,7 @@
 //! The AVX-VNNI tier (256-bit `vpdpbusd` without AVX-512, e.g. Alder Lake; Zen 4/5 have it
 //! too): the AVX2 table plus the panel GEMM on 256-bit VNNI.
 
-use crate::dispatch::{Isa, Kernels};
+use crate::tier::{Isa, Kernels};
 
 pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::AvxVnni,
