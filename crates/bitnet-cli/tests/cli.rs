@@ -334,6 +334,59 @@ fn bench_json_reports_every_test_including_batched_decode() {
         let err = String::from_utf8_lossy(&bad.stderr);
         assert!(err.contains(word), "{err}");
     }
+    // llama-bench's comma lists: every prompt length at every ubatch, every generation length,
+    // each row saying what it ran.
+    let out = bitnet(&[
+        "bench", "-m", &tiny, "-p", "4,9", "-n", "2,3", "-u", "4,8", "-t", "1", "-r", "1",
+        "--batch", "2", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let got: Vec<(String, u64, u64, Option<u64>)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["test"].as_str().unwrap().to_string(),
+                r["n_prompt"].as_u64().unwrap(),
+                r["n_gen"].as_u64().unwrap(),
+                r["n_ubatch"].as_u64(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64, u64, Option<u64>)> = vec![
+        ("pp4@u4".into(), 4, 0, Some(4)),
+        ("pp9@u4".into(), 9, 0, Some(4)),
+        ("pp4@u8".into(), 4, 0, Some(8)),
+        ("pp9@u8".into(), 9, 0, Some(8)),
+        ("tg2".into(), 0, 2, None),
+        ("tg3".into(), 0, 3, None),
+        ("tg2x2".into(), 0, 2, None),
+        ("tg3x2".into(), 0, 3, None),
+    ];
+    assert_eq!(got, want);
+    for r in &rows {
+        assert_eq!(r["samples_ts"].as_array().map(Vec::len), Some(1), "{r}");
+        assert_eq!(r["n_depth"].as_u64(), Some(0), "{r}");
+    }
+    // A zero in a list skips that test, as in llama-bench; a zero ubatch anywhere is refused.
+    let out = bitnet(&[
+        "bench", "-m", &tiny, "-p", "0", "-n", "0,2", "-t", "1", "-r", "1", "--json",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.contains("\"tg2\""), "{text}");
+    let bad = bitnet(&["bench", "-m", &tiny, "-p", "8", "-u", "4,0", "-r", "1"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--ubatch-size"));
     // A thread list is for bench only.
     let bad = bitnet(&[
         "run",

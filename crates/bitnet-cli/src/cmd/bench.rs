@@ -15,12 +15,25 @@ use super::common::{human_bytes, open_gguf, peak_rss_bytes, ModelArgs};
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Prompt tokens for the pp test (0 = skip).
-    #[arg(short = 'p', long, default_value_t = 128)]
-    n_prompt: usize,
-    /// Generated tokens for the tg test (0 = skip).
-    #[arg(short = 'n', long, default_value_t = 64)]
-    n_gen: usize,
+    /// Prompt lengths for the pp tests, comma separated like llama-bench's (`-p 128,512`;
+    /// 0 = skip).
+    #[arg(
+        short = 'p',
+        long,
+        value_delimiter = ',',
+        default_value = "128",
+        value_name = "N[,N...]"
+    )]
+    n_prompt: Vec<usize>,
+    /// Generated tokens for the tg tests, comma separated (0 = skip).
+    #[arg(
+        short = 'n',
+        long,
+        value_delimiter = ',',
+        default_value = "64",
+        value_name = "N[,N...]"
+    )]
+    n_gen: Vec<usize>,
     /// Thread counts to test, comma separated, like `-t 1,2` (default: 1 and the physical
     /// core count).
     #[arg(long = "threads-list", value_delimiter = ',')]
@@ -31,10 +44,16 @@ pub struct Args {
     /// One JSON object per test on stdout.
     #[arg(long)]
     json: bool,
-    /// Tokens per prefill batch (llama-bench's `-ub`; default: the engine's, which `run`
-    /// uses): a prompt longer than this is evaluated in batches of it.
-    #[arg(long = "ubatch-size", short = 'u', value_name = "N")]
-    ubatch: Option<usize>,
+    /// Tokens per prefill batch, comma separated (llama-bench's `-ub`; default: the engine's,
+    /// which `run` uses): a prompt longer than this is evaluated in batches of it; each value
+    /// runs the pp tests again, named like `pp512@u128` when more than one is given.
+    #[arg(
+        long = "ubatch-size",
+        short = 'u',
+        value_name = "N[,N...]",
+        value_delimiter = ','
+    )]
+    ubatch: Vec<usize>,
     /// Context depths, comma separated (llama-bench's `-d`): pp and tg run with this many
     /// tokens already in the KV cache (filled once per thread count, untimed, in prefill
     /// batches); tests at a depth are named like `tg64@d4096`. Batched decode runs at depth 0.
@@ -98,9 +117,51 @@ fn stat(mut v: Vec<f64>) -> Stat {
     }
 }
 
-/// `bench --ram-budget`: pp and tg of one sequence in the low-memory mode (one thread
-/// count; the weights stream from the mapped file, so there is no read-bandwidth column).
-/// Bench through the engine: the low-memory mode (`--ram-budget`) and the GPU (`--device`).
+/// One measured test: its name, what it ran and the rates of its repetitions.
+struct Test {
+    name: String,
+    /// Sequences decoding together (1 for pp and tg).
+    batch: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    depth: usize,
+    /// Prefill batch of a pp test.
+    ubatch: Option<usize>,
+    rates: Vec<f64>,
+}
+
+impl Test {
+    /// The fields every JSON row carries, llama-bench's names where it has one.
+    fn json_fields(&self, s: &Stat) -> serde_json::Map<String, serde_json::Value> {
+        let v = json!({
+            "test": self.name, "batch": self.batch, "n_prompt": self.n_prompt, "n_gen": self.n_gen,
+            "n_depth": self.depth, "n_ubatch": self.ubatch, "tok_s_median": s.median,
+            "tok_s_min": s.min, "tok_s_max": s.max, "samples_ts": self.rates,
+        });
+        match v {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        }
+    }
+}
+
+/// The non-zero values of a `-p` or `-n` list.
+fn lengths(list: &[usize]) -> Vec<usize> {
+    list.iter().copied().filter(|&n| n > 0).collect()
+}
+
+/// `@d<depth>` for a test at a depth, nothing at depth 0.
+fn depth_suffix(depth: usize) -> String {
+    if depth > 0 {
+        format!("@d{depth}")
+    } else {
+        String::new()
+    }
+}
+
+/// Bench through the engine: the low-memory mode (`--ram-budget`) and the GPU (`--device`):
+/// pp and tg of one sequence at one thread count (under a budget the weights stream from the
+/// mapped file, so there is no read-bandwidth column).
 fn run_engine(a: &Args) -> Result<()> {
     let what = if a.model.ram_budget.is_some() {
         "--ram-budget"
@@ -113,7 +174,7 @@ fn run_engine(a: &Args) -> Result<()> {
     if !a.batch.is_empty() {
         bail!("{what} runs one sequence: drop --batch");
     }
-    if a.ubatch.is_some() {
+    if !a.ubatch.is_empty() {
         bail!("{what} prefills in the engine's batches: drop --ubatch-size");
     }
     let t = a
@@ -124,12 +185,15 @@ fn run_engine(a: &Args) -> Result<()> {
     if t == 0 {
         bail!("thread counts must be at least 1");
     }
+    let prompts = lengths(&a.n_prompt);
+    let gens = lengths(&a.n_gen);
     let mut model_args = a.model.clone();
     model_args.threads = vec![t];
     let engine = super::common::load_engine(&model_args)?;
     let n_vocab = engine.model().config.n_vocab;
     let deepest = a.depth.iter().copied().max().unwrap_or(0);
-    let needed = deepest + a.n_prompt + a.n_gen + 1;
+    let longest = prompts.iter().copied().max().unwrap_or(0);
+    let needed = deepest + longest + gens.iter().copied().max().unwrap_or(0) + 1;
     let n_ctx = engine.plan().map_or(needed, |p| p.n_ctx);
     if needed > n_ctx {
         bail!(
@@ -165,60 +229,76 @@ fn run_engine(a: &Args) -> Result<()> {
     }
     let mut session = engine.new_session(n_ctx)?;
     for &depth in &a.depth {
-        let suffix = if depth > 0 {
-            format!("@d{depth}")
-        } else {
-            String::new()
-        };
+        let suffix = depth_suffix(depth);
         session.reset();
         engine.eval(&mut session, &tokens(depth, n_vocab, 3), Outputs::None)?;
-        let mut tests: Vec<(String, Vec<f64>)> = Vec::new();
-        if a.n_prompt > 0 {
-            let prompt = tokens(a.n_prompt, n_vocab, 1);
+        let mut tests: Vec<Test> = Vec::new();
+        for &np in &prompts {
+            let prompt = tokens(np, n_vocab, 1);
             let mut rates = Vec::new();
             for rep in 0..=a.repetitions {
                 session.truncate(depth);
                 let t0 = Instant::now();
                 engine.eval(&mut session, &prompt, Outputs::Last)?;
                 if rep > 0 {
-                    rates.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
+                    rates.push(np as f64 / t0.elapsed().as_secs_f64());
                 }
             }
-            tests.push((format!("pp{}{suffix}", a.n_prompt), rates));
+            tests.push(Test {
+                name: format!("pp{np}{suffix}"),
+                batch: 1,
+                n_prompt: np,
+                n_gen: 0,
+                depth,
+                ubatch: None,
+                rates,
+            });
         }
-        if a.n_gen > 0 {
+        for &ng in &gens {
             let mut rates = Vec::new();
             for rep in 0..=a.repetitions {
                 session.truncate(depth);
                 let mut logits =
                     engine.eval(&mut session, &tokens(1, n_vocab, 2), Outputs::Last)?;
                 let t0 = Instant::now();
-                for _ in 0..a.n_gen {
+                for _ in 0..ng {
                     let next = bitnet_sampling::argmax(&logits).unwrap_or(0);
                     logits = engine.eval(&mut session, &[next], Outputs::Last)?;
                 }
                 if rep > 0 {
-                    rates.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+                    rates.push(ng as f64 / t0.elapsed().as_secs_f64());
                 }
             }
-            tests.push((format!("tg{}{suffix}", a.n_gen), rates));
+            tests.push(Test {
+                name: format!("tg{ng}{suffix}"),
+                batch: 1,
+                n_prompt: 0,
+                n_gen: ng,
+                depth,
+                ubatch: None,
+                rates,
+            });
         }
-        for (name, rates) in tests {
-            let s = stat(rates);
-            let gbs = (gpu && name.starts_with("tg")).then(|| s.median * step_bytes / 1e9);
+        for test in tests {
+            let s = stat(test.rates.clone());
+            let gbs = (gpu && test.n_gen > 0).then(|| s.median * step_bytes / 1e9);
             if a.json {
-                println!(
-                    "{}",
-                    json!({
-                        "test": name, "threads": t, "batch": 1, "tok_s_median": s.median, "tok_s_min": s.min,
-                        "tok_s_max": s.max, "ram_budget": a.model.ram_budget, "peak_rss_bytes": peak_rss_bytes(),
-                        "numerics": format!("{:?}", a.model.numerics), "device": engine.device_name(),
-                        "weights_gb_s": gbs,
-                    })
-                );
+                let mut row = test.json_fields(&s);
+                for (k, v) in [
+                    ("threads", json!(t)),
+                    ("ram_budget", json!(a.model.ram_budget)),
+                    ("peak_rss_bytes", json!(peak_rss_bytes())),
+                    ("numerics", json!(format!("{:?}", a.model.numerics))),
+                    ("device", json!(engine.device_name())),
+                    ("weights_gb_s", json!(gbs)),
+                ] {
+                    row.insert(k.into(), v);
+                }
+                println!("{}", serde_json::Value::Object(row));
             } else {
                 println!(
-                    "{name:<14} {t:>7} {:>12.2} {:>20}{}",
+                    "{:<14} {t:>7} {:>12.2} {:>20}{}",
+                    test.name,
                     s.median,
                     format!("({:.2} .. {:.2})", s.min, s.max),
                     gbs.map_or_else(String::new, |g| format!("  {g:.1} GB/s of weights"))
@@ -258,17 +338,21 @@ pub fn run(a: Args) -> Result<()> {
     if a.model.ram_budget.is_some() || a.model.device != super::common::DeviceArg::Cpu {
         return run_engine(&a);
     }
-    let ubatch = a
-        .ubatch
-        .unwrap_or(bitnet_engine::EngineOptions::default().n_batch);
-    if ubatch == 0 {
+    let ubatches = if a.ubatch.is_empty() {
+        vec![bitnet_engine::EngineOptions::default().n_batch]
+    } else {
+        a.ubatch.clone()
+    };
+    if ubatches.contains(&0) {
         bail!("--ubatch-size must be at least 1");
     }
-    if a.model.numerics == bitnet_model::Numerics::Exact && ubatch != 512 {
+    if a.model.numerics == bitnet_model::Numerics::Exact && ubatches.iter().any(|&u| u != 512) {
         bail!(
             "exact numerics prefills in batches of 512 (bitnet.cpp's ubatch): drop --ubatch-size"
         );
     }
+    let prompts = lengths(&a.n_prompt);
+    let gens = lengths(&a.n_gen);
     let path = a.model.path()?;
     let file = open_gguf(&path, a.model.in_memory)?;
     let mut model = Model::load(&file).context("cannot load model")?;
@@ -305,7 +389,9 @@ pub fn run(a: Args) -> Result<()> {
         }
     });
     let n_vocab = model.config.n_vocab;
-    let n_ctx = (a.n_prompt + a.n_gen + 1).max(2);
+    let n_ctx =
+        (prompts.iter().copied().max().unwrap_or(0) + gens.iter().copied().max().unwrap_or(0) + 1)
+            .max(2);
     if a.batch.iter().any(|&b| b < 2) {
         bail!("--batch takes batch sizes of at least 2 (the single-sequence test is tg)");
     }
@@ -357,43 +443,54 @@ pub fn run(a: Args) -> Result<()> {
             trace: None,
             scratch: Some(&mut scratch),
         };
-        let mut tests: Vec<(String, usize, Vec<f64>)> = Vec::new();
+        let mut tests: Vec<Test> = Vec::new();
         for &depth in &a.depth {
-            let suffix = if depth > 0 {
-                format!("@d{depth}")
-            } else {
-                String::new()
-            };
+            let suffix = depth_suffix(depth);
             // The history every repetition starts from; each one truncates back to it.
             let mut cache = model.new_cache(depth + n_ctx, a.model.kv_type(), u64::MAX)?;
-            for chunk in tokens(depth, n_vocab, 3).chunks(ubatch) {
+            for chunk in tokens(depth, n_vocab, 3).chunks(ubatches[0]) {
                 model.forward(chunk, &mut cache, Outputs::None, &mut exec)?;
             }
-            if a.n_prompt > 0 {
-                let prompt = tokens(a.n_prompt, n_vocab, 1);
-                let mut rates = Vec::new();
-                // one warm-up run pages the weights in
-                for rep in 0..=a.repetitions {
-                    cache.truncate(depth);
-                    let t0 = Instant::now();
-                    // In prefill batches, as `run` prefills; only the last batch's last row
-                    // is projected to logits.
-                    let batches: Vec<&[u32]> = prompt.chunks(ubatch).collect();
-                    for (i, b) in batches.iter().enumerate() {
-                        let out = if i + 1 == batches.len() {
-                            Outputs::Last
-                        } else {
-                            Outputs::None
-                        };
-                        model.forward(b, &mut cache, out, &mut exec)?;
+            for &ubatch in &ubatches {
+                let u_suffix = if ubatches.len() > 1 {
+                    format!("@u{ubatch}")
+                } else {
+                    String::new()
+                };
+                for &np in &prompts {
+                    let prompt = tokens(np, n_vocab, 1);
+                    let mut rates = Vec::new();
+                    // one warm-up run pages the weights in
+                    for rep in 0..=a.repetitions {
+                        cache.truncate(depth);
+                        let t0 = Instant::now();
+                        // In prefill batches, as `run` prefills; only the last batch's last
+                        // row is projected to logits.
+                        let batches: Vec<&[u32]> = prompt.chunks(ubatch).collect();
+                        for (i, b) in batches.iter().enumerate() {
+                            let out = if i + 1 == batches.len() {
+                                Outputs::Last
+                            } else {
+                                Outputs::None
+                            };
+                            model.forward(b, &mut cache, out, &mut exec)?;
+                        }
+                        if rep > 0 {
+                            rates.push(np as f64 / t0.elapsed().as_secs_f64());
+                        }
                     }
-                    if rep > 0 {
-                        rates.push(a.n_prompt as f64 / t0.elapsed().as_secs_f64());
-                    }
+                    tests.push(Test {
+                        name: format!("pp{np}{suffix}{u_suffix}"),
+                        batch: 1,
+                        n_prompt: np,
+                        n_gen: 0,
+                        depth,
+                        ubatch: Some(ubatch),
+                        rates,
+                    });
                 }
-                tests.push((format!("pp{}{suffix}", a.n_prompt), 1, rates));
             }
-            if a.n_gen > 0 {
+            for &ng in &gens {
                 let mut rates = Vec::new();
                 for rep in 0..=a.repetitions {
                     cache.truncate(depth);
@@ -404,7 +501,7 @@ pub fn run(a: Args) -> Result<()> {
                         &mut exec,
                     )?;
                     let t0 = Instant::now();
-                    for _ in 0..a.n_gen {
+                    for _ in 0..ng {
                         logits = model.forward(
                             &[bitnet_sampling::argmax(&logits).unwrap_or(0)],
                             &mut cache,
@@ -413,73 +510,97 @@ pub fn run(a: Args) -> Result<()> {
                         )?;
                     }
                     if rep > 0 {
-                        rates.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
+                        rates.push(ng as f64 / t0.elapsed().as_secs_f64());
                     }
                 }
-                tests.push((format!("tg{}{suffix}", a.n_gen), 1, rates));
+                tests.push(Test {
+                    name: format!("tg{ng}{suffix}"),
+                    batch: 1,
+                    n_prompt: 0,
+                    n_gen: ng,
+                    depth,
+                    ubatch: None,
+                    rates,
+                });
             }
         }
-        for &b in a.batch.iter().filter(|&&b| b >= 2 && a.n_gen > 0) {
-            let mut rates = Vec::new();
-            for rep in 0..=a.repetitions {
-                let mut caches = Vec::with_capacity(b);
-                let mut next = Vec::with_capacity(b);
-                for i in 0..b {
-                    let mut cache = model.new_cache(n_ctx, a.model.kv_type(), u64::MAX)?;
-                    let seed = 2 + u64::try_from(i).unwrap_or(0);
-                    let logits = model.forward(
-                        &tokens(1, n_vocab, seed),
-                        &mut cache,
-                        Outputs::Last,
-                        &mut exec,
-                    )?;
-                    next.push(bitnet_sampling::argmax(&logits).unwrap_or(0));
-                    caches.push(cache);
-                }
-                let t0 = Instant::now();
-                for _ in 0..a.n_gen {
-                    let mut seqs: Vec<Seq<'_>> = caches
-                        .iter_mut()
-                        .zip(next.chunks(1))
-                        .map(|(cache, t)| Seq {
-                            tokens: t,
-                            cache,
-                            outputs: Outputs::Last,
-                        })
-                        .collect();
-                    let out = model.forward_seqs(&mut seqs, &mut exec)?;
-                    drop(seqs);
-                    for (n, l) in next.iter_mut().zip(&out) {
-                        *n = bitnet_sampling::argmax(l).unwrap_or(0);
+        for &ng in &gens {
+            for &b in a.batch.iter().filter(|&&b| b >= 2) {
+                let mut rates = Vec::new();
+                for rep in 0..=a.repetitions {
+                    let mut caches = Vec::with_capacity(b);
+                    let mut next = Vec::with_capacity(b);
+                    for i in 0..b {
+                        let mut cache = model.new_cache(n_ctx, a.model.kv_type(), u64::MAX)?;
+                        let seed = 2 + u64::try_from(i).unwrap_or(0);
+                        let logits = model.forward(
+                            &tokens(1, n_vocab, seed),
+                            &mut cache,
+                            Outputs::Last,
+                            &mut exec,
+                        )?;
+                        next.push(bitnet_sampling::argmax(&logits).unwrap_or(0));
+                        caches.push(cache);
+                    }
+                    let t0 = Instant::now();
+                    for _ in 0..ng {
+                        let mut seqs: Vec<Seq<'_>> = caches
+                            .iter_mut()
+                            .zip(next.chunks(1))
+                            .map(|(cache, t)| Seq {
+                                tokens: t,
+                                cache,
+                                outputs: Outputs::Last,
+                            })
+                            .collect();
+                        let out = model.forward_seqs(&mut seqs, &mut exec)?;
+                        drop(seqs);
+                        for (n, l) in next.iter_mut().zip(&out) {
+                            *n = bitnet_sampling::argmax(l).unwrap_or(0);
+                        }
+                    }
+                    if rep > 0 {
+                        rates.push((ng * b) as f64 / t0.elapsed().as_secs_f64());
                     }
                 }
-                if rep > 0 {
-                    rates.push((a.n_gen * b) as f64 / t0.elapsed().as_secs_f64());
-                }
+                tests.push(Test {
+                    name: format!("tg{ng}x{b}"),
+                    batch: b,
+                    n_prompt: 0,
+                    n_gen: ng,
+                    depth: 0,
+                    ubatch: None,
+                    rates,
+                });
             }
-            tests.push((format!("tg{}x{b}", a.n_gen), b, rates));
         }
         let bw = bws[ti];
-        for (name, batch, rates) in tests {
-            let s = stat(rates);
+        for test in tests {
+            let s = stat(test.rates.clone());
             // Batched decode reads the weights once per step for several tokens: no
             // per-token bandwidth figure.
-            let is_tg = name.starts_with("tg") && batch == 1;
+            let is_tg = test.n_gen > 0 && test.batch == 1;
             let gbs = if is_tg {
                 s.median * bytes_per_token as f64 / 1e9
             } else {
                 f64::NAN
             };
+            let name = &test.name;
             if a.json {
-                println!(
-                    "{}",
-                    json!({
-                        "test": name, "threads": t, "batch": batch, "tok_s_median": s.median, "tok_s_min": s.min, "tok_s_max": s.max,
-                        "bytes_per_token": bytes_per_token, "achieved_gb_s": if is_tg { Some(gbs) } else { None },
-                        "read_gb_s": bw, "ratio_to_read": if is_tg { Some(gbs / bw) } else { None },
-                        "peak_rss_bytes": peak_rss_bytes(), "numerics": format!("{:?}", a.model.numerics),
-                    })
-                );
+                let mut row = test.json_fields(&s);
+                for (k, v) in [
+                    ("threads", json!(t)),
+                    ("bytes_per_token", json!(bytes_per_token)),
+                    ("achieved_gb_s", json!(is_tg.then_some(gbs))),
+                    ("read_gb_s", json!(bw)),
+                    ("ratio_to_read", json!(is_tg.then_some(gbs / bw))),
+                    ("peak_rss_bytes", json!(peak_rss_bytes())),
+                    ("numerics", json!(format!("{:?}", a.model.numerics))),
+                    ("isa", json!(bitnet_kernels::isa().name())),
+                ] {
+                    row.insert(k.into(), v);
+                }
+                println!("{}", serde_json::Value::Object(row));
             } else if is_tg {
                 println!(
                     "{name:<14} {t:>7} {:>12.2} {:>20} {gbs:>10.2} {bw:>10.2} {:>8.2}",
