@@ -9,7 +9,8 @@
 //! multiply instruction each tier's panel kernel is built on (`vpmaddubsw` ymm for the AVX2 and
 //! AVX-512 tiers, `vpdpbusd` ymm for AVX-VNNI, `vpdpbusd` zmm for AVX-512 VNNI) in independent
 //! chains, on one thread and on every thread at once, so that figure is the instruction's issue
-//! rate on this host, measured.
+//! rate on this host, measured. The AMX tier's is `tdpbsud` (16 × 16 × 64 multiply-adds per
+//! instruction, four independent accumulator tiles).
 //!
 //! Env: `BENCH_QUICK=1` fewer rounds; `BENCH_FILTER=substring` only matching shapes;
 //! `BENCH_THREADS=1,2` thread counts; `BENCH_TOKENS=16,128` token counts.
@@ -46,6 +47,7 @@ fn multiplier(isa: Isa) -> Option<(&'static str, f64)> {
         Isa::Avx2 | Isa::Avx2Lut | Isa::Avx512 => Some(("vpmaddubsw ymm", 32.0)),
         Isa::AvxVnni => Some(("vpdpbusd ymm", 32.0)),
         Isa::Avx512Vnni => Some(("vpdpbusd zmm", 64.0)),
+        Isa::Amx => Some(("tdpbsud", 16.0 * 16.0 * 64.0)),
         _ => None,
     }
 }
@@ -56,6 +58,9 @@ fn multiplier(isa: Isa) -> Option<(&'static str, f64)> {
 fn peak_macs(isa: Isa, threads: usize) -> Option<f64> {
     let (_, macs) = multiplier(isa)?;
     let run = move || -> f64 {
+        if isa == Isa::Amx {
+            return bitnet_kernels::amx_probe_ns().unwrap_or(f64::NAN);
+        }
         // SAFETY: `isa` is a tier the CPU has (the caller takes it from `supported_isas`),
         // and its features include the probe's.
         unsafe {

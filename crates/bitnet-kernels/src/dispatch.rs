@@ -30,6 +30,8 @@ pub(crate) fn kernels_for(isa: Isa) -> Option<&'static Kernels> {
         Isa::Avx512 => Some(&crate::simd::avx512::TABLE),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512Vnni => Some(&crate::simd::avx512::TABLE_VNNI),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Amx => Some(&crate::simd::amx::TABLE),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => Some(&crate::simd::neon::TABLE),
         #[allow(unreachable_patterns)]
@@ -45,6 +47,7 @@ struct Selection {
 
 fn detect_best() -> Isa {
     [
+        Isa::Amx,
         Isa::Avx512Vnni,
         Isa::Avx512,
         Isa::AvxVnni,
@@ -79,8 +82,8 @@ fn choose(detected: Isa, env: Option<&str>, available: &[Isa]) -> (Isa, Option<S
         None => (
             detected,
             Some(format!(
-                "BITNET_ISA={v} ignored: expected scalar, neon, avx2, avx2lut, avxvnni, avx512 \
-                 or avx512vnni"
+                "BITNET_ISA={v} ignored: expected scalar, neon, avx2, avx2lut, avxvnni, avx512, \
+                 avx512vnni or amx"
             )),
         ),
     }
@@ -115,6 +118,7 @@ pub fn supported_isas() -> Vec<Isa> {
         Isa::AvxVnni,
         Isa::Avx512,
         Isa::Avx512Vnni,
+        Isa::Amx,
     ]
     .into_iter()
     .filter(|i| kernels_for(*i).is_some())
@@ -153,11 +157,26 @@ pub fn isa_report() -> String {
         "; L1 data cache {} KiB",
         crate::cpu::l1d_bytes() / 1024
     ));
+    if let Some(why) = amx_refusal(&feats, crate::cpu::amx()) {
+        s.push_str(&format!("; amx tier not used: {why}"));
+    }
     if let Some(n) = &sel.note {
         s.push_str("; ");
         s.push_str(n);
     }
     s
+}
+
+/// Why a CPU that reports AMX-INT8 does not get the AMX tier (nothing for a CPU without it).
+fn amx_refusal(features: &[&str], amx: Result<(), &'static str>) -> Option<&'static str> {
+    if !features.contains(&"amx-int8") {
+        return None;
+    }
+    match amx {
+        Err(why) => Some(why),
+        Ok(()) if !Isa::Amx.is_supported() => Some("the CPU lacks the AVX-512 VNNI tier"),
+        Ok(()) => None,
+    }
 }
 
 #[cfg(test)]
@@ -196,6 +215,7 @@ mod tests {
             Isa::AvxVnni,
             Isa::Avx512,
             Isa::Avx512Vnni,
+            Isa::Amx,
         ] {
             assert_eq!(Isa::from_name(i.name()), Some(i));
         }
@@ -222,8 +242,50 @@ mod tests {
             Isa::AvxVnni,
             Isa::Avx512,
             Isa::Avx512Vnni,
+            Isa::Amx,
         ] {
             assert_eq!(has_panel_kernel(i), i.is_supported(), "{i:?}");
+        }
+    }
+
+    #[test]
+    fn amx_sits_above_vnni_and_falls_back_to_it() {
+        assert!(Isa::Avx512Vnni < Isa::Amx);
+        let all = [
+            Isa::Scalar,
+            Isa::Avx2,
+            Isa::Avx512,
+            Isa::Avx512Vnni,
+            Isa::Amx,
+        ];
+        assert_eq!(
+            choose(Isa::Amx, Some("avx512vnni"), &all).0,
+            Isa::Avx512Vnni
+        );
+        assert_eq!(choose(Isa::Amx, None, &all).0, Isa::Amx);
+        // Asking for AMX where it was refused keeps the VNNI tier, with a note.
+        let (i, note) = choose(Isa::Avx512Vnni, Some("amx"), &all[..4]);
+        assert_eq!(i, Isa::Avx512Vnni);
+        assert!(note.unwrap().contains("only lower"));
+        // The report says why a CPU with AMX-INT8 does not get the tier.
+        let feats = ["avx512vnni", "amx-int8"];
+        assert_eq!(
+            amx_refusal(&feats, Err("the kernel refused")),
+            Some("the kernel refused")
+        );
+        assert_eq!(
+            amx_refusal(&["avx512vnni"], Err("the CPU has no AMX-INT8")),
+            None
+        );
+        // Detection on this CPU: the AMX tier is chosen exactly when `cpu::amx` allows it.
+        let amx_ok = crate::cpu::amx().is_ok() && Isa::Avx512Vnni.is_supported();
+        assert_eq!(Isa::Amx.is_supported(), amx_ok);
+        assert_eq!(kernels_for(Isa::Amx).is_some(), amx_ok);
+        if amx_ok {
+            assert_eq!(detect_best(), Isa::Amx);
+        } else {
+            assert_ne!(detect_best(), Isa::Amx);
+            println!("AMX tier not available here: {:?}", crate::cpu::amx().err());
         }
     }
 

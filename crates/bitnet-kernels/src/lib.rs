@@ -48,3 +48,17 @@ pub use pool::{part_range, Pool, RowsJob2};
 pub use rows::{F16DotOrder, RowMatrix, RowType};
 pub use ternary::{detect_candidates, RowRunner, TernaryMatrix, ROW_GRAIN, TOKEN_TILE};
 pub use tier::Isa;
+
+/// Nanoseconds per AMX `tdpbsud` (16 × 16 × 64 int8 multiply-adds) issued back to back on the
+/// calling thread, or `None` without the AMX tier (the gemm benchmark's peak).
+#[doc(hidden)]
+pub fn amx_probe_ns() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd::amx::probe_tdpbsud_ns()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}

@@ -262,6 +262,69 @@ mod tests {
         eprintln!("panel kernel calls checked: {tested}");
     }
 
+    /// The AMX tier's GEMM against the scalar twin, call by call: one and two panels, token
+    /// counts around its 16-row tiles and up to its chunk, token offsets, K from one I2_S
+    /// block (two tile blocks) up; then at the extremes of the sums.
+    #[test]
+    fn amx_gemm_matches_scalar_twin() {
+        let Some(amx) = kernels_for(crate::Isa::Amx).and_then(|t| t.i2s_amx) else {
+            eprintln!(
+                "AMX tier not available on this CPU ({}): its GEMM is not run here",
+                crate::cpu::amx()
+                    .err()
+                    .unwrap_or("the CPU lacks the AVX-512 VNNI tier")
+            );
+            return;
+        };
+        let mut st = 0x5eed_a3c5_0000_0001u64;
+        let pool = Pool::new(1);
+        let mut codes = Vec::new();
+        let mut tested = 0;
+        for k in [128usize, 384, 2560] {
+            for np in [1usize, 2] {
+                let n_out = 16 * np;
+                let w = random_i2s(&mut st, n_out, k, np == 2);
+                let p = Panels::from_i2s(&w[..n_out * k / 4], n_out, k, &pool).unwrap();
+                let gpp = p.groups_per_panel();
+                let n_tok = amx.chunk_tokens + 5;
+                for mode in 0..3 {
+                    let x = random_acts(&mut st, n_tok * k, mode);
+                    for t0 in [0usize, 5] {
+                        for nt in [1usize, 2, 15, 16, 17, 31, 32, 33, 64, amx.chunk_tokens] {
+                            let mut want = vec![0i32; nt * n_out];
+                            scalar_kernel(p.panels(0..np), gpp, &x, k, t0, nt, &mut want);
+                            let mut got = vec![i32::MIN; nt * n_out];
+                            (amx.gemm)(p.panels(0..np), gpp, &x, k, t0, nt, &mut got, &mut codes);
+                            assert_eq!(got, want, "K {k} panels {np} t0 {t0} nt {nt} mode {mode}");
+                            tested += 1;
+                        }
+                    }
+                }
+            }
+        }
+        // Every code 2 against activations all −128 or all +127 over K = 6912.
+        let k = 6912;
+        let w = i2s::pack_codes(&vec![2u8; 32 * k], 1.0).unwrap();
+        let p = Panels::from_i2s(&w[..32 * k / 4], 32, k, &pool).unwrap();
+        for fill in [-128i8, 127] {
+            let x = vec![fill; 33 * k];
+            let mut got = vec![0i32; 33 * 32];
+            (amx.gemm)(
+                p.panels(0..2),
+                p.groups_per_panel(),
+                &x,
+                k,
+                0,
+                33,
+                &mut got,
+                &mut codes,
+            );
+            let want = 2 * i32::from(fill) * i32::try_from(k).unwrap();
+            assert!(got.iter().all(|&v| v == want), "fill {fill}");
+        }
+        eprintln!("AMX GEMM calls checked: {tested}");
+    }
+
     /// Sums at the i16 limits of the `maddubs` kernels: every code 2 (u = 2) against
     /// activations all −128 or all +127, over a row long enough for many widening periods.
     #[test]
@@ -310,8 +373,9 @@ mod tests {
                 packed.repack_always(&pool1).unwrap(),
                 n_out.div_ceil(16) * k * 4
             );
-            // 70 tokens: more than one chunk of the lookup GEMM's tables.
-            for n_tok in [1usize, 2, 5, 8, 9, 13, 20, 70] {
+            // 70 tokens: more than one chunk of the lookup GEMM's tables; 15–17, 64 and 513
+            // around the AMX tiles (16 rows) and its chunks (128 tokens).
+            for n_tok in [1usize, 2, 5, 8, 9, 13, 15, 16, 17, 20, 64, 70, 513] {
                 let x = random_acts(&mut st, n_tok * k, 2);
                 let s: Vec<f32> = (0..n_tok).map(|i| 1.5 + i as f32 * 0.25).collect();
                 let mut want = vec![0f32; n_tok * n_out];

@@ -18,7 +18,7 @@ use crate::dispatch::{kernels, kernels_for};
 use crate::layout::{i2s, qk256, seq32, tq1_0, tq2_0, ExternalScales, TernaryLayout};
 use crate::panel::{Panels, PANEL_ROWS};
 use crate::pool::{Pool, SharedMut};
-use crate::tier::{Isa, Kernels, Prepared};
+use crate::tier::{Amx, Isa, Kernels, Prepared};
 use crate::KernelError;
 
 /// A parallel-for over rows: `runner(n, grain, f)` calls `f` on disjoint ranges covering
@@ -474,6 +474,18 @@ impl<'a> TernaryMatrix<'a> {
             }
         }
         let bsum = self.block_sums(xq, n_tok);
+        if let (Some(amx), Some(panels), Scales::Tensor(beta)) =
+            (kern.i2s_amx, self.panels.as_deref(), self.scales)
+        {
+            if n_tok >= amx.min_tokens {
+                let outp = SharedMut::new(out);
+                let f = |ps: Range<usize>| {
+                    self.amx_rows(amx, panels, beta, xq, &bsum, s, ps, &outp);
+                };
+                runner(panels.n_panels(), 2, &f);
+                return Ok(());
+            }
+        }
         if let (Some(pk), Some(panels), Scales::Tensor(beta)) =
             (kern.i2s_panel, self.panels.as_deref(), self.scales)
         {
@@ -612,24 +624,92 @@ impl<'a> TernaryMatrix<'a> {
                         nt,
                         &mut raw[..nt * rows],
                     );
-                    let r0 = PANEL_ROWS * p;
-                    let r_end = (r0 + rows).min(self.n_out);
-                    for ti in 0..nt {
-                        let t = t0 + ti;
-                        for r in r0..r_end {
-                            // y = ((T as f32) / s) · β, T = Σ u·q − Σ q
-                            let tt = raw[ti * rows + (r - r0)] - bsum[t];
-                            let y = (tt as f32 / s[t]) * beta;
-                            // SAFETY: t < n_tok and r < n_out; panel ranges are disjoint
-                            // between chunks, so each (t, r) is written once.
-                            unsafe { out.write(t * self.n_out + r, y) };
-                        }
-                    }
+                    self.panel_out(&raw[..nt * rows], p, np, t0, nt, bsum, s, beta, out);
                     p += np;
                 }
                 t0 += nt;
             }
             pb = pb_end;
+        }
+    }
+
+    /// `y = ((T as f32) / s) · β` with `T = Σ u·q − Σ q` for the `np` panels from panel `p`
+    /// and tokens `t0 .. t0 + nt`, from their raw sums (`raw[ti·16np + 16pi + j]`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn panel_out(
+        &self,
+        raw: &[i32],
+        p: usize,
+        np: usize,
+        t0: usize,
+        nt: usize,
+        bsum: &[i32],
+        s: &[f32],
+        beta: f32,
+        out: &SharedMut<f32>,
+    ) {
+        let rows = PANEL_ROWS * np;
+        let r0 = PANEL_ROWS * p;
+        let r_end = (r0 + rows).min(self.n_out);
+        for ti in 0..nt {
+            let t = t0 + ti;
+            let (b, st) = (bsum[t], s[t]);
+            let src = &raw[ti * rows..ti * rows + (r_end - r0)];
+            let at = t * self.n_out;
+            // SAFETY: t < n_tok and r0 .. r_end lie in 0..n_out, so the range is inside
+            // `out`; panel ranges are disjoint between chunks, so no other thread touches it.
+            let dst = unsafe { out.slice_mut(at + r0..at + r_end) };
+            for (d, &v) in dst.iter_mut().zip(src) {
+                // y = ((T as f32) / s) · β, T = Σ u·q − Σ q
+                *d = ((v - b) as f32 / st) * beta;
+            }
+        }
+    }
+
+    /// Panels `ps` for every token on the tile unit (`crate::simd::amx`): chunks of
+    /// `chunk_tokens` tokens (outer: a chunk's activations stay in L2 while the panels go by),
+    /// then pairs of panels, each pair's codes unpacked once per chunk; the epilogue is
+    /// `panel_rows`'.
+    #[allow(clippy::too_many_arguments)]
+    fn amx_rows(
+        &self,
+        amx: Amx,
+        panels: &Panels,
+        beta: f32,
+        xq: &[i8],
+        bsum: &[i32],
+        s: &[f32],
+        ps: Range<usize>,
+        out: &SharedMut<f32>,
+    ) {
+        let n_tok = s.len();
+        let k = self.n_in;
+        let gpp = panels.groups_per_panel();
+        let chunk = amx.chunk_tokens.max(1);
+        let mut raw = vec![0i32; chunk.min(n_tok) * 2 * PANEL_ROWS];
+        let mut codes = Vec::new();
+        let mut t0 = 0;
+        while t0 < n_tok {
+            let nt = (n_tok - t0).min(chunk);
+            let mut p = ps.start;
+            while p < ps.end {
+                let np = (ps.end - p).min(2);
+                let raw = &mut raw[..nt * PANEL_ROWS * np];
+                (amx.gemm)(
+                    panels.panels(p..p + np),
+                    gpp,
+                    xq,
+                    k,
+                    t0,
+                    nt,
+                    raw,
+                    &mut codes,
+                );
+                self.panel_out(raw, p, np, t0, nt, bsum, s, beta, out);
+                p += np;
+            }
+            t0 += nt;
         }
     }
 

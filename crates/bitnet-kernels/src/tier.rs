@@ -29,6 +29,9 @@ pub enum Isa {
     Avx512,
     /// AVX-512 F + BW + VNNI: `vpdpbusd` products, and the I2_S panel GEMM on zmm.
     Avx512Vnni,
+    /// The AVX-512 VNNI tier with the I2_S GEMM of batches on AMX-INT8 tiles (Intel Xeon
+    /// from Sapphire Rapids on), where the OS grants the tile state.
+    Amx,
 }
 
 impl Isa {
@@ -42,6 +45,7 @@ impl Isa {
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
             Isa::Avx512Vnni => "avx512vnni",
+            Isa::Amx => "amx",
         }
     }
 
@@ -55,6 +59,7 @@ impl Isa {
             "avxvnni" => Some(Isa::AvxVnni),
             "avx512" => Some(Isa::Avx512),
             "avx512vnni" => Some(Isa::Avx512Vnni),
+            "amx" => Some(Isa::Amx),
             _ => None,
         }
     }
@@ -67,6 +72,7 @@ impl Isa {
             Isa::AvxVnni => cpu::has_avx2() && cpu::has_avxvnni(),
             Isa::Avx512 => cpu::has_avx512(),
             Isa::Avx512Vnni => cpu::has_avx512() && cpu::has_avx512vnni(),
+            Isa::Amx => cpu::has_avx512() && cpu::has_avx512vnni() && cpu::amx().is_ok(),
             Isa::Neon => cpu::has_neon(),
         }
     }
@@ -107,6 +113,31 @@ pub(crate) type PanelKernel = fn(
     out: &mut [i32],
 );
 
+/// The AMX GEMM (`crate::simd::amx`): `Σ u·q` of the rows of the one or two consecutive
+/// panels in `w` (`gpp` groups each) for tokens `t0 .. t0 + nt` (`nt ≤ chunk_tokens`) of `x`
+/// (`k = 16·gpp` bytes per token), into `out[ti·16P + 16pi + j]`; `codes` is the caller's
+/// scratch for the unpacked codes (grown as needed, reused across calls).
+pub(crate) type AmxKernel = fn(
+    w: &[crate::panel::PanelGroup],
+    gpp: usize,
+    x: &[i8],
+    k: usize,
+    t0: usize,
+    nt: usize,
+    out: &mut [i32],
+    codes: &mut Vec<u8>,
+);
+
+/// A tier's tile GEMM and when to use it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Amx {
+    pub gemm: AmxKernel,
+    /// Most tokens per call.
+    pub chunk_tokens: usize,
+    /// Fewest tokens in a matmul for which the tiles beat the panel kernel.
+    pub min_tokens: usize,
+}
+
 /// The function table of one tier.
 #[derive(Debug)]
 pub(crate) struct Kernels {
@@ -146,6 +177,8 @@ pub(crate) struct Kernels {
     /// The table-lookup GEMM, used instead of `i2s_panel` for calls of at least its
     /// `min_tokens` tokens.
     pub i2s_lut: Option<crate::lut::Lut>,
+    /// The tile GEMM, used instead of `i2s_panel` for calls of at least its `min_tokens`.
+    pub i2s_amx: Option<Amx>,
 }
 
 /// Int8 activations of `n_tok` tokens prepared for one layout.

@@ -66,6 +66,7 @@ pub(crate) const TABLE_BASE: Kernels = Kernels {
     i2s_panel: Some(super::panel_x86::panel_avx2),
     panel_tokens: super::panel_x86::TOKENS_AVX2,
     i2s_lut: None,
+    i2s_amx: None,
 };
 
 /// Dispatch a tile kernel over a const token count.

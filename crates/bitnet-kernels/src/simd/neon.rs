@@ -42,6 +42,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     i2s_panel: None,
     panel_tokens: 0,
     i2s_lut: None,
+    i2s_amx: None,
 };
 
 /// Hint the cache line 3 KiB past `p[off]` (the weight stream's read-ahead distance, as in

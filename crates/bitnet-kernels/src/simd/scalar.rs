@@ -354,4 +354,5 @@ pub(crate) static TABLE: Kernels = Kernels {
     i2s_panel: None,
     panel_tokens: 0,
     i2s_lut: None,
+    i2s_amx: None,
 };
