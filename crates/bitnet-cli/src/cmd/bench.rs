@@ -131,6 +131,41 @@ struct Test {
 }
 
 impl Test {
+    /// A prompt test of `np` tokens at `depth` (`@u<ubatch>` in its name when `u_suffix`).
+    fn pp(np: usize, depth: usize, ubatch: Option<usize>, u_suffix: bool, rates: Vec<f64>) -> Test {
+        let u = match ubatch {
+            Some(u) if u_suffix => format!("@u{u}"),
+            _ => String::new(),
+        };
+        Test {
+            name: format!("pp{np}{}{u}", depth_suffix(depth)),
+            batch: 1,
+            n_prompt: np,
+            n_gen: 0,
+            depth,
+            ubatch,
+            rates,
+        }
+    }
+
+    /// A generation test of `ng` tokens at `depth`, or of `batch` sequences together.
+    fn tg(ng: usize, depth: usize, batch: usize, rates: Vec<f64>) -> Test {
+        let name = if batch > 1 {
+            format!("tg{ng}x{batch}")
+        } else {
+            format!("tg{ng}{}", depth_suffix(depth))
+        };
+        Test {
+            name,
+            batch,
+            n_prompt: 0,
+            n_gen: ng,
+            depth,
+            ubatch: None,
+            rates,
+        }
+    }
+
     /// The fields every JSON row carries, llama-bench's names where it has one.
     fn json_fields(&self, s: &Stat) -> serde_json::Map<String, serde_json::Value> {
         let v = json!({
@@ -229,7 +264,6 @@ fn run_engine(a: &Args) -> Result<()> {
     }
     let mut session = engine.new_session(n_ctx)?;
     for &depth in &a.depth {
-        let suffix = depth_suffix(depth);
         session.reset();
         engine.eval(&mut session, &tokens(depth, n_vocab, 3), Outputs::None)?;
         let mut tests: Vec<Test> = Vec::new();
@@ -244,15 +278,7 @@ fn run_engine(a: &Args) -> Result<()> {
                     rates.push(np as f64 / t0.elapsed().as_secs_f64());
                 }
             }
-            tests.push(Test {
-                name: format!("pp{np}{suffix}"),
-                batch: 1,
-                n_prompt: np,
-                n_gen: 0,
-                depth,
-                ubatch: None,
-                rates,
-            });
+            tests.push(Test::pp(np, depth, None, false, rates));
         }
         for &ng in &gens {
             let mut rates = Vec::new();
@@ -269,15 +295,7 @@ fn run_engine(a: &Args) -> Result<()> {
                     rates.push(ng as f64 / t0.elapsed().as_secs_f64());
                 }
             }
-            tests.push(Test {
-                name: format!("tg{ng}{suffix}"),
-                batch: 1,
-                n_prompt: 0,
-                n_gen: ng,
-                depth,
-                ubatch: None,
-                rates,
-            });
+            tests.push(Test::tg(ng, depth, 1, rates));
         }
         for test in tests {
             let s = stat(test.rates.clone());
@@ -445,18 +463,12 @@ pub fn run(a: Args) -> Result<()> {
         };
         let mut tests: Vec<Test> = Vec::new();
         for &depth in &a.depth {
-            let suffix = depth_suffix(depth);
             // The history every repetition starts from; each one truncates back to it.
             let mut cache = model.new_cache(depth + n_ctx, a.model.kv_type(), u64::MAX)?;
             for chunk in tokens(depth, n_vocab, 3).chunks(ubatches[0]) {
                 model.forward(chunk, &mut cache, Outputs::None, &mut exec)?;
             }
             for &ubatch in &ubatches {
-                let u_suffix = if ubatches.len() > 1 {
-                    format!("@u{ubatch}")
-                } else {
-                    String::new()
-                };
                 for &np in &prompts {
                     let prompt = tokens(np, n_vocab, 1);
                     let mut rates = Vec::new();
@@ -479,15 +491,7 @@ pub fn run(a: Args) -> Result<()> {
                             rates.push(np as f64 / t0.elapsed().as_secs_f64());
                         }
                     }
-                    tests.push(Test {
-                        name: format!("pp{np}{suffix}{u_suffix}"),
-                        batch: 1,
-                        n_prompt: np,
-                        n_gen: 0,
-                        depth,
-                        ubatch: Some(ubatch),
-                        rates,
-                    });
+                    tests.push(Test::pp(np, depth, Some(ubatch), ubatches.len() > 1, rates));
                 }
             }
             for &ng in &gens {
@@ -513,15 +517,7 @@ pub fn run(a: Args) -> Result<()> {
                         rates.push(ng as f64 / t0.elapsed().as_secs_f64());
                     }
                 }
-                tests.push(Test {
-                    name: format!("tg{ng}{suffix}"),
-                    batch: 1,
-                    n_prompt: 0,
-                    n_gen: ng,
-                    depth,
-                    ubatch: None,
-                    rates,
-                });
+                tests.push(Test::tg(ng, depth, 1, rates));
             }
         }
         for &ng in &gens {
@@ -563,15 +559,7 @@ pub fn run(a: Args) -> Result<()> {
                         rates.push((ng * b) as f64 / t0.elapsed().as_secs_f64());
                     }
                 }
-                tests.push(Test {
-                    name: format!("tg{ng}x{b}"),
-                    batch: b,
-                    n_prompt: 0,
-                    n_gen: ng,
-                    depth: 0,
-                    ubatch: None,
-                    rates,
-                });
+                tests.push(Test::tg(ng, 0, b, rates));
             }
         }
         let bw = bws[ti];

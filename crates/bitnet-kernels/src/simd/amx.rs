@@ -39,9 +39,11 @@ pub(crate) static TABLE: Kernels = Kernels {
     ..super::avx512::TABLE_VNNI
 };
 
-/// Fewest tokens in a matmul for which the tiles beat the VNNI panels.
-/// `cargo bench -p bitnet-kernels --bench gemm` on Intel Xeon (Emerald Rapids, 2 threads):
-/// see the crossover recorded in docs/PERFORMANCE.md.
+/// Fewest tokens in a matmul for which the tiles beat the VNNI panels. At 4 and 6 tokens the
+/// two are level (a B tile is unpacked and loaded for each 64 columns of each panel whatever
+/// the token count); at 8 the tiles are 1.3–1.7× faster, at 16 2.0–2.8×
+/// (`BENCH_TOKENS=4,6,8,16,128 cargo bench -p bitnet-kernels --bench gemm`, Intel Xeon
+/// Emerald Rapids, 2-vCPU virtual machine, 1 and 2 threads).
 pub(crate) const MIN_TOKENS: usize = 8;
 
 /// Most tokens of one call (the caller loops over chunks of this many): 128 tokens of
