@@ -253,7 +253,7 @@ impl<'a> RowMatrix<'a> {
     /// quantized per 32 to Q8_0 (the same quantizer as [`quantize_row_into`]) and every block
     /// is dotted in integers, scaled by `d_w·d_x` — llama.cpp's CPU scheme for these types.
     /// Faster than the f32-activation dot (the 128256×2560 head: 16.8 against 12.4 GB/s at
-    /// 2 threads, BENCHMARKS.md), at the cost of the activations' own rounding error. Other row types, or `cols` not a multiple of 32, behave as
+    /// 2 threads, the matvec bench), at the cost of the activations' own rounding error. Other row types, or `cols` not a multiple of 32, behave as
     /// [`Self::matmul_f32_order`] with [`F16DotOrder::Ggml`] for any token count, so every
     /// output depends only on its own row and token, never on how many tokens share the
     /// call (batched sequences get the logits they would get alone).

@@ -104,7 +104,7 @@ fn hsum_i32_128(s: __m128i) -> i32 {
 /// once per token, front to back, by a kernel that does not keep up with the hardware
 /// prefetcher's ramp-up on its own: a software prefetch this far ahead took the 2-thread
 /// I2_S decode pass from ≈58 to ≈41 ms on the development machine (Zen 1; distances 1.3–5 KiB
-/// all within noise of each other). See BENCHMARKS.md.
+/// all within noise of each other; `cargo bench -p bitnet-kernels --bench matvec`).
 const PREFETCH_BYTES: usize = 3072;
 
 /// Hint the cache line `PREFETCH_BYTES` past `p[off]` into L1. Addresses past the end of `p`
@@ -305,7 +305,7 @@ const QUAD_PREFETCH_BYTES: usize = 4096;
 /// four-row span, and the lines `QUAD_PREFETCH_BYTES` past them are hinted. Prefetching each
 /// row separately (a per-row distance, as the single-row kernels do) hints the same lines but
 /// out of address order; on the development machine that streamed at 68–79 % of the plain
-/// read bandwidth, against 87–97 % for this order (2 threads, 6912×2560; BENCHMARKS.md).
+/// read bandwidth, against 87–97 % for this order (2 threads, 6912×2560; the matvec bench).
 ///
 /// # Safety
 /// AVX2 available; `w4.len() ≥ K` (four rows of K/4 bytes) and `x.len() = K`, K % 128 == 0.
