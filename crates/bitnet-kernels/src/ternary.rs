@@ -669,8 +669,7 @@ impl<'a> TernaryMatrix<'a> {
 
     /// Panels `ps` for every token on the tile unit (`crate::simd::amx`): chunks of
     /// `chunk_tokens` tokens (outer: a chunk's activations stay in L2 while the panels go by),
-    /// then pairs of panels, each pair's codes unpacked once per chunk; the epilogue is
-    /// `panel_rows`'.
+    /// then pairs of panels; the epilogue is `panel_rows`'.
     #[allow(clippy::too_many_arguments)]
     fn amx_rows(
         &self,

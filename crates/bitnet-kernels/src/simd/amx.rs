@@ -12,9 +12,11 @@
 //! ```
 //! Row `4g + s` of a B tile is plane s of group g of the panel's 64-column block (see
 //! `crate::panel`: plane s holds, in 32-bit lane j, row j's codes of columns 16g+4s .. +3),
-//! so a block is unpacked into B form with one shift and one mask per plane. Each call
-//! unpacks its panels' whole rows once (K/64 KiB per panel, L2-resident) and runs every token
-//! tile of the call over them; A tiles are read straight from the activations (stride K). The
+//! so a block is unpacked into B form with one shift and one mask per plane, into a small
+//! ring per panel that stays in L1, one block ahead of the tile loads that read it. Each pair
+//! of token tiles unpacks for itself: with eight tile registers no more tokens can share an
+//! unpacked block, and keeping whole rows unpacked for the next pair would send them to L2
+//! and back (measured slower). A tiles are read straight from the activations (stride K). The
 //! sums `Σ u·q` equal the VNNI panels' and the scalar twin's exactly, so the float epilogue
 //! gives the same bits on every tier.
 //!
