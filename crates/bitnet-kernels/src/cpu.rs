@@ -1,5 +1,6 @@
-//! What the CPU offers, read once: the instruction-set features the kernel tiers need, and
-//! the size of the L1 data cache. A leaf: it knows nothing of the kernels.
+//! What the CPU offers, read once: the instruction-set features the kernel tiers need, the
+//! size of the L1 data cache, and whether this process may use the AMX tile unit (the one
+//! question that asks the OS, once). A leaf: it knows nothing of the kernels.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2() -> bool {

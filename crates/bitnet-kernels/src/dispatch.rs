@@ -2,7 +2,7 @@
 //!
 //! Model code never sees `cfg(target_feature)`: it calls [`crate::TernaryMatrix::matmul`] and
 //! [`crate::RowMatrix::matmul_f32`], which take their kernels from [`kernels`]. The env var
-//! `BITNET_ISA=scalar|neon|avx2|avx2lut|avxvnni|avx512|avx512vnni` may only lower the detected
+//! `BITNET_ISA=scalar|neon|avx2|avx2lut|avxvnni|avx512|avx512vnni|amx` may only lower the detected
 //! tier (to one the CPU has), so every tier can be forced and measured on a CPU above it; the
 //! two AVX2 tiers may also be swapped for each other.
 //!
