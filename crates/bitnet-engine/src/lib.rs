@@ -611,6 +611,21 @@ impl Engine {
         Ok(logits)
     }
 
+    /// Evaluate `tokens` after the session's cached ones and return the arg-max of the last
+    /// position's logits (the lowest id among equal maxima): on the GPU only that id comes
+    /// back, as greedy generation reads it.
+    pub fn eval_greedy(&self, s: &mut Session, tokens: &[u32]) -> Result<u32> {
+        match self.eval_next(s, tokens, ReadBack::Greedy)? {
+            Next::Chosen(id) => Ok(id),
+            Next::Logits(l) => bitnet_sampling::argmax(&l)
+                .ok_or_else(|| EngineError::Device("no logits to take the arg-max of".into())),
+            Next::Top(t) => t
+                .first()
+                .map(|&(id, _)| id)
+                .ok_or_else(|| EngineError::Device("no candidates came back".into())),
+        }
+    }
+
     /// One decode step for several sessions at once: `tokens[i]` is appended to
     /// `sessions[i]`; every ternary matmul is shared (continuous batching). Returns the
     /// last-position logits of each session.
@@ -628,7 +643,7 @@ impl Engine {
     }
 
     /// What a generation step reads back: on the GPU, a step the arg-max decides takes the
-    /// device's argmax (the lowest id among equal maxima, as the sampler does, 8 bytes), a
+    /// device's argmax (the lowest id among equal maxima, as the sampler does, 512 bytes), a
     /// chain that only looks at the top-k takes the top candidates (512 bytes); anything
     /// else (and the CPU) takes the last row of logits.
     fn read_back(&self, sampler: &Sampler) -> ReadBack {

@@ -173,12 +173,13 @@ impl Gpu {
         )?;
         need(
             "storage buffers per kernel",
-            7,
+            8,
             u64::from(have.max_storage_buffers_per_shader_stage),
         )?;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("bitnet"),
-            required_features: wgpu::Features::empty(),
+            // Timestamps, where the adapter has them, for `GpuModel::set_profile`.
+            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
             required_limits: have.clone(),
             ..Default::default()
         }))
@@ -197,7 +198,7 @@ impl Gpu {
             }
         });
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let k = Kernels::new(&device);
+        let k = Kernels::new(&device, have.max_compute_workgroup_storage_size);
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Validation(e.to_string()));
         }
@@ -331,6 +332,31 @@ impl Gpu {
         })
     }
 
+    /// A bind group of `pipeline`'s layout 0 over `(buffer, offset, size)` parts at bindings
+    /// 0, 1, ... (size `None`: the rest of the buffer).
+    pub(crate) fn bind_parts(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        parts: &[(&wgpu::Buffer, u64, Option<u64>)],
+    ) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = (0u32..)
+            .zip(parts)
+            .map(|(i, &(buffer, offset, size))| wgpu::BindGroupEntry {
+                binding: i,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer,
+                    offset,
+                    size: size.and_then(wgpu::BufferSize::new),
+                }),
+            })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        })
+    }
+
     /// Copy `bytes` bytes of `src` into memory (one blocking read-back).
     pub(crate) fn read(&self, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -383,6 +409,11 @@ pub(crate) struct Kernels {
     pub embed: wgpu::ComputePipeline,
     pub topk_local: wgpu::ComputePipeline,
     pub topk_merge: wgpu::ComputePipeline,
+    /// The decode kernels, where the adapter's workgroup memory holds them (16 KiB).
+    pub mv: Option<wgpu::ComputePipeline>,
+    pub mv_glu: Option<wgpu::ComputePipeline>,
+    /// Activation words (u32) their workgroup memory holds.
+    pub mv_words: usize,
 }
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
@@ -395,12 +426,32 @@ const NORM: &str = include_str!("shaders/norm_common.wgsl");
 /// The top-k kernels' shared selection.
 const TOPK: &str = include_str!("shaders/topk_select.wgsl");
 
+/// Workgroup memory of the decode kernels besides their activations (two 256-entry vec4
+/// reduction arrays and the per-token scales and sums).
+const MV_FIXED_STORAGE: u32 = 2 * 256 * 16 + 64;
+/// Activation words the decode kernels hold at most (MV_TOKENS rows of 8192 values).
+const MV_WORDS_MAX: u32 = 8192;
+
 impl Kernels {
-    fn new(device: &wgpu::Device) -> Self {
+    fn new(device: &wgpu::Device, storage: u32) -> Self {
         let split = format!(
             "const SPLIT_TOKENS: u32 = {ATTN_SPLIT_TOKENS}u;\nconst CHUNK: u32 = {ATTN_CHUNK}u;\n\
              const MAX_SPLIT: u32 = {ATTN_MAX_SPLIT}u;\n{SPLIT}"
         );
+        // The decode kernels' constants: their activation words fill what workgroup memory
+        // is left, up to MV_TOKENS rows of the widest input (none below 16 KiB).
+        let mv_words = (storage.saturating_sub(MV_FIXED_STORAGE) / 4 / 4 * 4).min(MV_WORDS_MAX);
+        let mv_prelude = (storage >= 16 << 10).then(|| {
+            format!(
+                "const WG: u32 = 256u;\nconst LANES: u32 = {}u;\nconst RPW: u32 = {}u;\n\
+                 const TT: u32 = {}u;\nconst PV: u32 = {}u;\nconst XQ: u32 = {mv_words}u;\n{}",
+                256 / crate::model::MV_ROWS,
+                crate::model::MV_ROWS,
+                crate::model::MV_TOKENS,
+                crate::model::MV_MAX_IN / 4 / 256,
+                include_str!("shaders/mv_common.wgsl")
+            )
+        });
         let make = |name: &str, body: &str| {
             let src = format!("{COMMON}\n{body}");
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -448,7 +499,14 @@ impl Kernels {
             kv_store_f16: make("kv_store_f16", include_str!("shaders/kv_store_f16.wgsl")),
             ternary_glu: make("ternary_glu", include_str!("shaders/ternary_glu.wgsl")),
             head: make("head", include_str!("shaders/head.wgsl")),
-            argmax: make("argmax", include_str!("shaders/argmax.wgsl")),
+            argmax: make(
+                "argmax",
+                &format!(
+                    "const GROUPS: u32 = {}u;\n{}",
+                    crate::model::ARGMAX_GROUPS,
+                    include_str!("shaders/argmax.wgsl")
+                ),
+            ),
             embed: make("embed", include_str!("shaders/embed.wgsl")),
             topk_local: make(
                 "topk_local",
@@ -458,6 +516,16 @@ impl Kernels {
                 "topk_merge",
                 &format!("{TOPK}\n{}", include_str!("shaders/topk_merge.wgsl")),
             ),
+            mv: mv_prelude
+                .as_ref()
+                .map(|p| make("mv", &format!("{p}\n{}", include_str!("shaders/mv.wgsl")))),
+            mv_glu: mv_prelude.as_ref().map(|p| {
+                make(
+                    "mv_glu",
+                    &format!("{p}\n{}", include_str!("shaders/mv_glu.wgsl")),
+                )
+            }),
+            mv_words: usize::try_from(mv_words).unwrap_or(0),
         }
     }
 }

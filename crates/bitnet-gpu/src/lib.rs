@@ -6,7 +6,7 @@
 //! per-token int8 quantization, the ternary matmul on packed int8 dot products, NeoX RoPE, the
 //! KV cache and attention with an online softmax, ReLU², residual adds, the LM head and a
 //! greedy argmax. A call records all of it into one command buffer and reads back only the
-//! logits it asks for (or 8 bytes for greedy). docs/BACKENDS.md says how it fits the engine.
+//! logits it asks for (or 512 bytes for greedy). docs/BACKENDS.md says how it fits the engine.
 #![deny(unsafe_code)]
 
 mod device;
@@ -14,7 +14,9 @@ mod error;
 mod model;
 #[doc(hidden)]
 pub mod probe;
+mod rec;
 
 pub use device::{adapters, AdapterInfo, Gpu};
 pub use error::{GpuError, Result};
 pub use model::{GpuCache, GpuKv, GpuModel, GpuOptions, GpuOutputs, TOP_CANDIDATES};
+pub use rec::KernelTime;

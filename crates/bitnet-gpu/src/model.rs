@@ -6,10 +6,18 @@ use bitnet_model::numerics::{rope_neox_back, rope_row};
 use bitnet_model::{Activation, Config, Model, Outputs};
 
 use crate::device::{attn_part_len, attn_split, Gpu};
+use crate::rec::{KernelTime, Profile, Rec, PROFILE_QUERIES};
 use crate::{GpuError, Result};
 
 /// Token rows per workgroup of the ternary kernel (`TT` in ternary.wgsl).
 pub(crate) const TERNARY_TOKENS: usize = 4;
+/// Token rows a call may have for the decode kernels (mv.wgsl; `TT`), output rows per
+/// workgroup (`RPW`), and the widest input they take (4 · 256 threads · `PV`).
+pub(crate) const MV_TOKENS: usize = 4;
+pub(crate) const MV_ROWS: usize = 8;
+pub(crate) const MV_MAX_IN: usize = 8192;
+/// Workgroups of the greedy arg-max (`GROUPS` in argmax.wgsl), one (index, value) pair each.
+pub(crate) const ARGMAX_GROUPS: usize = 64;
 /// LM-head rows per workgroup (`RPW` in head.wgsl).
 pub(crate) const HEAD_ROWS: usize = 4;
 /// Head size the attention kernel holds (`qs` and `ACC` in attention.wgsl).
@@ -42,6 +50,10 @@ pub struct GpuOptions {
     /// Largest buffer one chunk of the LM head or the embedding may take (the adapter's
     /// storage-binding limit when `None`).
     pub chunk_bytes: Option<u64>,
+    /// Decode steps through the fused kernels (mv.wgsl: each norm in its matrix kernel's
+    /// prologue, Q, K and V in one dispatch): about half the dispatches. Off by default: on
+    /// the hardware measured so far their prologue costs more than the dispatches saved.
+    pub fused_decode: bool,
 }
 
 impl Default for GpuOptions {
@@ -50,6 +62,7 @@ impl Default for GpuOptions {
             adapter: None,
             max_batch: 512,
             chunk_bytes: None,
+            fused_decode: false,
         }
     }
 }
@@ -80,6 +93,20 @@ struct GpuLayer {
     glu: GpuMatrix,
     norm_ffn_sub: wgpu::BindGroup,
     down: GpuMatrix,
+    /// The decode kernels' bindings and workgroups (mv.wgsl, mv_glu.wgsl), where the shapes
+    /// and the adapter allow them.
+    mv: Option<MvLayer>,
+}
+
+/// A decode kernel's binding and its workgroups.
+pub(crate) type MvBind = (wgpu::BindGroup, u32);
+
+#[derive(Debug)]
+struct MvLayer {
+    qkv: MvBind,
+    o: MvBind,
+    glu: MvBind,
+    down: MvBind,
 }
 
 /// Rows of an F16/F32 row matrix (the LM head, the embedding) split into buffers that each
@@ -134,6 +161,19 @@ pub struct GpuModel {
     topk_groups: u32,
     /// Bytes of weights and activation buffers on the device.
     bytes: u64,
+    /// Dispatches of the last submission.
+    dispatches: std::sync::atomic::AtomicU32,
+    /// Kernel timing, when on.
+    prof: std::sync::Mutex<Option<ProfState>>,
+}
+
+/// The query set and buffers of kernel timing, and the times so far.
+#[derive(Debug)]
+struct ProfState {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    acc: Profile,
 }
 
 /// The element type of a [`GpuCache`].
@@ -260,11 +300,12 @@ impl GpuModel {
         let (e, kv, ff, nv) = (c.n_embd, c.n_embd_kv(), c.n_ff, c.n_vocab);
         if c.head_dim > MAX_HEAD_DIM
             || !c.n_rot.is_multiple_of(2)
+            || !c.head_dim.is_multiple_of(2)
             || !e.is_multiple_of(4)
             || !ff.is_multiple_of(4)
         {
             return Err(GpuError::Unsupported(format!(
-                "this shape (head size {} > {MAX_HEAD_DIM}, or odd n_rot / n_embd / n_ff)",
+                "this shape (head size {} > {MAX_HEAD_DIM}, or odd head size / n_rot / n_embd / n_ff)",
                 c.head_dim
             )));
         }
@@ -314,7 +355,7 @@ impl GpuModel {
         let xs = buf("xs", f32s(max_batch)?)?;
         let hn = buf("hn", f32s(out_cap * e)?)?;
         let logits = buf("logits", f32s(mul(out_cap, nv, "logits")?)?)?;
-        let best = buf("best", 8)?;
+        let best = buf("best", bytes_of(ARGMAX_GROUPS * 8)?)?;
         let top_bytes = bytes_of(TOP_CANDIDATES * 8)?;
         let top = buf("top", top_bytes)?;
         let topk_chunk = nv.div_ceil(TOPK_GROUPS).next_multiple_of(256).max(256);
@@ -338,7 +379,7 @@ impl GpuModel {
             })
         };
         let logits_staging = staging("logits staging", f32s(mul(out_cap, nv, "logits")?)?);
-        let best_staging = staging("best staging", 8);
+        let best_staging = staging("best staging", bytes_of(ARGMAX_GROUPS * 8)?);
         let top_staging = staging("top staging", top_bytes);
         let step = gpu.uniform("step", &[0, 0, 0, 0]);
 
@@ -350,7 +391,8 @@ impl GpuModel {
         let mut norm = |w: &[f32], dims: &wgpu::Buffer, x: &wgpu::Buffer, label: &str| {
             let wb = gpu.upload(label, bytemuck::cast_slice(w))?;
             weight_bytes += wb.size();
-            Ok::<_, GpuError>(gpu.bind(&kp.norm_quant, &[&step, dims, x, &wb, &xq, &xs]))
+            let bind = gpu.bind(&kp.norm_quant, &[&step, dims, x, &wb, &xq, &xs]);
+            Ok::<_, GpuError>((bind, wb))
         };
         let mut layers = Vec::with_capacity(c.n_layer);
         let mut mat_bytes = 0u64;
@@ -358,31 +400,82 @@ impl GpuModel {
             Activation::Relu2 => 1,
             Activation::Silu => 2,
         };
+        // The decode kernels take inputs of up to MV_MAX_IN values that fit their workgroup
+        // memory, in at most the dispatch's workgroups.
+        let mv_ok = opts.fused_decode
+            && kp.mv.is_some()
+            && e.max(ff) <= MV_MAX_IN
+            && e.max(ff) / 4 <= kp.mv_words
+            && (e + 2 * kv).max(ff).div_ceil(MV_ROWS) <= dispatch_max;
+        let spare = [buf("spare", 4)?, buf("spare", 4)?];
         for (il, l) in model.layers.iter().enumerate() {
-            let mut mat = |m: &TernaryMatrix<'_>, out: &wgpu::Buffer, accumulate: bool| {
-                let (gm, b) = upload_matrix(&gpu, m, &step, &xq, &xs, out, il, accumulate)?;
-                mat_bytes += b;
-                Ok::<_, GpuError>(gm)
-            };
-            let qm = mat(&l.wq, &q, false)?;
-            let km = mat(&l.wk, &k, false)?;
-            let vm = mat(&l.wv, &v, false)?;
+            let (norm_attn, w_attn) = norm(&l.attn_norm, &dims_e, &h, "attn_norm")?;
+            let (norm_sub, w_sub) = norm(&l.attn_sub_norm, &dims_e, &o, "attn_sub_norm")?;
+            let (norm_ffn, w_ffn) = norm(&l.ffn_norm, &dims_e, &h, "ffn_norm")?;
+            let (norm_ffn_sub, w_ffn_sub) = norm(&l.ffn_sub_norm, &dims_ff, &g, "ffn_sub_norm")?;
+            let qkv = upload_segmented(
+                &gpu,
+                &[&l.wq, &l.wk, &l.wv],
+                &step,
+                &xq,
+                &xs,
+                &[&q, &k, &v],
+                il,
+                false,
+            )?;
             // 6. and 10.: h += Lin(W, ·), added in the kernel.
-            let om = mat(&l.wo, &h, true)?;
-            let dm = mat(&l.w_down, &h, true)?;
-            let (glu, b) = upload_glu(&gpu, &l.w_gate, &l.w_up, &step, &xq, &xs, &g, act_mode, il)?;
-            mat_bytes += b;
+            let os = upload_segmented(&gpu, &[&l.wo], &step, &xq, &xs, &[&h], il, true)?;
+            let ds = upload_segmented(&gpu, &[&l.w_down], &step, &xq, &xs, &[&h], il, true)?;
+            let (glu, glu_mv, b) = upload_glu(
+                &gpu,
+                &l.w_gate,
+                &l.w_up,
+                &step,
+                &xq,
+                &xs,
+                &g,
+                act_mode,
+                il,
+                mv_ok.then_some((&h, &w_ffn, eps)),
+            )?;
+            mat_bytes += b + qkv.bytes + os.bytes + ds.bytes;
+            let mv = match (mv_ok, glu_mv) {
+                (true, Some(glu)) => Some(MvLayer {
+                    qkv: qkv.bind_mv(&gpu, &step, &h, &w_attn, [&q, &k, &v], 0, eps)?,
+                    o: os.bind_mv(&gpu, &step, &o, &w_sub, [&h, &spare[0], &spare[1]], 1, eps)?,
+                    glu,
+                    down: ds.bind_mv(
+                        &gpu,
+                        &step,
+                        &g,
+                        &w_ffn_sub,
+                        [&h, &spare[0], &spare[1]],
+                        1,
+                        eps,
+                    )?,
+                }),
+                _ => None,
+            };
+            let mut parts = qkv.parts.into_iter();
+            let (Some(qm), Some(km), Some(vm)) = (parts.next(), parts.next(), parts.next()) else {
+                return Err(GpuError::Overflow("Q, K and V"));
+            };
+            let (Some(om), Some(dm)) = (os.parts.into_iter().next(), ds.parts.into_iter().next())
+            else {
+                return Err(GpuError::Overflow("O and down"));
+            };
             layers.push(GpuLayer {
-                norm_attn: norm(&l.attn_norm, &dims_e, &h, "attn_norm")?,
+                norm_attn,
                 q: qm,
                 k: km,
                 v: vm,
-                norm_sub: norm(&l.attn_sub_norm, &dims_e, &o, "attn_sub_norm")?,
+                norm_sub,
                 o: om,
-                norm_ffn: norm(&l.ffn_norm, &dims_e, &h, "ffn_norm")?,
+                norm_ffn,
                 glu,
-                norm_ffn_sub: norm(&l.ffn_sub_norm, &dims_ff, &g, "ffn_sub_norm")?,
+                norm_ffn_sub,
                 down: dm,
+                mv,
             });
         }
         bytes += weight_bytes + mat_bytes;
@@ -464,6 +557,8 @@ impl GpuModel {
             topk_merge,
             topk_groups: u32_of(topk_groups, "n_vocab")?,
             bytes,
+            dispatches: std::sync::atomic::AtomicU32::new(0),
+            prof: std::sync::Mutex::new(None),
             gpu,
         })
     }
@@ -674,7 +769,7 @@ impl GpuModel {
     }
 
     /// [`GpuModel::forward`] that returns only the argmax of the last position's logits
-    /// (the lowest index among equal maxima), reading back 8 bytes.
+    /// (the lowest index among equal maxima), reading back 8 bytes per argmax workgroup.
     pub fn forward_greedy(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<u32> {
         let mut out = Vec::new();
         let best = self.run(tokens, cache, GpuOutputs::Greedy, &mut out)?;
@@ -764,7 +859,19 @@ impl GpuModel {
                 ]),
             );
             let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            self.record(&mut enc, chunk, cache, out_rows, want)?;
+            let mut prof = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+            let names = {
+                let mut rec = Rec::new(&mut enc, prof.as_ref().map(|p| &p.set));
+                self.record(&mut rec, chunk, cache, out_rows, want)?;
+                self.dispatches
+                    .store(rec.count, std::sync::atomic::Ordering::Relaxed);
+                std::mem::take(&mut rec.names)
+            };
+            let n_queries = u32_of(2 * names.len(), "queries")?;
+            if let Some(p) = prof.as_ref().filter(|_| n_queries > 0) {
+                enc.resolve_query_set(&p.set, 0..n_queries, &p.resolve, 0);
+                enc.copy_buffer_to_buffer(&p.resolve, 0, &p.staging, 0, u64::from(n_queries) * 8);
+            }
             let nv = c.n_vocab;
             if out_rows > 0 && want == GpuOutputs::Top {
                 let size = bytes_of(TOP_CANDIDATES * 8)?;
@@ -777,10 +884,11 @@ impl GpuModel {
                         .map(|w| f32::from_bits(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))),
                 );
             } else if out_rows > 0 && want == GpuOutputs::Greedy {
-                enc.copy_buffer_to_buffer(&self.act.best, 0, &self.act.best_staging, 0, 8);
+                let size = bytes_of(ARGMAX_GROUPS * 8)?;
+                enc.copy_buffer_to_buffer(&self.act.best, 0, &self.act.best_staging, 0, size);
                 self.gpu.queue.submit([enc.finish()]);
-                let b = self.gpu.map_read(&self.act.best_staging, 8)?;
-                best = Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                let b = self.gpu.map_read(&self.act.best_staging, size)?;
+                best = Some(best_of_groups(&b));
             } else if out_rows > 0 {
                 let size = bytes_of(mul(mul(out_rows, nv, "logits")?, 4, "logits")?)?;
                 enc.copy_buffer_to_buffer(&self.act.logits, 0, &self.act.logits_staging, 0, size);
@@ -794,15 +902,137 @@ impl GpuModel {
                 self.gpu.queue.submit([enc.finish()]);
                 self.gpu.wait()?;
             }
+            if let Some(p) = prof.as_mut().filter(|_| n_queries > 0) {
+                let b = self.gpu.map_read(&p.staging, u64::from(n_queries) * 8)?;
+                let period = f64::from(self.gpu.queue.get_timestamp_period());
+                let at = |i: usize| {
+                    let w = &b[8 * i..8 * i + 8];
+                    u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])
+                };
+                for (i, name) in names.iter().enumerate() {
+                    #[allow(clippy::cast_precision_loss)] // tick counts of one kernel
+                    let ns = at(2 * i + 1).saturating_sub(at(2 * i)) as f64 * period;
+                    let e = p.acc.totals.entry(name).or_insert((0.0, 0));
+                    e.0 += ns;
+                    e.1 += 1;
+                }
+                p.acc.calls += 1;
+                p.acc.tokens += u64::try_from(n).unwrap_or(0);
+            }
             cache.len += n;
         }
         Ok(best)
     }
 
-    /// Record one call of `tokens` (≤ max_batch) into `enc`.
+    /// The device's copy bandwidth in GB/s (bytes read plus bytes written per second): 20
+    /// copies of a 256 MiB buffer (less where the adapter's buffers are smaller) in one
+    /// submission, after one untimed. What the decode's GB/s is measured against.
+    pub fn copy_probe(&self) -> Result<f64> {
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let size = (256u64 << 20).min(self.gpu.limits.max_buffer_size) / 4 * 4;
+        let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let make = |label| {
+            self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let (src, dst) = (make("probe src"), make("probe dst"));
+        let copies = |n: u32| -> Result<f64> {
+            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+            for _ in 0..n {
+                enc.copy_buffer_to_buffer(&src, 0, &dst, 0, size);
+            }
+            let t0 = std::time::Instant::now();
+            self.gpu.queue.submit([enc.finish()]);
+            self.gpu.wait()?;
+            Ok(t0.elapsed().as_secs_f64())
+        };
+        copies(1)?;
+        let secs = copies(20)?;
+        #[allow(clippy::cast_precision_loss)] // a buffer size
+        let moved = 2.0 * 20.0 * size as f64;
+        Ok(moved / secs.max(1e-9) / 1e9)
+    }
+
+    /// Dispatches the last submission recorded.
+    pub fn last_dispatches(&self) -> u32 {
+        self.dispatches.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Time every kernel of the calls that follow (each in a pass of its own between two
+    /// timestamps: slower calls, exact kernel times), or stop and forget the times (`false`).
+    /// Fails when the adapter has no timestamp queries.
+    pub fn set_profile(&self, on: bool) -> Result<()> {
+        let mut prof = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+        if !on {
+            *prof = None;
+            return Ok(());
+        }
+        if !self
+            .gpu
+            .device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
+            return Err(GpuError::Unsupported(format!(
+                "kernel timing on {} (no timestamp queries)",
+                self.gpu.info.name
+            )));
+        }
+        let bytes = u64::from(PROFILE_QUERIES) * 8;
+        let set = self.gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: PROFILE_QUERIES,
+        });
+        let buffer = |usage| {
+            self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("profile"),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        *prof = Some(ProfState {
+            set,
+            resolve: buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
+            staging: buffer(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST),
+            acc: Profile::default(),
+        });
+        Ok(())
+    }
+
+    /// Each kernel's time per token over the calls profiled since [`GpuModel::set_profile`],
+    /// the slowest first.
+    pub fn profile(&self) -> Vec<KernelTime> {
+        let prof = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(p) = prof.as_ref() else {
+            return Vec::new();
+        };
+        #[allow(clippy::cast_precision_loss)] // token counts
+        let tokens = p.acc.tokens.max(1) as f64;
+        let mut v: Vec<KernelTime> = p
+            .acc
+            .totals
+            .iter()
+            .map(|(&name, &(ns, count))| KernelTime {
+                name,
+                us_per_token: ns / 1e3 / tokens,
+                #[allow(clippy::cast_precision_loss)]
+                per_token: count as f64 / tokens,
+            })
+            .collect();
+        v.sort_by(|a, b| b.us_per_token.total_cmp(&a.us_per_token));
+        v
+    }
+
+    /// Record one call of `tokens` (≤ max_batch).
     fn record(
         &self,
-        enc: &mut wgpu::CommandEncoder,
+        rec: &mut Rec<'_>,
         tokens: &[u32],
         cache: &GpuCache,
         out_rows: usize,
@@ -825,15 +1055,17 @@ impl GpuModel {
                 id: tok,
                 n_vocab: c.n_vocab,
             })?;
-            enc.copy_buffer_to_buffer(buf, bytes_of(r)? * rb, &a.rows, bytes_of(i)? * rb, rb);
+            rec.copy(buf, bytes_of(r)? * rb, &a.rows, bytes_of(i)? * rb, rb);
         }
-        {
-            let mut p = enc.begin_compute_pass(&Default::default());
-            dispatch(&mut p, &kp.embed, &self.embed_bind, n32, 1);
-        }
+        rec.dispatch("embed", &kp.embed, &self.embed_bind, [n32, 1, 1]);
         let tok_tiles = u32_of(n.div_ceil(TERNARY_TOKENS), "tokens")?;
-        let lin = |p: &mut wgpu::ComputePass<'_>, m: &GpuMatrix| -> Result<()> {
-            dispatch(p, &kp.ternary, &m.bind, u32_of(m.n_out, "rows")?, tok_tiles);
+        let lin = |rec: &mut Rec<'_>, name: &'static str, m: &GpuMatrix| -> Result<()> {
+            rec.dispatch(
+                name,
+                &kp.ternary,
+                &m.bind,
+                [u32_of(m.n_out, "rows")?, tok_tiles, 1],
+            );
             Ok(())
         };
         let heads = u32_of(c.n_head, "n_head")?;
@@ -846,69 +1078,87 @@ impl GpuModel {
             if self.skip.get(il).copied().unwrap_or(false) {
                 continue;
             }
-            {
-                let mut p = enc.begin_compute_pass(&Default::default());
-                // 1.–2. a = RMS(h); Q, K, V = Lin(W, a)
-                dispatch(&mut p, &kp.norm_quant, &l.norm_attn, n32, 1);
-                lin(&mut p, &l.q)?;
-                lin(&mut p, &l.k)?;
-                lin(&mut p, &l.v)?;
-                // 3. RoPE on Q and K
-                dispatch(&mut p, &kp.rope, &cache.rope, n32, rope_heads);
-                // The new K and V rows into the cache (f16: rounded by one kernel).
-                if let Some(store) = cache.store.get(il) {
-                    dispatch(&mut p, &kp.kv_store_f16, store, n32, 1);
-                }
+            // A decode step's kernels: the norms in their prologues, Q, K and V in one.
+            let mv =
+                l.mv.as_ref()
+                    .filter(|_| n <= MV_TOKENS)
+                    .zip(kp.mv.as_ref())
+                    .zip(kp.mv_glu.as_ref());
+            // 1.–2. a = RMS(h); Q, K, V = Lin(W, a)
+            if let Some(((m, mv_k), _)) = mv {
+                rec.dispatch("mv qkv", mv_k, &m.qkv.0, [m.qkv.1, 1, 1]);
+            } else {
+                rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_attn, [n32, 1, 1]);
+                lin(rec, "ternary q", &l.q)?;
+                lin(rec, "ternary k", &l.k)?;
+                lin(rec, "ternary v", &l.v)?;
+            }
+            // 3. RoPE on Q and K
+            rec.dispatch("rope", &kp.rope, &cache.rope, [n32, rope_heads, 1]);
+            // The new K and V rows into the cache (f16: rounded by one kernel).
+            if let Some(store) = cache.store.get(il) {
+                rec.dispatch("kv_store_f16", &kp.kv_store_f16, store, [n32, 1, 1]);
             }
             if cache.ty == GpuKv::F32 {
-                enc.copy_buffer_to_buffer(&a.k, 0, &cache.k[il], kv_at, kv_bytes);
-                enc.copy_buffer_to_buffer(&a.v, 0, &cache.v[il], kv_at, kv_bytes);
+                rec.copy(&a.k, 0, &cache.k[il], kv_at, kv_bytes);
+                rec.copy(&a.v, 0, &cache.v[il], kv_at, kv_bytes);
             }
-            let mut p = enc.begin_compute_pass(&Default::default());
             // 4. O = Attn(Q, K, V)
             let attention = match cache.ty {
                 GpuKv::F16 => &kp.attention_f16,
                 GpuKv::F32 => &kp.attention_f32,
             };
-            dispatch3(&mut p, attention, &cache.attn[il], heads, n32, split);
+            rec.dispatch("attention", attention, &cache.attn[il], [heads, n32, split]);
             if split > 1 {
-                dispatch(&mut p, &kp.attention_merge, &cache.merge, heads, n32);
+                rec.dispatch(
+                    "attention_merge",
+                    &kp.attention_merge,
+                    &cache.merge,
+                    [heads, n32, 1],
+                );
+            }
+            if let Some(((m, mv_k), mv_glu)) = mv {
+                // 5.–10. as below, the norms in the kernels' prologues.
+                rec.dispatch("mv o", mv_k, &m.o.0, [m.o.1, 1, 1]);
+                rec.dispatch("mv gate+up", mv_glu, &m.glu.0, [m.glu.1, 1, 1]);
+                rec.dispatch("mv down", mv_k, &m.down.0, [m.down.1, 1, 1]);
+                continue;
             }
             // 5.–6. h += Lin(Wo, RMS(O))
-            dispatch(&mut p, &kp.norm_quant, &l.norm_sub, n32, 1);
-            lin(&mut p, &l.o)?;
+            rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_sub, [n32, 1, 1]);
+            lin(rec, "ternary o", &l.o)?;
             // 7.–8. g = act(Lin(Wgate, f)) · Lin(Wup, f), f = RMS(h), in one kernel
-            dispatch(&mut p, &kp.norm_quant, &l.norm_ffn, n32, 1);
-            dispatch(
-                &mut p,
+            rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_ffn, [n32, 1, 1]);
+            rec.dispatch(
+                "ternary gate+up",
                 &kp.ternary_glu,
                 &l.glu.bind,
-                u32_of(l.glu.n_out, "rows")?,
-                tok_tiles,
+                [u32_of(l.glu.n_out, "rows")?, tok_tiles, 1],
             );
             // 9.–10. h += Lin(Wdown, RMS(g))
-            dispatch(&mut p, &kp.norm_quant, &l.norm_ffn_sub, n32, 1);
-            lin(&mut p, &l.down)?;
+            rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_ffn_sub, [n32, 1, 1]);
+            lin(rec, "ternary down", &l.down)?;
         }
         if out_rows > 0 {
             let rows = u32_of(out_rows, "rows")?;
-            let mut p = enc.begin_compute_pass(&Default::default());
-            dispatch(&mut p, &kp.rmsnorm, &self.final_norm, rows, 1);
+            rec.dispatch("rmsnorm", &kp.rmsnorm, &self.final_norm, [rows, 1, 1]);
             for (chunk_rows, bind) in &self.head_binds {
                 let groups = u32_of(chunk_rows.div_ceil(HEAD_ROWS), "head rows")?;
-                dispatch(&mut p, &kp.head, bind, groups, rows);
+                rec.dispatch("head", &kp.head, bind, [groups, rows, 1]);
             }
             match want {
-                GpuOutputs::Greedy => dispatch(&mut p, &kp.argmax, &self.argmax_bind, 1, 1),
+                GpuOutputs::Greedy => {
+                    let groups = u32_of(ARGMAX_GROUPS, "groups")?;
+                    rec.dispatch("argmax", &kp.argmax, &self.argmax_bind, [groups, 1, 1]);
+                }
                 GpuOutputs::Top => {
-                    dispatch(
-                        &mut p,
+                    rec.dispatch(
+                        "topk",
                         &kp.topk_local,
                         &self.topk_local,
-                        self.topk_groups,
-                        1,
+                        [self.topk_groups, 1, 1],
                     );
-                    dispatch(&mut p, &kp.topk_merge, &self.topk_merge, 1, 1);
+                    rec.dispatch("topk", &kp.topk_merge, &self.topk_merge, [1, 1, 1]);
                 }
                 GpuOutputs::Logits(_) => {}
             }
@@ -917,27 +1167,19 @@ impl GpuModel {
     }
 }
 
-fn dispatch(
-    p: &mut wgpu::ComputePass<'_>,
-    pipeline: &wgpu::ComputePipeline,
-    bind: &wgpu::BindGroup,
-    x: u32,
-    y: u32,
-) {
-    dispatch3(p, pipeline, bind, x, y, 1);
-}
-
-fn dispatch3(
-    p: &mut wgpu::ComputePass<'_>,
-    pipeline: &wgpu::ComputePipeline,
-    bind: &wgpu::BindGroup,
-    x: u32,
-    y: u32,
-    z: u32,
-) {
-    p.set_pipeline(pipeline);
-    p.set_bind_group(0, bind, &[]);
-    p.dispatch_workgroups(x, y, z);
+/// The arg-max over argmax.wgsl's (index, value bits) pairs, one a workgroup in range order:
+/// the larger value, the lower index among equal ones; `u32::MAX` where no range had a valid
+/// logit.
+pub(crate) fn best_of_groups(b: &[u8]) -> u32 {
+    let mut best = (u32::MAX, f32::NEG_INFINITY);
+    for p in b.chunks_exact(8) {
+        let id = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+        let v = f32::from_bits(u32::from_le_bytes([p[4], p[5], p[6], p[7]]));
+        if id != u32::MAX && (best.0 == u32::MAX || v > best.1 || (v == best.1 && id < best.0)) {
+            best = (id, v);
+        }
+    }
+    best.0
 }
 
 /// One ternary matrix on the device: 2-bit codes in I2_S order, its scales, and the kernels'
@@ -954,7 +1196,11 @@ impl Codes {
     }
 }
 
-fn upload_codes(gpu: &Gpu, m: &TernaryMatrix<'_>, il: usize) -> Result<Codes> {
+/// A ternary matrix's codes in I2_S order, its scales and mode, ready to upload.
+fn prepare_codes<'a>(
+    m: &'a TernaryMatrix<'_>,
+    il: usize,
+) -> Result<(std::borrow::Cow<'a, [u8]>, Vec<f32>, u32)> {
     let (n_out, n_in) = (m.n_out(), m.n_in());
     let (codes, scales, mode) = match m.layout() {
         TernaryLayout::I2S => {
@@ -988,11 +1234,166 @@ fn upload_codes(gpu: &Gpu, m: &TernaryMatrix<'_>, il: usize) -> Result<Codes> {
             got: codes.len(),
         });
     }
+    Ok((codes, scales, mode))
+}
+
+fn upload_codes(gpu: &Gpu, m: &TernaryMatrix<'_>, il: usize) -> Result<Codes> {
+    let (codes, scales, mode) = prepare_codes(m, il)?;
     Ok(Codes {
         codes: gpu.upload("ternary codes", &codes)?,
         scales: gpu.upload("ternary scales", bytemuck::cast_slice(&scales))?,
         mode,
     })
+}
+
+/// Matrices with one input (Q, K and V; or one alone) as one buffer of concatenated rows for
+/// mv.wgsl, with the prefill kernel's binding of each over its slice of that buffer (or a copy
+/// of its own where the slice's offset is not aligned for a binding).
+pub(crate) struct Segmented {
+    codes: wgpu::Buffer,
+    /// mode 0: each matrix's tensor scale; mode 1: every row's block scales
+    mv_scales: wgpu::Buffer,
+    mode: u32,
+    /// the prefill kernel's matrices
+    pub(crate) parts: Vec<GpuMatrix>,
+    /// rows of each matrix
+    rows: Vec<usize>,
+    n_in: usize,
+    pub(crate) bytes: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn upload_segmented(
+    gpu: &Gpu,
+    mats: &[&TernaryMatrix<'_>],
+    step: &wgpu::Buffer,
+    xq: &wgpu::Buffer,
+    xs: &wgpu::Buffer,
+    outs: &[&wgpu::Buffer],
+    il: usize,
+    accumulate: bool,
+) -> Result<Segmented> {
+    let n_in = mats.first().map_or(0, |m| m.n_in());
+    let mut all = Vec::new();
+    let mut mv_sc = Vec::new();
+    let mut cpu = Vec::with_capacity(mats.len());
+    let mut mode = None;
+    for m in mats {
+        if m.n_in() != n_in {
+            return Err(GpuError::Shape {
+                what: "input width of matrices read together",
+                expected: n_in,
+                got: m.n_in(),
+            });
+        }
+        let (codes, scales, md) = prepare_codes(m, il)?;
+        if mode.is_some_and(|x| x != md) {
+            return Err(GpuError::Unsupported(format!(
+                "block {il}: Q, K and V in different layouts"
+            )));
+        }
+        mode = Some(md);
+        let off = all.len();
+        all.extend_from_slice(&codes);
+        mv_sc.extend_from_slice(&scales);
+        cpu.push((off, codes.len(), scales));
+    }
+    let codes = gpu.upload("ternary codes", &all)?;
+    let mv_scales = gpu.upload("ternary scales", bytemuck::cast_slice(&mv_sc))?;
+    let mut bytes = codes.size() + mv_scales.size();
+    let align = u64::from(gpu.limits.min_storage_buffer_offset_alignment).max(1);
+    let mut parts = Vec::with_capacity(mats.len());
+    for ((m, (off, len, scales)), out) in mats.iter().zip(&cpu).zip(outs) {
+        let md = mode.unwrap_or(0);
+        let sc = gpu.upload("ternary scales", bytemuck::cast_slice(scales))?;
+        let dims = ternary_dims(gpu, m, md, u32::from(accumulate))?;
+        let (off, len) = (bytes_of(*off)?, bytes_of(*len)?);
+        let bind = if off % align == 0 {
+            gpu.bind_parts(
+                &gpu.k.ternary,
+                &[
+                    (step, 0, None),
+                    (&dims, 0, None),
+                    (&codes, off, Some(len)),
+                    (&sc, 0, None),
+                    (xq, 0, None),
+                    (xs, 0, None),
+                    (out, 0, None),
+                ],
+            )
+        } else {
+            let own = upload_codes(gpu, m, il)?;
+            bytes += own.codes.size();
+            gpu.bind(&gpu.k.ternary, &[step, &dims, &own.codes, &sc, xq, xs, out])
+        };
+        bytes += sc.size();
+        parts.push(GpuMatrix {
+            n_out: m.n_out(),
+            bind,
+        });
+    }
+    Ok(Segmented {
+        codes,
+        mv_scales,
+        mode: mode.unwrap_or(0),
+        parts,
+        rows: mats.iter().map(|m| m.n_out()).collect(),
+        n_in,
+        bytes,
+    })
+}
+
+impl Segmented {
+    /// Bind mv.wgsl over these rows: input rows `x` normed by `nw`, outputs `outs` (one a
+    /// matrix; the spare ones are never written), `op` 1 to add into `outs[0]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn bind_mv(
+        &self,
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        nw: &wgpu::Buffer,
+        outs: [&wgpu::Buffer; 3],
+        op: u32,
+        eps: u32,
+    ) -> Result<(wgpu::BindGroup, u32)> {
+        let n_out: usize = self.rows.iter().sum();
+        let seg1 = self.rows.first().copied().unwrap_or(n_out);
+        let seg2 = seg1 + self.rows.get(1).copied().unwrap_or(0);
+        let seg2 = if self.rows.len() > 1 { seg2 } else { n_out };
+        let dims = gpu.uniform(
+            "dims mv",
+            &[
+                u32_of(self.n_in, "n_in")?,
+                u32_of(n_out, "rows")?,
+                u32_of(self.n_in / 64, "n_in")?,
+                self.mode,
+                op,
+                eps,
+                u32_of(seg1, "rows")?,
+                u32_of(seg2, "rows")?,
+            ],
+        );
+        let pipeline =
+            gpu.k.mv.as_ref().ok_or_else(|| {
+                GpuError::Unsupported("the decode kernels on this adapter".into())
+            })?;
+        let bind = gpu.bind(
+            pipeline,
+            &[
+                step,
+                &dims,
+                &self.codes,
+                &self.mv_scales,
+                x,
+                nw,
+                outs[0],
+                outs[1],
+                outs[2],
+            ],
+        );
+        Ok((bind, u32_of(n_out.div_ceil(MV_ROWS), "rows")?))
+    }
 }
 
 fn ternary_dims(gpu: &Gpu, m: &TernaryMatrix<'_>, mode: u32, extra: u32) -> Result<wgpu::Buffer> {
@@ -1041,7 +1442,8 @@ pub(crate) fn upload_matrix(
 }
 
 /// Upload the gate and up projections and bind the fused kernel that writes
-/// `act(gate) · up` into `out` (`act`: 1 ReLU², 2 SiLU).
+/// `act(gate) · up` into `out` (`act`: 1 ReLU², 2 SiLU); with `mv` (input rows, norm
+/// weights, eps) also the decode kernel mv_glu.wgsl, and its workgroups.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn upload_glu(
     gpu: &Gpu,
@@ -1053,7 +1455,8 @@ pub(crate) fn upload_glu(
     out: &wgpu::Buffer,
     act: u32,
     il: usize,
-) -> Result<(GpuMatrix, u64)> {
+    mv: Option<(&wgpu::Buffer, &wgpu::Buffer, u32)>,
+) -> Result<(GpuMatrix, Option<MvBind>, u64)> {
     if (gate.n_out(), gate.n_in()) != (up.n_out(), up.n_in()) {
         return Err(GpuError::Shape {
             what: "ffn_up rows",
@@ -1075,11 +1478,40 @@ pub(crate) fn upload_glu(
             step, &dims, &g.codes, &g.scales, &u.codes, &u.scales, xq, xs, out,
         ],
     );
+    let mv_bind = match (mv, &gpu.k.mv_glu) {
+        (Some((x, nw, eps)), Some(pipeline)) => {
+            let (n_out, n_in) = (gate.n_out(), gate.n_in());
+            let dims = gpu.uniform(
+                "dims mv glu",
+                &[
+                    u32_of(n_in, "n_in")?,
+                    u32_of(n_out, "rows")?,
+                    u32_of(n_in / 64, "n_in")?,
+                    g.mode,
+                    act,
+                    eps,
+                    u32_of(n_out, "rows")?,
+                    u32_of(n_out, "rows")?,
+                ],
+            );
+            Some((
+                gpu.bind(
+                    pipeline,
+                    &[
+                        step, &dims, &g.codes, &g.scales, &u.codes, &u.scales, x, nw, out,
+                    ],
+                ),
+                u32_of(n_out.div_ceil(MV_ROWS), "rows")?,
+            ))
+        }
+        _ => None,
+    };
     Ok((
         GpuMatrix {
             n_out: gate.n_out(),
             bind,
         },
+        mv_bind,
         g.nbytes() + u.nbytes(),
     ))
 }

@@ -102,9 +102,105 @@ pub fn glu(
     let xqb = gpu.upload("xq", &packed)?;
     let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
     let out = rw(gpu, "out", n * gate.n_out() * 4)?;
-    let (m, _) = upload_glu(gpu, gate, up, &step, &xqb, &xsb, &out, act, 0)?;
+    let (m, _, _) = upload_glu(gpu, gate, up, &step, &xqb, &xsb, &out, act, 0, None)?;
     let tiles = n32(n.div_ceil(crate::model::TERNARY_TOKENS))?;
     run(gpu, &gpu.k.ternary_glu, m.bind(), n32(gate.n_out())?, tiles)?;
+    Ok(le_f32(
+        &gpu.read(&out, u64::from(n32(n * gate.n_out() * 4)?))?,
+    ))
+}
+
+/// The decode kernel mv.wgsl over `mats` read as one (Q, K, V): `RMS(x, nw)` quantized in
+/// its prologue, then each matrix's `Lin` for the `x.len() / n_in` rows; with `add_to` (one
+/// matrix), `add_to + Lin`. Each matrix's output, `[rows][n_out]`.
+pub fn mv(
+    gpu: &Gpu,
+    mats: &[&TernaryMatrix<'_>],
+    x: &[f32],
+    nw: &[f32],
+    eps: f32,
+    add_to: Option<&[f32]>,
+) -> Result<Vec<Vec<f32>>> {
+    let n_in = nw.len();
+    let n = x.len() / n_in.max(1);
+    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
+    let nwb = gpu.upload("nw", bytemuck::cast_slice(nw))?;
+    let xq = rw(gpu, "xq", n * n_in)?;
+    let xs = rw(gpu, "xs", n * 4)?;
+    let mut outs = Vec::with_capacity(mats.len());
+    for m in mats {
+        outs.push(match add_to {
+            Some(init) => gpu.upload("out", bytemuck::cast_slice(init))?,
+            None => rw(gpu, "out", n * m.n_out() * 4)?,
+        });
+    }
+    let refs: Vec<&wgpu::Buffer> = outs.iter().collect();
+    let seg =
+        crate::model::upload_segmented(gpu, mats, &step, &xq, &xs, &refs, 0, add_to.is_some())?;
+    let spare = [rw(gpu, "spare", 4)?, rw(gpu, "spare", 4)?];
+    let pick = |i: usize| refs.get(i).copied().unwrap_or(&spare[i.min(2) - 1]);
+    let (bind, groups) = seg.bind_mv(
+        gpu,
+        &step,
+        &xb,
+        &nwb,
+        [refs[0], pick(1), pick(2)],
+        u32::from(add_to.is_some()),
+        eps.to_bits(),
+    )?;
+    let pipeline = gpu
+        .k
+        .mv
+        .as_ref()
+        .ok_or_else(|| GpuError::Unsupported("the decode kernels on this adapter".into()))?;
+    run(gpu, pipeline, &bind, groups, 1)?;
+    outs.iter()
+        .zip(mats)
+        .map(|(o, m)| Ok(le_f32(&gpu.read(o, u64::from(n32(n * m.n_out() * 4)?))?)))
+        .collect()
+}
+
+/// The decode FFN kernel mv_glu.wgsl: `act(Lin(gate, f)) · Lin(up, f)`, f = RMS(x, nw)
+/// quantized in its prologue (`act`: 1 ReLU², 2 SiLU).
+pub fn mv_glu(
+    gpu: &Gpu,
+    gate: &TernaryMatrix<'_>,
+    up: &TernaryMatrix<'_>,
+    x: &[f32],
+    nw: &[f32],
+    eps: f32,
+    act: u32,
+) -> Result<Vec<f32>> {
+    let n_in = nw.len();
+    let n = x.len() / n_in.max(1);
+    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
+    let nwb = gpu.upload("nw", bytemuck::cast_slice(nw))?;
+    let xq = rw(gpu, "xq", n * n_in)?;
+    let xs = rw(gpu, "xs", n * 4)?;
+    let out = rw(gpu, "out", n * gate.n_out() * 4)?;
+    let (_, mv, _) = upload_glu(
+        gpu,
+        gate,
+        up,
+        &step,
+        &xq,
+        &xs,
+        &out,
+        act,
+        0,
+        Some((&xb, &nwb, eps.to_bits())),
+    )?;
+    let ((bind, groups), Some(pipeline)) = (
+        mv.ok_or_else(|| GpuError::Unsupported("the decode kernels on this adapter".into()))?,
+        gpu.k.mv_glu.as_ref(),
+    ) else {
+        return Err(GpuError::Unsupported(
+            "the decode kernels on this adapter".into(),
+        ));
+    };
+    run(gpu, pipeline, &bind, groups, 1)?;
     Ok(le_f32(
         &gpu.read(&out, u64::from(n32(n * gate.n_out() * 4)?))?,
     ))
@@ -365,9 +461,10 @@ pub fn argmax(gpu: &Gpu, logits: &[f32]) -> Result<u32> {
     let step = gpu.uniform("step", &[1, 0, 0, 1]);
     let dims = gpu.uniform("dims", &[n32(logits.len())?, 0, 0, 0]);
     let lb = gpu.upload("logits", bytemuck::cast_slice(logits))?;
-    let best = rw(gpu, "best", 8)?;
+    let groups = crate::model::ARGMAX_GROUPS;
+    let best = rw(gpu, "best", groups * 8)?;
     let bind = gpu.bind(&gpu.k.argmax, &[&step, &dims, &lb, &best]);
-    run(gpu, &gpu.k.argmax, &bind, 1, 1)?;
-    let b = gpu.read(&best, 8)?;
-    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    run(gpu, &gpu.k.argmax, &bind, n32(groups)?, 1)?;
+    let b = gpu.read(&best, u64::from(n32(groups * 8)?))?;
+    Ok(crate::model::best_of_groups(&b))
 }

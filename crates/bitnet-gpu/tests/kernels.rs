@@ -537,3 +537,167 @@ fn argmax_matches_the_sampler() {
         }
     }
 }
+
+/// RMS(x, w) then the int8 quantization of each row, on the CPU: codes and scales.
+fn norm_quant_ref(x: &[f32], w: &[f32]) -> (Vec<i8>, Vec<f32>) {
+    let width = w.len();
+    let mut y = vec![0f32; width];
+    let mut q = vec![0i8; width];
+    let (mut codes, mut scales) = (Vec::new(), Vec::new());
+    for row in x.chunks_exact(width) {
+        rms_norm(row, w, 1e-5, &mut y);
+        scales.push(act::quantize_i8_scalar(&y, &mut q));
+        codes.extend_from_slice(&q);
+    }
+    (codes, scales)
+}
+
+/// Output rows agree within what one activation code off by one at a rounding tie moves
+/// (the GPU sums squares in f32): a few thousandths of the row's largest value.
+fn assert_rows_close(got: &[f32], want: &[f32], n_out: usize, what: &str) {
+    for (r, (g, w)) in got.chunks(n_out).zip(want.chunks(n_out)).enumerate() {
+        let scale = w.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+        for (i, (a, b)) in g.iter().zip(w).enumerate() {
+            assert!(
+                (a - b).abs() <= 4e-3 * scale,
+                "{what}: row {r} [{i}] gpu {a} cpu {b} (row max {scale})"
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_kernel_matches_norm_quant_and_the_scalar_kernel() {
+    let Some(gpu) = common::open() else { return };
+    let pool = Pool::new(1);
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    for case in 0..18 {
+        let tq2 = case % 3 == 2;
+        let unit = if tq2 { 256 } else { 128 };
+        let n_in = unit * rng.random_range(1..9usize);
+        let n = rng.random_range(1..7usize);
+        let layout = if tq2 {
+            TernaryLayout::Tq2_0
+        } else {
+            TernaryLayout::I2S
+        };
+        // Q, K and V read together (case even), or one matrix added into its output.
+        let shapes: Vec<usize> = if case % 2 == 0 {
+            vec![
+                [8, 24, 40, 129][case % 4],
+                [1, 3, 17, 16][case % 4],
+                [1, 3, 17, 9][(case / 2) % 4],
+            ]
+        } else {
+            vec![[1, 7, 70, 129][case % 4]]
+        };
+        let bytes: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&r| {
+                if tq2 {
+                    tq2_bytes(&mut rng, r, n_in)
+                } else {
+                    i2s_bytes(&mut rng, r, n_in, case % 4 == 1)
+                }
+            })
+            .collect();
+        let mats: Vec<TernaryMatrix<'_>> = shapes
+            .iter()
+            .zip(&bytes)
+            .map(|(&r, b)| {
+                let mut m = TernaryMatrix::new(layout, r, n_in, b, None).unwrap();
+                m.check_codes();
+                m
+            })
+            .collect();
+        let x: Vec<f32> = (0..n * n_in)
+            .map(|_| rng.random_range(-4.0..4.0f32))
+            .collect();
+        let nw: Vec<f32> = (0..n_in).map(|_| rng.random_range(0.1..2.0f32)).collect();
+        let add: Option<Vec<f32>> = (shapes.len() == 1).then(|| {
+            (0..n * shapes[0])
+                .map(|_| rng.random_range(-1.0..1.0f32))
+                .collect()
+        });
+        let refs: Vec<&TernaryMatrix<'_>> = mats.iter().collect();
+        let got = probe::mv(&gpu, &refs, &x, &nw, 1e-5, add.as_deref()).unwrap();
+        let (xq, s) = norm_quant_ref(&x, &nw);
+        for (j, m) in mats.iter().enumerate() {
+            let mut want = vec![0f32; n * m.n_out()];
+            m.matmul_on(Isa::Scalar, &xq, &s, &mut want, &pool)
+                .unwrap()
+                .unwrap();
+            if let Some(a) = &add {
+                want.iter_mut().zip(a).for_each(|(w, a)| *w += a);
+            }
+            assert_rows_close(
+                &got[j],
+                &want,
+                m.n_out(),
+                &format!("case {case} ({layout:?} {n_in} in, {n} rows) matrix {j} of {shapes:?}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_gate_up_kernel_matches_the_scalar_kernels_and_the_activation() {
+    let Some(gpu) = common::open() else { return };
+    let pool = Pool::new(1);
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for case in 0..8 {
+        let tq2 = case % 4 == 3;
+        let unit = if tq2 { 256 } else { 128 };
+        let n_in = unit * rng.random_range(1..9usize);
+        let n_out = [1, 9, 40, 77][case % 4];
+        let n = rng.random_range(1..6usize);
+        let act_mode = 1 + u32::from(case % 2 == 1);
+        let layout = if tq2 {
+            TernaryLayout::Tq2_0
+        } else {
+            TernaryLayout::I2S
+        };
+        let gen = |rng: &mut ChaCha8Rng| {
+            if tq2 {
+                tq2_bytes(rng, n_out, n_in)
+            } else {
+                i2s_bytes(rng, n_out, n_in, false)
+            }
+        };
+        let (bg, bu) = (gen(&mut rng), gen(&mut rng));
+        let gate = TernaryMatrix::new(layout, n_out, n_in, &bg, None).unwrap();
+        let up = TernaryMatrix::new(layout, n_out, n_in, &bu, None).unwrap();
+        let x: Vec<f32> = (0..n * n_in)
+            .map(|_| rng.random_range(-4.0..4.0f32))
+            .collect();
+        let nw: Vec<f32> = (0..n_in).map(|_| rng.random_range(0.1..2.0f32)).collect();
+        let got = probe::mv_glu(&gpu, &gate, &up, &x, &nw, 1e-5, act_mode).unwrap();
+        let (xq, s) = norm_quant_ref(&x, &nw);
+        let mut g = vec![0f32; n * n_out];
+        let mut u = vec![0f32; n * n_out];
+        gate.matmul_on(Isa::Scalar, &xq, &s, &mut g, &pool)
+            .unwrap()
+            .unwrap();
+        up.matmul_on(Isa::Scalar, &xq, &s, &mut u, &pool)
+            .unwrap()
+            .unwrap();
+        let want: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| {
+                if act_mode == 1 {
+                    let p = g.max(0.0);
+                    p * p * u
+                } else {
+                    g / (1.0 + (-g).exp()) * u
+                }
+            })
+            .collect();
+        assert_rows_close(
+            &got,
+            &want,
+            n_out,
+            &format!("case {case} ({layout:?} {n_out}x{n_in}, {n} rows, act {act_mode})"),
+        );
+    }
+}

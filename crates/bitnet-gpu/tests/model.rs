@@ -194,6 +194,11 @@ fn tiny_golden_model_matches_the_cpu() {
         &PROMPT,
         "tiny, batches of 3, head in chunks",
     );
+    let fused = GpuOptions {
+        fused_decode: true,
+        ..GpuOptions::default()
+    };
+    compare(&m, fused, GpuKv::F16, &PROMPT, "tiny, fused decode kernels");
     greedy(&m, &PROMPT, "tiny");
 }
 
@@ -216,6 +221,17 @@ fn medium_synth_matches_the_cpu_in_i2s_and_tq2() {
             GpuKv::F16,
             &prompt,
             &format!("medium {layout:?}"),
+        );
+        let fused = GpuOptions {
+            fused_decode: true,
+            ..GpuOptions::default()
+        };
+        compare(
+            &m,
+            fused,
+            GpuKv::F16,
+            &prompt,
+            &format!("medium {layout:?}, fused decode kernels"),
         );
         greedy(&m, &prompt, &format!("medium {layout:?}"));
     }

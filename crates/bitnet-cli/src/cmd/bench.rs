@@ -69,6 +69,11 @@ pub struct Args {
     /// reported as test `tg<N>x<B>` with the aggregate tok/s over all B sequences.
     #[arg(long, value_delimiter = ',')]
     batch: Vec<usize>,
+    /// `--device gpu`: time every kernel of the tg tests (GPU timestamps; each kernel then runs
+    /// in a pass of its own, so the profiled repetition is not counted) and print where a
+    /// decode token's time goes.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// GB/s of a plain parallel read of `buf` (the mapped model file: as large as what decode
@@ -263,6 +268,10 @@ fn run_engine(a: &Args) -> Result<()> {
         );
     }
     let mut session = engine.new_session(n_ctx)?;
+    // The GPU's dispatches per decode token, and kernel profiles of the tg tests.
+    let mut dispatches = None;
+    let mut profiles = Vec::new();
+    let mut best_tg_gbs: Option<f64> = None;
     for &depth in &a.depth {
         session.reset();
         engine.eval(&mut session, &tokens(depth, n_vocab, 3), Outputs::None)?;
@@ -278,21 +287,40 @@ fn run_engine(a: &Args) -> Result<()> {
                     rates.push(np as f64 / t0.elapsed().as_secs_f64());
                 }
             }
+            if let (Some(g), true) = (engine.gpu(), a.profile) {
+                session.truncate(depth);
+                g.set_profile(true)?;
+                engine.eval(&mut session, &prompt, Outputs::Last)?;
+                profiles.push((format!("pp{np}{}", depth_suffix(depth)), g.profile()));
+                g.set_profile(false)?;
+            }
             tests.push(Test::pp(np, depth, None, false, rates));
         }
         for &ng in &gens {
             let mut rates = Vec::new();
+            // Greedy steps as `run` takes them (on the GPU only the arg-max comes back).
             for rep in 0..=a.repetitions {
                 session.truncate(depth);
-                let mut logits =
-                    engine.eval(&mut session, &tokens(1, n_vocab, 2), Outputs::Last)?;
+                let mut next = engine.eval_greedy(&mut session, &tokens(1, n_vocab, 2))?;
                 let t0 = Instant::now();
                 for _ in 0..ng {
-                    let next = bitnet_sampling::argmax(&logits).unwrap_or(0);
-                    logits = engine.eval(&mut session, &[next], Outputs::Last)?;
+                    next = engine.eval_greedy(&mut session, &[next])?;
                 }
                 if rep > 0 {
                     rates.push(ng as f64 / t0.elapsed().as_secs_f64());
+                }
+            }
+            if let Some(g) = engine.gpu() {
+                dispatches = Some(g.last_dispatches());
+                if a.profile {
+                    session.truncate(depth);
+                    let mut next = engine.eval_greedy(&mut session, &tokens(1, n_vocab, 2))?;
+                    g.set_profile(true)?;
+                    for _ in 0..ng {
+                        next = engine.eval_greedy(&mut session, &[next])?;
+                    }
+                    profiles.push((format!("tg{ng}{}", depth_suffix(depth)), g.profile()));
+                    g.set_profile(false)?;
                 }
             }
             tests.push(Test::tg(ng, depth, 1, rates));
@@ -300,6 +328,9 @@ fn run_engine(a: &Args) -> Result<()> {
         for test in tests {
             let s = stat(test.rates.clone());
             let gbs = (gpu && test.n_gen > 0).then(|| s.median * step_bytes / 1e9);
+            if let Some(g) = gbs {
+                best_tg_gbs = Some(best_tg_gbs.map_or(g, |b: f64| b.max(g)));
+            }
             if a.json {
                 let mut row = test.json_fields(&s);
                 for (k, v) in [
@@ -321,6 +352,43 @@ fn run_engine(a: &Args) -> Result<()> {
                     format!("({:.2} .. {:.2})", s.min, s.max),
                     gbs.map_or_else(String::new, |g| format!("  {g:.1} GB/s of weights"))
                 );
+            }
+        }
+    }
+    if let Some(g) = engine.gpu() {
+        let copy = g.copy_probe()?;
+        let best_tg = best_tg_gbs.unwrap_or(0.0);
+        if a.json {
+            println!(
+                "{}",
+                json!({
+                    "device": engine.device_name(),
+                    "dispatches_per_token": dispatches,
+                    "bytes_per_token": step_bytes,
+                    "copy_gb_s": copy,
+                    "tg_weights_gb_s": best_tg_gbs,
+                })
+            );
+        } else {
+            println!(
+                "decode: {} dispatches and {:.2} GB of weights per token; device copy {copy:.0} GB/s \
+                 (read + write), best tg {best_tg:.1} GB/s = {:.1} % of it",
+                dispatches.map_or_else(|| "?".into(), |d| d.to_string()),
+                step_bytes / 1e9,
+                100.0 * best_tg / copy.max(1e-9),
+            );
+            for (test, prof) in &profiles {
+                let total: f64 = prof.iter().map(|k| k.us_per_token).sum();
+                println!("kernel time per token, {test} (sum {total:.1} µs):");
+                for k in prof {
+                    println!(
+                        "  {:<18} {:>9.1} µs {:>5.1} %  {:>6.1} dispatches",
+                        k.name,
+                        k.us_per_token,
+                        100.0 * k.us_per_token / total.max(1e-9),
+                        k.per_token
+                    );
+                }
             }
         }
     }
@@ -355,6 +423,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.model.ram_budget.is_some() || a.model.device != super::common::DeviceArg::Cpu {
         return run_engine(&a);
+    }
+    if a.profile {
+        bail!("--profile times GPU kernels: add --device gpu");
     }
     let ubatches = if a.ubatch.is_empty() {
         vec![bitnet_engine::EngineOptions::default().n_batch]

@@ -1,5 +1,7 @@
 // Greedy decoding on the device: the first index of the largest logit of row out_rows − 1
-// (NaN never wins), so a step reads back 8 bytes instead of the vocabulary.
+// (NaN never wins), in GROUPS workgroups over consecutive ranges of the row, each writing its
+// (index, value) pair; the CPU takes the best pair (the larger value, then the lower index),
+// so a step reads back 8 · GROUPS bytes instead of the vocabulary.
 struct Dims {
     n_vocab: u32,
     _p0: u32,
@@ -17,11 +19,14 @@ var<workgroup> bv: array<f32, 256>;
 var<workgroup> bi: array<u32, 256>;
 
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let base = (step.out_rows - 1u) * dims.n_vocab;
+    let per = (dims.n_vocab + GROUPS - 1u) / GROUPS;
+    let lo = wg.x * per;
+    let hi = min(dims.n_vocab, lo + per);
     var v = -3.4e38;
     var idx = 0xffffffffu;
-    for (var i = lid.x; i < dims.n_vocab; i += WG) {
+    for (var i = lo + lid.x; i < hi; i += WG) {
         let x = logits[base + i];
         if x > v || (idx == 0xffffffffu && x == v) {
             v = x;
@@ -43,7 +48,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
         workgroupBarrier();
     }
     if lid.x == 0u {
-        best[0] = bi[0];
-        best[1] = bitcast<u32>(bv[0]);
+        best[2u * wg.x] = bi[0];
+        best[2u * wg.x + 1u] = bitcast<u32>(bv[0]);
     }
 }

@@ -39,17 +39,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     workgroupBarrier();
     var m = -3.0e38;
     var l = 0.0;
-    var acc: array<f32, 4>;
+    var acc: array<f32, ACC>;
     for (var c0 = lo; c0 < hi; c0 += WG) {
         let j = c0 + lid.x;
         var s = -3.0e38;
         if j < hi {
             let ko = j * kv_stride + kvh * d;
-            var dot = 0.0;
-            for (var i = 0u; i < d; i++) {
-                dot += qs[i] * k_at(ko + i);
-            }
-            s = dot * dims.scale;
+            s = k_dot(ko, d) * dims.scale;
         }
         red[lid.x] = s;
         workgroupBarrier();
@@ -78,21 +74,36 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         l = l * alpha + red[0];
         m = m_new;
         let n = min(WG, hi - c0);
-        for (var a = 0u; a < ACC; a++) {
-            let i = lid.x + a * WG;
+        // Thread lid holds dimension pairs 2·(lid + a·WG) + 0, 1 in acc[2a], acc[2a + 1];
+        // four positions' loads go out before their sums.
+        for (var a = 0u; a < ACC / 2u; a++) {
+            let i = 2u * (lid.x + a * WG);
             if i < d {
-                var v = acc[a] * alpha;
-                for (var jj = 0u; jj < n; jj++) {
-                    v += p[jj] * v_at((c0 + jj) * kv_stride + kvh * d + i);
+                var v = vec2<f32>(acc[2u * a], acc[2u * a + 1u]) * alpha;
+                let vb = c0 * kv_stride + kvh * d + i;
+                var jj = 0u;
+                for (; jj + 4u <= n; jj += 4u) {
+                    let v0 = v_pair(vb + jj * kv_stride);
+                    let v1 = v_pair(vb + (jj + 1u) * kv_stride);
+                    let v2 = v_pair(vb + (jj + 2u) * kv_stride);
+                    let v3 = v_pair(vb + (jj + 3u) * kv_stride);
+                    v += p[jj] * v0;
+                    v += p[jj + 1u] * v1;
+                    v += p[jj + 2u] * v2;
+                    v += p[jj + 3u] * v3;
                 }
-                acc[a] = v;
+                for (; jj < n; jj++) {
+                    v += p[jj] * v_pair(vb + jj * kv_stride);
+                }
+                acc[2u * a] = v.x;
+                acc[2u * a + 1u] = v.y;
             }
         }
         workgroupBarrier();
     }
     if ns == 1u {
         for (var a = 0u; a < ACC; a++) {
-            let i = lid.x + a * WG;
+            let i = 2u * (lid.x + (a / 2u) * WG) + a % 2u;
             if i < d {
                 o[qo + i] = acc[a] / l;
             }
@@ -100,7 +111,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     } else {
         let pb = ((t * dims.n_head + h) * ns + wg.z) * (d + 2u);
         for (var a = 0u; a < ACC; a++) {
-            let i = lid.x + a * WG;
+            let i = 2u * (lid.x + (a / 2u) * WG) + a % 2u;
             if i < d {
                 part[pb + i] = acc[a];
             }

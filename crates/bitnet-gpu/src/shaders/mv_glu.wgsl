@@ -1,0 +1,79 @@
+// The FFN's gate and up projections and the activation for a decode step, as mv.wgsl reads
+// one matrix: g = act(Lin(W_gate, f)) · Lin(W_up, f), f = RMS(x, w_norm) quantized in the
+// prologue; act 1 ReLU², 2 SiLU (dims.op).
+@group(0) @binding(2) var<storage, read> wg_: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> sg: array<f32>;
+@group(0) @binding(4) var<storage, read> wu: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read> su: array<f32>;
+@group(0) @binding(6) var<storage, read> xin: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> nw: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> y: array<f32>;
+
+fn x_in(i: u32) -> vec4<f32> {
+    return xin[i];
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let lane = lid.x % LANES;
+    let r = wg.x * RPW + lid.x / LANES;
+    let gt = group_tokens();
+    let nb = dims.n_in / 256u;
+    let xv = dims.n_in / 16u;
+    for (var t0 = 0u; t0 < step.n_tok; t0 += gt) {
+        let nt = min(gt, step.n_tok - t0);
+        prologue(t0, nt, lid.x);
+        var gi = vec4<i32>(0);
+        var ui = vec4<i32>(0);
+        var gf = vec4<f32>(0.0);
+        var uf = vec4<f32>(0.0);
+        if r < dims.n_out {
+            for (var j = lane; j < dims.vwords; j += LANES) {
+                let a = wg_[r * dims.vwords + j];
+                let b = wu[r * dims.vwords + j];
+                let xb = (j / 2u) * 8u + (j % 2u);
+                if dims.mode == 0u {
+                    for (var ti = 0u; ti < nt; ti++) {
+                        gi[ti] += dot_codes(a, ti * xv + xb);
+                        ui[ti] += dot_codes(b, ti * xv + xb);
+                    }
+                } else {
+                    let dg = sg[r * nb + j / 4u];
+                    let du = su[r * nb + j / 4u];
+                    for (var ti = 0u; ti < nt; ti++) {
+                        let xo = ti * xv + xb;
+                        let ones = dot_ones(xo);
+                        gf[ti] += f32(dot_codes(a, xo) - ones) * dg;
+                        uf[ti] += f32(dot_codes(b, xo) - ones) * du;
+                    }
+                }
+            }
+        }
+        let sgi = team_sum_i(gi, lid.x);
+        let sui = team_sum_i(ui, lid.x);
+        let sgf = team_sum_f(gf, lid.x);
+        let suf = team_sum_f(uf, lid.x);
+        if lane == 0u && r < dims.n_out {
+            for (var ti = 0u; ti < nt; ti++) {
+                var g: f32;
+                var u: f32;
+                if dims.mode == 0u {
+                    g = (f32(sgi[ti] - tok_sum[ti]) / tok_s[ti]) * sg[0];
+                    u = (f32(sui[ti] - tok_sum[ti]) / tok_s[ti]) * su[0];
+                } else {
+                    g = sgf[ti] / tok_s[ti];
+                    u = suf[ti] / tok_s[ti];
+                }
+                var a: f32;
+                if dims.op == 1u {
+                    let p = max(g, 0.0);
+                    a = (p * p) * u;
+                } else {
+                    a = (g / (1.0 + exp(-g))) * u;
+                }
+                y[(t0 + ti) * dims.n_out + r] = a;
+            }
+        }
+        workgroupBarrier();
+    }
+}
