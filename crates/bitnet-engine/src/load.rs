@@ -296,8 +296,12 @@ fn load_gpu(
     let gopts = bitnet_gpu::GpuOptions {
         adapter: opts.gpu_adapter,
         max_batch: opts.n_batch.max(1),
-        // The fused decode kernels are measured against the default ones with this set.
-        fused_decode: std::env::var_os("BITNET_GPU_FUSED_DECODE").is_some_and(|v| v == "1"),
+        // The decode kernels are measured against each other with this set.
+        decode: match std::env::var("BITNET_GPU_DECODE").as_deref() {
+            Ok("rows") => bitnet_gpu::DecodeKernels::Rows,
+            Ok("fused") => bitnet_gpu::DecodeKernels::Fused,
+            _ => bitnet_gpu::DecodeKernels::default(),
+        },
         ..Default::default()
     };
     match bitnet_gpu::GpuModel::new(model.model(), gopts) {

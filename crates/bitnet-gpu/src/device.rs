@@ -81,8 +81,8 @@ pub struct Gpu {
     staged: std::sync::atomic::AtomicU64,
 }
 
-/// Workgroup storage the kernels declare at most (the fused gate/up kernel: 4 × 64 × 16 bytes).
-const WORKGROUP_STORAGE: u32 = 4096;
+/// Workgroup storage the kernels need (gemm.wgsl: 11.5 KiB; WebGPU's default limit).
+const WORKGROUP_STORAGE: u32 = 16384;
 /// Rows a call may have for attention to split its positions into chunks over workgroups
 /// (attention_split.wgsl): a decode step.
 pub(crate) const ATTN_SPLIT_TOKENS: usize = 4;
@@ -404,16 +404,22 @@ pub(crate) struct Kernels {
     pub attention_merge: wgpu::ComputePipeline,
     pub kv_store_f16: wgpu::ComputePipeline,
     pub ternary_glu: wgpu::ComputePipeline,
+    pub gemm: wgpu::ComputePipeline,
     pub head: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
     pub embed: wgpu::ComputePipeline,
     pub topk_local: wgpu::ComputePipeline,
     pub topk_merge: wgpu::ComputePipeline,
-    /// The decode kernels, where the adapter's workgroup memory holds them (16 KiB).
+    /// The decode kernels, where the adapter's workgroup memory holds them (16 KiB): with
+    /// the norm in their prologue, and over rows norm_quant quantized (`_q`).
     pub mv: Option<wgpu::ComputePipeline>,
     pub mv_glu: Option<wgpu::ComputePipeline>,
+    pub mv_q: Option<wgpu::ComputePipeline>,
+    pub mv_glu_q: Option<wgpu::ComputePipeline>,
     /// Activation words (u32) their workgroup memory holds.
     pub mv_words: usize,
+    /// Output rows a workgroup of theirs computes.
+    pub mv_rows: usize,
 }
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
@@ -426,11 +432,24 @@ const NORM: &str = include_str!("shaders/norm_common.wgsl");
 /// The top-k kernels' shared selection.
 const TOPK: &str = include_str!("shaders/topk_select.wgsl");
 
+const MV: &str = include_str!("shaders/mv.wgsl");
+const MV_GLU: &str = include_str!("shaders/mv_glu.wgsl");
+const MV_IN_NORM: &str = include_str!("shaders/mv_in_norm.wgsl");
+const MV_IN_Q: &str = include_str!("shaders/mv_in_q.wgsl");
+
+/// A decode kernel's source: its constants and shared code, how its input comes in (at
+/// bindings `b0` and `b1`), its body.
+fn mv_source(prelude: &str, input: &str, body: &str, b0: &str, b1: &str) -> String {
+    let input = input.replace("B_IN0", b0).replace("B_IN1", b1);
+    format!("{prelude}\n{input}\n{body}")
+}
+
 /// Workgroup memory of the decode kernels besides their activations (two 256-entry vec4
 /// reduction arrays and the per-token scales and sums).
 const MV_FIXED_STORAGE: u32 = 2 * 256 * 16 + 64;
-/// Activation words the decode kernels hold at most (MV_TOKENS rows of 8192 values).
-const MV_WORDS_MAX: u32 = 8192;
+/// Activation words the decode kernels hold at most: one row of 8192 values. More would let a
+/// group take more of a call's rows but fit fewer workgroups on a core: a decode step has one.
+const MV_WORDS_MAX: u32 = 2048;
 
 impl Kernels {
     fn new(device: &wgpu::Device, storage: u32) -> Self {
@@ -441,12 +460,20 @@ impl Kernels {
         // The decode kernels' constants: their activation words fill what workgroup memory
         // is left, up to MV_TOKENS rows of the widest input (none below 16 KiB).
         let mv_words = (storage.saturating_sub(MV_FIXED_STORAGE) / 4 / 4 * 4).min(MV_WORDS_MAX);
+        // Output rows a workgroup of the decode kernels takes (a team of 256 / rows threads
+        // each): MV_ROWS, or for measuring others BITNET_GPU_MV_ROWS (4, 8, 16 or 32).
+        let mv_rows = match std::env::var("BITNET_GPU_MV_ROWS").as_deref() {
+            Ok("4") => 4,
+            Ok("16") => 16,
+            Ok("32") => 32,
+            _ => crate::model::MV_ROWS,
+        };
         let mv_prelude = (storage >= 16 << 10).then(|| {
             format!(
                 "const WG: u32 = 256u;\nconst LANES: u32 = {}u;\nconst RPW: u32 = {}u;\n\
                  const TT: u32 = {}u;\nconst PV: u32 = {}u;\nconst XQ: u32 = {mv_words}u;\n{}",
-                256 / crate::model::MV_ROWS,
-                crate::model::MV_ROWS,
+                256 / mv_rows,
+                mv_rows,
                 crate::model::MV_TOKENS,
                 crate::model::MV_MAX_IN / 4 / 256,
                 include_str!("shaders/mv_common.wgsl")
@@ -498,6 +525,7 @@ impl Kernels {
             ),
             kv_store_f16: make("kv_store_f16", include_str!("shaders/kv_store_f16.wgsl")),
             ternary_glu: make("ternary_glu", include_str!("shaders/ternary_glu.wgsl")),
+            gemm: make("gemm", include_str!("shaders/gemm.wgsl")),
             head: make("head", include_str!("shaders/head.wgsl")),
             argmax: make(
                 "argmax",
@@ -518,14 +546,18 @@ impl Kernels {
             ),
             mv: mv_prelude
                 .as_ref()
-                .map(|p| make("mv", &format!("{p}\n{}", include_str!("shaders/mv.wgsl")))),
-            mv_glu: mv_prelude.as_ref().map(|p| {
-                make(
-                    "mv_glu",
-                    &format!("{p}\n{}", include_str!("shaders/mv_glu.wgsl")),
-                )
-            }),
+                .map(|p| make("mv", &mv_source(p, MV_IN_NORM, MV, "4", "5"))),
+            mv_glu: mv_prelude
+                .as_ref()
+                .map(|p| make("mv_glu", &mv_source(p, MV_IN_NORM, MV_GLU, "6", "7"))),
+            mv_q: mv_prelude
+                .as_ref()
+                .map(|p| make("mv_q", &mv_source(p, MV_IN_Q, MV, "4", "5"))),
+            mv_glu_q: mv_prelude
+                .as_ref()
+                .map(|p| make("mv_glu_q", &mv_source(p, MV_IN_Q, MV_GLU, "6", "7"))),
             mv_words: usize::try_from(mv_words).unwrap_or(0),
+            mv_rows,
         }
     }
 }

@@ -18,5 +18,5 @@ mod rec;
 
 pub use device::{adapters, AdapterInfo, Gpu};
 pub use error::{GpuError, Result};
-pub use model::{GpuCache, GpuKv, GpuModel, GpuOptions, GpuOutputs, TOP_CANDIDATES};
+pub use model::{DecodeKernels, GpuCache, GpuKv, GpuModel, GpuOptions, GpuOutputs, TOP_CANDIDATES};
 pub use rec::KernelTime;

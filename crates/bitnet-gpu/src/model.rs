@@ -12,10 +12,15 @@ use crate::{GpuError, Result};
 /// Token rows per workgroup of the ternary kernel (`TT` in ternary.wgsl).
 pub(crate) const TERNARY_TOKENS: usize = 4;
 /// Token rows a call may have for the decode kernels (mv.wgsl; `TT`), output rows per
-/// workgroup (`RPW`), and the widest input they take (4 · 256 threads · `PV`).
+/// workgroup by default (`RPW`), and the widest input they take (4 · 256 threads · `PV`).
 pub(crate) const MV_TOKENS: usize = 4;
-pub(crate) const MV_ROWS: usize = 8;
+pub(crate) const MV_ROWS: usize = 16;
 pub(crate) const MV_MAX_IN: usize = 8192;
+/// The prompt GEMM's tile (gemm.wgsl: `BM` rows × `BN` tokens), and the fewest tokens a call
+/// has for it to take over from the row kernel.
+pub(crate) const GEMM_ROWS: usize = 64;
+pub(crate) const GEMM_TOKENS: usize = 64;
+pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 /// Workgroups of the greedy arg-max (`GROUPS` in argmax.wgsl), one (index, value) pair each.
 pub(crate) const ARGMAX_GROUPS: usize = 64;
 /// LM-head rows per workgroup (`RPW` in head.wgsl).
@@ -50,10 +55,8 @@ pub struct GpuOptions {
     /// Largest buffer one chunk of the LM head or the embedding may take (the adapter's
     /// storage-binding limit when `None`).
     pub chunk_bytes: Option<u64>,
-    /// Decode steps through the fused kernels (mv.wgsl: each norm in its matrix kernel's
-    /// prologue, Q, K and V in one dispatch): about half the dispatches. Off by default: on
-    /// the hardware measured so far their prologue costs more than the dispatches saved.
-    pub fused_decode: bool,
+    /// The kernels of a decode step's matrices.
+    pub decode: DecodeKernels,
 }
 
 impl Default for GpuOptions {
@@ -62,9 +65,22 @@ impl Default for GpuOptions {
             adapter: None,
             max_batch: 512,
             chunk_bytes: None,
-            fused_decode: false,
+            decode: DecodeKernels::default(),
         }
     }
+}
+
+/// The kernels of a decode step's matrices (calls of up to 4 rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeKernels {
+    /// One workgroup an output row (ternary.wgsl), each norm a dispatch of its own.
+    Rows,
+    /// Teams of threads an output row with wide loads (mv.wgsl), Q, K and V in one dispatch
+    /// of concatenated rows; each norm a dispatch of its own.
+    #[default]
+    Mv,
+    /// As `Mv`, with each norm in its matrix kernel's prologue: 8 dispatches a block.
+    Fused,
 }
 
 /// One ternary projection on the device.
@@ -72,6 +88,9 @@ impl Default for GpuOptions {
 pub(crate) struct GpuMatrix {
     n_out: usize,
     bind: wgpu::BindGroup,
+    /// The prompt GEMM's bindings (gemm.wgsl; I2_S only): one, or for the FFN the gate's
+    /// then the up projection's.
+    gemm: Vec<wgpu::BindGroup>,
 }
 
 impl GpuMatrix {
@@ -98,11 +117,30 @@ struct GpuLayer {
     mv: Option<MvLayer>,
 }
 
+/// The decode kernels' input pair: `normed` (rows, norm weights) when fused, else `quant`.
+fn mv_input<'a>(
+    fused: bool,
+    normed: (&'a wgpu::Buffer, &'a wgpu::Buffer),
+    quant: (&'a wgpu::Buffer, &'a wgpu::Buffer),
+) -> (&'a wgpu::Buffer, &'a wgpu::Buffer) {
+    if fused {
+        normed
+    } else {
+        quant
+    }
+}
+
+/// A decode kernel's input: (rows, norm weights) when it norms them itself (fused), else
+/// (quantized rows, their scales); eps; fused.
+pub(crate) type MvInput<'a> = ((&'a wgpu::Buffer, &'a wgpu::Buffer), u32, bool);
+
 /// A decode kernel's binding and its workgroups.
 pub(crate) type MvBind = (wgpu::BindGroup, u32);
 
 #[derive(Debug)]
 struct MvLayer {
+    /// The norms in the kernels' prologues (else each a norm_quant dispatch first).
+    fused: bool,
     qkv: MvBind,
     o: MvBind,
     glu: MvBind,
@@ -402,12 +440,16 @@ impl GpuModel {
         };
         // The decode kernels take inputs of up to MV_MAX_IN values that fit their workgroup
         // memory, in at most the dispatch's workgroups.
-        let mv_ok = opts.fused_decode
+        let fused = opts.decode == DecodeKernels::Fused;
+        let mv_ok = opts.decode != DecodeKernels::Rows
             && kp.mv.is_some()
+            && kp.mv_q.is_some()
             && e.max(ff) <= MV_MAX_IN
             && e.max(ff) / 4 <= kp.mv_words
-            && (e + 2 * kv).max(ff).div_ceil(MV_ROWS) <= dispatch_max;
+            && (e + 2 * kv).max(ff).div_ceil(kp.mv_rows) <= dispatch_max;
         let spare = [buf("spare", 4)?, buf("spare", 4)?];
+        // Fused: each decode kernel norms its input rows (x, w_norm) itself; else the rows
+        // norm_quant quantized (xq, xs) come in.
         for (il, l) in model.layers.iter().enumerate() {
             let (norm_attn, w_attn) = norm(&l.attn_norm, &dims_e, &h, "attn_norm")?;
             let (norm_sub, w_sub) = norm(&l.attn_sub_norm, &dims_e, &o, "attn_sub_norm")?;
@@ -436,22 +478,39 @@ impl GpuModel {
                 &g,
                 act_mode,
                 il,
-                mv_ok.then_some((&h, &w_ffn, eps)),
+                mv_ok.then(|| (mv_input(fused, (&h, &w_ffn), (&xq, &xs)), eps, fused)),
             )?;
             mat_bytes += b + qkv.bytes + os.bytes + ds.bytes;
             let mv = match (mv_ok, glu_mv) {
                 (true, Some(glu)) => Some(MvLayer {
-                    qkv: qkv.bind_mv(&gpu, &step, &h, &w_attn, [&q, &k, &v], 0, eps)?,
-                    o: os.bind_mv(&gpu, &step, &o, &w_sub, [&h, &spare[0], &spare[1]], 1, eps)?,
+                    fused,
+                    qkv: qkv.bind_mv(
+                        &gpu,
+                        &step,
+                        mv_input(fused, (&h, &w_attn), (&xq, &xs)),
+                        [&q, &k, &v],
+                        0,
+                        eps,
+                        fused,
+                    )?,
+                    o: os.bind_mv(
+                        &gpu,
+                        &step,
+                        mv_input(fused, (&o, &w_sub), (&xq, &xs)),
+                        [&h, &spare[0], &spare[1]],
+                        1,
+                        eps,
+                        fused,
+                    )?,
                     glu,
                     down: ds.bind_mv(
                         &gpu,
                         &step,
-                        &g,
-                        &w_ffn_sub,
+                        mv_input(fused, (&g, &w_ffn_sub), (&xq, &xs)),
                         [&h, &spare[0], &spare[1]],
                         1,
                         eps,
+                        fused,
                     )?,
                 }),
                 _ => None,
@@ -1059,13 +1118,22 @@ impl GpuModel {
         }
         rec.dispatch("embed", &kp.embed, &self.embed_bind, [n32, 1, 1]);
         let tok_tiles = u32_of(n.div_ceil(TERNARY_TOKENS), "tokens")?;
+        // A prompt's I2_S matrices through the tiled GEMM, the rest through the row kernel.
+        let gemm_tiles = u32_of(n.div_ceil(GEMM_TOKENS), "tokens")?;
         let lin = |rec: &mut Rec<'_>, name: &'static str, m: &GpuMatrix| -> Result<()> {
-            rec.dispatch(
-                name,
-                &kp.ternary,
-                &m.bind,
-                [u32_of(m.n_out, "rows")?, tok_tiles, 1],
-            );
+            if n >= GEMM_MIN_TOKENS && !m.gemm.is_empty() {
+                let rows = u32_of(m.n_out.div_ceil(GEMM_ROWS), "rows")?;
+                for b in &m.gemm {
+                    rec.dispatch(name, &kp.gemm, b, [rows, gemm_tiles, 1]);
+                }
+            } else {
+                rec.dispatch(
+                    name,
+                    &kp.ternary,
+                    &m.bind,
+                    [u32_of(m.n_out, "rows")?, tok_tiles, 1],
+                );
+            }
             Ok(())
         };
         let heads = u32_of(c.n_head, "n_head")?;
@@ -1078,14 +1146,20 @@ impl GpuModel {
             if self.skip.get(il).copied().unwrap_or(false) {
                 continue;
             }
-            // A decode step's kernels: the norms in their prologues, Q, K and V in one.
-            let mv =
-                l.mv.as_ref()
-                    .filter(|_| n <= MV_TOKENS)
-                    .zip(kp.mv.as_ref())
-                    .zip(kp.mv_glu.as_ref());
+            // A decode step's kernels: Q, K and V in one (fused: the norms in their prologues).
+            let mv = l.mv.as_ref().filter(|_| n <= MV_TOKENS).and_then(|m| {
+                let (k, g) = if m.fused {
+                    (&kp.mv, &kp.mv_glu)
+                } else {
+                    (&kp.mv_q, &kp.mv_glu_q)
+                };
+                Some(((m, k.as_ref()?), g.as_ref()?))
+            });
             // 1.–2. a = RMS(h); Q, K, V = Lin(W, a)
             if let Some(((m, mv_k), _)) = mv {
+                if !m.fused {
+                    rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_attn, [n32, 1, 1]);
+                }
                 rec.dispatch("mv qkv", mv_k, &m.qkv.0, [m.qkv.1, 1, 1]);
             } else {
                 rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_attn, [n32, 1, 1]);
@@ -1118,10 +1192,18 @@ impl GpuModel {
                 );
             }
             if let Some(((m, mv_k), mv_glu)) = mv {
-                // 5.–10. as below, the norms in the kernels' prologues.
-                rec.dispatch("mv o", mv_k, &m.o.0, [m.o.1, 1, 1]);
-                rec.dispatch("mv gate+up", mv_glu, &m.glu.0, [m.glu.1, 1, 1]);
-                rec.dispatch("mv down", mv_k, &m.down.0, [m.down.1, 1, 1]);
+                // 5.–10. as below (fused: the norms in the kernels' prologues).
+                let steps = [
+                    (&l.norm_sub, "mv o", mv_k, &m.o),
+                    (&l.norm_ffn, "mv gate+up", mv_glu, &m.glu),
+                    (&l.norm_ffn_sub, "mv down", mv_k, &m.down),
+                ];
+                for (norm, name, pipeline, (bind, groups)) in steps {
+                    if !m.fused {
+                        rec.dispatch("norm_quant", &kp.norm_quant, norm, [n32, 1, 1]);
+                    }
+                    rec.dispatch(name, pipeline, bind, [*groups, 1, 1]);
+                }
                 continue;
             }
             // 5.–6. h += Lin(Wo, RMS(O))
@@ -1129,12 +1211,16 @@ impl GpuModel {
             lin(rec, "ternary o", &l.o)?;
             // 7.–8. g = act(Lin(Wgate, f)) · Lin(Wup, f), f = RMS(h), in one kernel
             rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_ffn, [n32, 1, 1]);
-            rec.dispatch(
-                "ternary gate+up",
-                &kp.ternary_glu,
-                &l.glu.bind,
-                [u32_of(l.glu.n_out, "rows")?, tok_tiles, 1],
-            );
+            if n >= GEMM_MIN_TOKENS && !l.glu.gemm.is_empty() {
+                lin(rec, "ternary gate+up", &l.glu)?;
+            } else {
+                rec.dispatch(
+                    "ternary gate+up",
+                    &kp.ternary_glu,
+                    &l.glu.bind,
+                    [u32_of(l.glu.n_out, "rows")?, tok_tiles, 1],
+                );
+            }
             // 9.–10. h += Lin(Wdown, RMS(g))
             rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_ffn_sub, [n32, 1, 1]);
             lin(rec, "ternary down", &l.down)?;
@@ -1184,9 +1270,9 @@ pub(crate) fn best_of_groups(b: &[u8]) -> u32 {
 
 /// One ternary matrix on the device: 2-bit codes in I2_S order, its scales, and the kernels'
 /// `mode` (0: one I2_S tensor scale, 1: TQ2_0 block scales).
-struct Codes {
-    codes: wgpu::Buffer,
-    scales: wgpu::Buffer,
+pub(crate) struct Codes {
+    pub(crate) codes: wgpu::Buffer,
+    pub(crate) scales: wgpu::Buffer,
     mode: u32,
 }
 
@@ -1237,7 +1323,7 @@ fn prepare_codes<'a>(
     Ok((codes, scales, mode))
 }
 
-fn upload_codes(gpu: &Gpu, m: &TernaryMatrix<'_>, il: usize) -> Result<Codes> {
+pub(crate) fn upload_codes(gpu: &Gpu, m: &TernaryMatrix<'_>, il: usize) -> Result<Codes> {
     let (codes, scales, mode) = prepare_codes(m, il)?;
     Ok(Codes {
         codes: gpu.upload("ternary codes", &codes)?,
@@ -1308,28 +1394,42 @@ pub(crate) fn upload_segmented(
         let sc = gpu.upload("ternary scales", bytemuck::cast_slice(scales))?;
         let dims = ternary_dims(gpu, m, md, u32::from(accumulate))?;
         let (off, len) = (bytes_of(*off)?, bytes_of(*len)?);
-        let bind = if off % align == 0 {
+        let own;
+        let (buf, off, len) = if off % align == 0 {
+            (&codes, off, Some(len))
+        } else {
+            own = upload_codes(gpu, m, il)?;
+            bytes += own.codes.size();
+            (&own.codes, 0, None)
+        };
+        let bind_over = |pipeline: &wgpu::ComputePipeline, dims: &wgpu::Buffer| {
             gpu.bind_parts(
-                &gpu.k.ternary,
+                pipeline,
                 &[
                     (step, 0, None),
-                    (&dims, 0, None),
-                    (&codes, off, Some(len)),
+                    (dims, 0, None),
+                    (buf, off, len),
                     (&sc, 0, None),
                     (xq, 0, None),
                     (xs, 0, None),
                     (out, 0, None),
                 ],
             )
+        };
+        let bind = bind_over(&gpu.k.ternary, &dims);
+        let gemm = if md == 0 {
+            vec![bind_over(
+                &gpu.k.gemm,
+                &gemm_dims(gpu, m, u32::from(accumulate))?,
+            )]
         } else {
-            let own = upload_codes(gpu, m, il)?;
-            bytes += own.codes.size();
-            gpu.bind(&gpu.k.ternary, &[step, &dims, &own.codes, &sc, xq, xs, out])
+            Vec::new()
         };
         bytes += sc.size();
         parts.push(GpuMatrix {
             n_out: m.n_out(),
             bind,
+            gemm,
         });
     }
     Ok(Segmented {
@@ -1351,11 +1451,11 @@ impl Segmented {
         &self,
         gpu: &Gpu,
         step: &wgpu::Buffer,
-        x: &wgpu::Buffer,
-        nw: &wgpu::Buffer,
+        (x, nw): (&wgpu::Buffer, &wgpu::Buffer),
         outs: [&wgpu::Buffer; 3],
         op: u32,
         eps: u32,
+        fused: bool,
     ) -> Result<(wgpu::BindGroup, u32)> {
         let n_out: usize = self.rows.iter().sum();
         let seg1 = self.rows.first().copied().unwrap_or(n_out);
@@ -1374,10 +1474,10 @@ impl Segmented {
                 u32_of(seg2, "rows")?,
             ],
         );
-        let pipeline =
-            gpu.k.mv.as_ref().ok_or_else(|| {
-                GpuError::Unsupported("the decode kernels on this adapter".into())
-            })?;
+        let pipeline = if fused { &gpu.k.mv } else { &gpu.k.mv_q };
+        let pipeline = pipeline
+            .as_ref()
+            .ok_or_else(|| GpuError::Unsupported("the decode kernels on this adapter".into()))?;
         let bind = gpu.bind(
             pipeline,
             &[
@@ -1392,8 +1492,21 @@ impl Segmented {
                 outs[2],
             ],
         );
-        Ok((bind, u32_of(n_out.div_ceil(MV_ROWS), "rows")?))
+        Ok((bind, u32_of(n_out.div_ceil(gpu.k.mv_rows), "rows")?))
     }
+}
+
+/// gemm.wgsl's shape and `op` (0 store, 1 add, 2 ReLU²(y)·v, 3 SiLU(y)·v).
+fn gemm_dims(gpu: &Gpu, m: &TernaryMatrix<'_>, op: u32) -> Result<wgpu::Buffer> {
+    Ok(gpu.uniform(
+        "dims gemm",
+        &[
+            u32_of(m.n_in(), "n_in")?,
+            u32_of(m.n_out(), "n_out")?,
+            u32_of(m.n_in() / 16, "n_in")?,
+            op,
+        ],
+    ))
 }
 
 fn ternary_dims(gpu: &Gpu, m: &TernaryMatrix<'_>, mode: u32, extra: u32) -> Result<wgpu::Buffer> {
@@ -1432,10 +1545,20 @@ pub(crate) fn upload_matrix(
         &gpu.k.ternary,
         &[step, &dims, &c.codes, &c.scales, xq, xs, out],
     );
+    let gemm = if c.mode == 0 {
+        let dims = gemm_dims(gpu, m, u32::from(accumulate))?;
+        vec![gpu.bind(
+            &gpu.k.gemm,
+            &[step, &dims, &c.codes, &c.scales, xq, xs, out],
+        )]
+    } else {
+        Vec::new()
+    };
     Ok((
         GpuMatrix {
             n_out: m.n_out(),
             bind,
+            gemm,
         },
         c.nbytes(),
     ))
@@ -1455,7 +1578,7 @@ pub(crate) fn upload_glu(
     out: &wgpu::Buffer,
     act: u32,
     il: usize,
-    mv: Option<(&wgpu::Buffer, &wgpu::Buffer, u32)>,
+    mv: Option<MvInput<'_>>,
 ) -> Result<(GpuMatrix, Option<MvBind>, u64)> {
     if (gate.n_out(), gate.n_in()) != (up.n_out(), up.n_in()) {
         return Err(GpuError::Shape {
@@ -1478,8 +1601,8 @@ pub(crate) fn upload_glu(
             step, &dims, &g.codes, &g.scales, &u.codes, &u.scales, xq, xs, out,
         ],
     );
-    let mv_bind = match (mv, &gpu.k.mv_glu) {
-        (Some((x, nw, eps)), Some(pipeline)) => {
+    let mv_bind = match mv.map(|m| (m, if m.2 { &gpu.k.mv_glu } else { &gpu.k.mv_glu_q })) {
+        Some((((x, nw), eps, _), Some(pipeline))) => {
             let (n_out, n_in) = (gate.n_out(), gate.n_in());
             let dims = gpu.uniform(
                 "dims mv glu",
@@ -1501,15 +1624,27 @@ pub(crate) fn upload_glu(
                         step, &dims, &g.codes, &g.scales, &u.codes, &u.scales, x, nw, out,
                     ],
                 ),
-                u32_of(n_out.div_ceil(MV_ROWS), "rows")?,
+                u32_of(n_out.div_ceil(gpu.k.mv_rows), "rows")?,
             ))
         }
         _ => None,
+    };
+    // The prompt GEMM: the gate into `out`, then the up projection times act(out).
+    let gemm = if g.mode == 0 {
+        let gd = gemm_dims(gpu, gate, 0)?;
+        let ud = gemm_dims(gpu, up, act + 1)?;
+        vec![
+            gpu.bind(&gpu.k.gemm, &[step, &gd, &g.codes, &g.scales, xq, xs, out]),
+            gpu.bind(&gpu.k.gemm, &[step, &ud, &u.codes, &u.scales, xq, xs, out]),
+        ]
+    } else {
+        Vec::new()
     };
     Ok((
         GpuMatrix {
             n_out: gate.n_out(),
             bind,
+            gemm,
         },
         mv_bind,
         g.nbytes() + u.nbytes(),

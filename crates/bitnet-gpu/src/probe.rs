@@ -87,6 +87,41 @@ pub fn ternary(gpu: &Gpu, w: &TernaryMatrix<'_>, xq: &[i8], scales: &[f32]) -> R
     Ok(le_f32(&gpu.read(&out, u64::from(n32(n * w.n_out() * 4)?))?))
 }
 
+/// The prompt GEMM (gemm.wgsl, I2_S) over `y0` (`[rows][n_out]`): `op` 0 `Lin(W, x)`,
+/// 1 `y0 + Lin`, 2 `ReLU²(y0)·Lin`, 3 `SiLU(y0)·Lin`.
+pub fn gemm(
+    gpu: &Gpu,
+    w: &TernaryMatrix<'_>,
+    xq: &[i8],
+    scales: &[f32],
+    y0: &[f32],
+    op: u32,
+) -> Result<Vec<f32>> {
+    let n = scales.len();
+    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let packed: Vec<u8> = xq.iter().map(|&q| q.to_le_bytes()[0]).collect();
+    let xqb = gpu.upload("xq", &packed)?;
+    let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
+    let out = gpu.upload("out", bytemuck::cast_slice(y0))?;
+    let c = crate::model::upload_codes(gpu, w, 0)?;
+    let dims = gpu.uniform(
+        "dims",
+        &[n32(w.n_in())?, n32(w.n_out())?, n32(w.n_in() / 16)?, op],
+    );
+    let bind = gpu.bind(
+        &gpu.k.gemm,
+        &[&step, &dims, &c.codes, &c.scales, &xqb, &xsb, &out],
+    );
+    run(
+        gpu,
+        &gpu.k.gemm,
+        &bind,
+        n32(w.n_out().div_ceil(crate::model::GEMM_ROWS))?,
+        n32(n.div_ceil(crate::model::GEMM_TOKENS))?,
+    )?;
+    Ok(le_f32(&gpu.read(&out, u64::from(n32(n * w.n_out() * 4)?))?))
+}
+
 /// The fused FFN kernel: `act(Lin(gate, x)) · Lin(up, x)` (`act`: 1 ReLU², 2 SiLU).
 pub fn glu(
     gpu: &Gpu,
@@ -110,9 +145,29 @@ pub fn glu(
     ))
 }
 
-/// The decode kernel mv.wgsl over `mats` read as one (Q, K, V): `RMS(x, nw)` quantized in
-/// its prologue, then each matrix's `Lin` for the `x.len() / n_in` rows; with `add_to` (one
-/// matrix), `add_to + Lin`. Each matrix's output, `[rows][n_out]`.
+/// `RMS(x, nw)` quantized by norm_quant.wgsl into `xq` and `xs` (for the decode kernels that
+/// take quantized rows).
+fn quantize_rows(
+    gpu: &Gpu,
+    step: &wgpu::Buffer,
+    x: &wgpu::Buffer,
+    nw: &wgpu::Buffer,
+    n: usize,
+    width: usize,
+    eps: f32,
+) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
+    let dims = gpu.uniform("dims", &[n32(width)?, eps.to_bits(), 0, 0]);
+    let xq = rw(gpu, "xq", n * width)?;
+    let xs = rw(gpu, "xs", n * 4)?;
+    let bind = gpu.bind(&gpu.k.norm_quant, &[step, &dims, x, nw, &xq, &xs]);
+    run(gpu, &gpu.k.norm_quant, &bind, n32(n)?, 1)?;
+    Ok((xq, xs))
+}
+
+/// The decode kernel mv.wgsl over `mats` read as one (Q, K, V), each matrix's `Lin` of
+/// `RMS(x, nw)` for the `x.len() / n_in` rows: `fused`, the kernel norms and quantizes them in
+/// its prologue; else norm_quant.wgsl does first. With `add_to` (one matrix), `add_to + Lin`.
+/// Each matrix's output, `[rows][n_out]`.
 pub fn mv(
     gpu: &Gpu,
     mats: &[&TernaryMatrix<'_>],
@@ -120,14 +175,14 @@ pub fn mv(
     nw: &[f32],
     eps: f32,
     add_to: Option<&[f32]>,
+    fused: bool,
 ) -> Result<Vec<Vec<f32>>> {
     let n_in = nw.len();
     let n = x.len() / n_in.max(1);
     let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let nwb = gpu.upload("nw", bytemuck::cast_slice(nw))?;
-    let xq = rw(gpu, "xq", n * n_in)?;
-    let xs = rw(gpu, "xs", n * 4)?;
+    let (xq, xs) = quantize_rows(gpu, &step, &xb, &nwb, n, n_in, eps)?;
     let mut outs = Vec::with_capacity(mats.len());
     for m in mats {
         outs.push(match add_to {
@@ -140,18 +195,18 @@ pub fn mv(
         crate::model::upload_segmented(gpu, mats, &step, &xq, &xs, &refs, 0, add_to.is_some())?;
     let spare = [rw(gpu, "spare", 4)?, rw(gpu, "spare", 4)?];
     let pick = |i: usize| refs.get(i).copied().unwrap_or(&spare[i.min(2) - 1]);
+    let input = if fused { (&xb, &nwb) } else { (&xq, &xs) };
     let (bind, groups) = seg.bind_mv(
         gpu,
         &step,
-        &xb,
-        &nwb,
+        input,
         [refs[0], pick(1), pick(2)],
         u32::from(add_to.is_some()),
         eps.to_bits(),
+        fused,
     )?;
-    let pipeline = gpu
-        .k
-        .mv
+    let pipeline = if fused { &gpu.k.mv } else { &gpu.k.mv_q };
+    let pipeline = pipeline
         .as_ref()
         .ok_or_else(|| GpuError::Unsupported("the decode kernels on this adapter".into()))?;
     run(gpu, pipeline, &bind, groups, 1)?;
@@ -162,7 +217,8 @@ pub fn mv(
 }
 
 /// The decode FFN kernel mv_glu.wgsl: `act(Lin(gate, f)) · Lin(up, f)`, f = RMS(x, nw)
-/// quantized in its prologue (`act`: 1 ReLU², 2 SiLU).
+/// quantized in its prologue (`fused`) or by norm_quant.wgsl first (`act`: 1 ReLU², 2 SiLU).
+#[allow(clippy::too_many_arguments)]
 pub fn mv_glu(
     gpu: &Gpu,
     gate: &TernaryMatrix<'_>,
@@ -171,14 +227,14 @@ pub fn mv_glu(
     nw: &[f32],
     eps: f32,
     act: u32,
+    fused: bool,
 ) -> Result<Vec<f32>> {
     let n_in = nw.len();
     let n = x.len() / n_in.max(1);
     let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let nwb = gpu.upload("nw", bytemuck::cast_slice(nw))?;
-    let xq = rw(gpu, "xq", n * n_in)?;
-    let xs = rw(gpu, "xs", n * 4)?;
+    let (xq, xs) = quantize_rows(gpu, &step, &xb, &nwb, n, n_in, eps)?;
     let out = rw(gpu, "out", n * gate.n_out() * 4)?;
     let (_, mv, _) = upload_glu(
         gpu,
@@ -190,11 +246,20 @@ pub fn mv_glu(
         &out,
         act,
         0,
-        Some((&xb, &nwb, eps.to_bits())),
+        Some((
+            if fused { (&xb, &nwb) } else { (&xq, &xs) },
+            eps.to_bits(),
+            fused,
+        )),
     )?;
+    let pipeline = if fused {
+        &gpu.k.mv_glu
+    } else {
+        &gpu.k.mv_glu_q
+    };
     let ((bind, groups), Some(pipeline)) = (
         mv.ok_or_else(|| GpuError::Unsupported("the decode kernels on this adapter".into()))?,
-        gpu.k.mv_glu.as_ref(),
+        pipeline.as_ref(),
     ) else {
         return Err(GpuError::Unsupported(
             "the decode kernels on this adapter".into(),

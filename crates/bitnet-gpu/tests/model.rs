@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use bitnet_gguf::{Array, GgufFile, Limits, Value};
-use bitnet_gpu::{GpuError, GpuKv, GpuModel, GpuOptions};
+use bitnet_gpu::{DecodeKernels, GpuError, GpuKv, GpuModel, GpuOptions};
 use bitnet_kernels::Pool;
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
 use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
@@ -194,11 +194,16 @@ fn tiny_golden_model_matches_the_cpu() {
         &PROMPT,
         "tiny, batches of 3, head in chunks",
     );
-    let fused = GpuOptions {
-        fused_decode: true,
-        ..GpuOptions::default()
-    };
-    compare(&m, fused, GpuKv::F16, &PROMPT, "tiny, fused decode kernels");
+    for (decode, what) in [
+        (DecodeKernels::Rows, "tiny, row decode kernels"),
+        (DecodeKernels::Fused, "tiny, fused decode kernels"),
+    ] {
+        let opts = GpuOptions {
+            decode,
+            ..GpuOptions::default()
+        };
+        compare(&m, opts, GpuKv::F16, &PROMPT, what);
+    }
     greedy(&m, &PROMPT, "tiny");
 }
 
@@ -222,17 +227,19 @@ fn medium_synth_matches_the_cpu_in_i2s_and_tq2() {
             &prompt,
             &format!("medium {layout:?}"),
         );
-        let fused = GpuOptions {
-            fused_decode: true,
-            ..GpuOptions::default()
-        };
-        compare(
-            &m,
-            fused,
-            GpuKv::F16,
-            &prompt,
-            &format!("medium {layout:?}, fused decode kernels"),
-        );
+        for decode in [DecodeKernels::Rows, DecodeKernels::Fused] {
+            let opts = GpuOptions {
+                decode,
+                ..GpuOptions::default()
+            };
+            compare(
+                &m,
+                opts,
+                GpuKv::F16,
+                &prompt,
+                &format!("medium {layout:?}, {decode:?} decode kernels"),
+            );
+        }
         greedy(&m, &prompt, &format!("medium {layout:?}"));
     }
 }

@@ -1,6 +1,6 @@
-// Lin(W, RMS(x, w_norm)) for a decode step (up to TT token rows; a longer call runs them in
-// groups): the norm and the int8 quantization in each workgroup's prologue
-// (mv_common.wgsl), then one output row per team of LANES threads, each lane reading a vec4
+// Lin(W, x) for a decode step (up to TT token rows; a longer call runs them in groups): the
+// int8 rows staged by the prologue (bindings 4 and 5: mv_in_norm.wgsl or mv_in_q.wgsl),
+// then one output row per team of LANES threads, each lane reading a vec4
 // of code words (64 weights) per step. The rows may be the concatenation of up to three
 // matrices with the same input (Q, K and V): rows below seg1 go to y0, below seg2 to y1, the
 // rest to y2, each segment with its own I2_S tensor scale sc[segment] (mode 0), or the rows'
@@ -8,15 +8,9 @@
 // residual stream).
 @group(0) @binding(2) var<storage, read> wt: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> sc: array<f32>;
-@group(0) @binding(4) var<storage, read> xin: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read> nw: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> y0: array<f32>;
 @group(0) @binding(7) var<storage, read_write> y1: array<f32>;
 @group(0) @binding(8) var<storage, read_write> y2: array<f32>;
-
-fn x_in(i: u32) -> vec4<f32> {
-    return xin[i];
-}
 
 fn store(t: u32, r: u32, v: f32) {
     if r < dims.seg1 {
@@ -50,8 +44,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 let w = wt[r * dims.vwords + j];
                 let xb = (j / 2u) * 8u + (j % 2u);
                 if dims.mode == 0u {
-                    for (var ti = 0u; ti < nt; ti++) {
-                        acc[ti] += dot_codes(w, ti * xv + xb);
+                    // Unrolled over the tokens, so the sums stay in registers.
+                    acc.x += dot_codes(w, xb);
+                    if nt > 1u {
+                        acc.y += dot_codes(w, xv + xb);
+                    }
+                    if nt > 2u {
+                        acc.z += dot_codes(w, 2u * xv + xb);
+                    }
+                    if nt > 3u {
+                        acc.w += dot_codes(w, 3u * xv + xb);
                     }
                 } else {
                     let d = sc[r * nb + j / 4u];
@@ -63,7 +65,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             }
         }
         let si = team_sum_i(acc, lid.x);
-        let sf = team_sum_f(accf, lid.x);
+        var sf = vec4<f32>(0.0);
+        if dims.mode == 1u {
+            sf = team_sum_f(accf, lid.x);
+        }
         if lane == 0u && r < dims.n_out {
             let seg = select(select(2u, 1u, r < dims.seg2), 0u, r < dims.seg1);
             for (var ti = 0u; ti < nt; ti++) {

@@ -1,7 +1,7 @@
-// Shared by the decode kernels (mv.wgsl, mv_glu.wgsl): RMSNorm and the per-token int8
-// quantization of up to TT input rows into workgroup memory (the prologue every workgroup
-// runs for itself, so no dispatch of its own), the I2_S-order dot products over a vec4 of
-// code words, and the reduction over a row's lanes.
+// Shared by the decode kernels (mv.wgsl, mv_glu.wgsl): the workgroup memory that holds up to
+// TT int8 input rows (filled by the prologue of mv_in_norm.wgsl, which norms and quantizes
+// them itself, or of mv_in_q.wgsl, which copies rows norm_quant.wgsl quantized), the
+// I2_S-order dot products over a vec4 of code words, and the reduction over a row's lanes.
 //
 // Workgroup: WG threads in RPW teams of LANES, one output row a team. Codes in I2_S order
 // (ternary.wgsl): vec4 j of a row holds words 4j..4j+3, that is bytes 16(j % 2).. of the
@@ -81,55 +81,6 @@ fn wg_sum_i(v: vec4<i32>, lid: u32) -> vec4<i32> {
     let r = redi[0];
     workgroupBarrier();
     return r;
-}
-
-// y = RMS(x, w) then q = clamp(round_half_even(y·s)), s = 127 / max(1e-5, max|y|), as
-// norm_quant.wgsl computes it, for tokens t0..t0 + nt into xq (token i at vec4 i·n_in/16).
-// Each thread holds its elements (4 consecutive ones per vec4, PV vec4s at most) in
-// registers, so the row is read once: n_in ≤ 4·WG·PV.
-fn prologue(t0: u32, nt: u32, lid: u32) {
-    let n4 = dims.n_in / 4u;
-    let eps = bitcast<f32>(dims.eps);
-    for (var ti = 0u; ti < nt; ti++) {
-        let base = (t0 + ti) * n4;
-        var xv: array<vec4<f32>, PV>;
-        var wv: array<vec4<f32>, PV>;
-        var ss = 0.0;
-        for (var k = 0u; k < PV; k++) {
-            let j = lid + k * WG;
-            if j < n4 {
-                xv[k] = x_in(base + j);
-                wv[k] = nw[j];
-                ss += dot(xv[k], xv[k]);
-            }
-        }
-        let scale = 1.0 / sqrt(wg_sum(vec4<f32>(ss, 0.0, 0.0, 0.0), lid).x / f32(dims.n_in) + eps);
-        var m = 0.0;
-        for (var k = 0u; k < PV; k++) {
-            if lid + k * WG < n4 {
-                let y = abs((xv[k] * scale) * wv[k]);
-                m = max(m, max(max(y.x, y.y), max(y.z, y.w)));
-            }
-        }
-        let s = 127.0 / max(wg_max(vec4<f32>(m, 0.0, 0.0, 0.0), lid).x, 1e-5);
-        var acc = 0;
-        for (var k = 0u; k < PV; k++) {
-            let j = lid + k * WG;
-            if j < n4 {
-                let q = vec4<i32>(clamp(round(((xv[k] * scale) * wv[k]) * s), vec4<f32>(-128.0), vec4<f32>(127.0)));
-                acc += q.x + q.y + q.z + q.w;
-                let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
-                let at = ti * n4 + j;
-                xq[at / 4u][at % 4u] = b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
-            }
-        }
-        let qs = wg_sum_i(vec4<i32>(acc, 0, 0, 0), lid).x;
-        if lid == 0u {
-            tok_s[ti] = s;
-            tok_sum[ti] = qs;
-        }
-    }
-    workgroupBarrier();
 }
 
 // Σ code·x over one vec4 of code words and the token at activation vec4 `xo` (codes 0..2;

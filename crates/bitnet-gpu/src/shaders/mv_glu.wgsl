@@ -1,17 +1,11 @@
 // The FFN's gate and up projections and the activation for a decode step, as mv.wgsl reads
-// one matrix: g = act(Lin(W_gate, f)) · Lin(W_up, f), f = RMS(x, w_norm) quantized in the
-// prologue; act 1 ReLU², 2 SiLU (dims.op).
+// one matrix: g = act(Lin(W_gate, f)) · Lin(W_up, f), f the int8 rows staged by the
+// prologue (bindings 6 and 7); act 1 ReLU², 2 SiLU (dims.op).
 @group(0) @binding(2) var<storage, read> wg_: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> sg: array<f32>;
 @group(0) @binding(4) var<storage, read> wu: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> su: array<f32>;
-@group(0) @binding(6) var<storage, read> xin: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read> nw: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> y: array<f32>;
-
-fn x_in(i: u32) -> vec4<f32> {
-    return xin[i];
-}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -33,9 +27,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                 let b = wu[r * dims.vwords + j];
                 let xb = (j / 2u) * 8u + (j % 2u);
                 if dims.mode == 0u {
-                    for (var ti = 0u; ti < nt; ti++) {
-                        gi[ti] += dot_codes(a, ti * xv + xb);
-                        ui[ti] += dot_codes(b, ti * xv + xb);
+                    gi.x += dot_codes(a, xb);
+                    ui.x += dot_codes(b, xb);
+                    if nt > 1u {
+                        gi.y += dot_codes(a, xv + xb);
+                        ui.y += dot_codes(b, xv + xb);
+                    }
+                    if nt > 2u {
+                        gi.z += dot_codes(a, 2u * xv + xb);
+                        ui.z += dot_codes(b, 2u * xv + xb);
+                    }
+                    if nt > 3u {
+                        gi.w += dot_codes(a, 3u * xv + xb);
+                        ui.w += dot_codes(b, 3u * xv + xb);
                     }
                 } else {
                     let dg = sg[r * nb + j / 4u];
@@ -51,8 +55,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         }
         let sgi = team_sum_i(gi, lid.x);
         let sui = team_sum_i(ui, lid.x);
-        let sgf = team_sum_f(gf, lid.x);
-        let suf = team_sum_f(uf, lid.x);
+        var sgf = vec4<f32>(0.0);
+        var suf = vec4<f32>(0.0);
+        if dims.mode == 1u {
+            sgf = team_sum_f(gf, lid.x);
+            suf = team_sum_f(uf, lid.x);
+        }
         if lane == 0u && r < dims.n_out {
             for (var ti = 0u; ti < nt; ti++) {
                 var g: f32;

@@ -5,6 +5,66 @@
 @group(0) @binding(4) var<storage, read_write> xq: array<u32>;
 @group(0) @binding(5) var<storage, read_write> xs: array<f32>;
 
+// Values a thread holds in registers on the fast path (rows of up to 4 · WG · PV values).
+const PV: u32 = 8u;
+
+fn tree(lid: u32, op_max: bool) -> f32 {
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k >>= 1u) {
+        if lid < k {
+            if op_max {
+                red[lid] = max(red[lid], red[lid + k]);
+            } else {
+                red[lid] += red[lid + k];
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+// The same row with each thread's values read once, four consecutive ones at a time, and
+// kept in registers for the three steps (sum of squares, maximum, quantization).
+fn fast_row(row: u32, base: u32, lid: u32) {
+    let words = dims.width / 4u;
+    var xv: array<vec4<f32>, PV>;
+    var wv: array<vec4<f32>, PV>;
+    var ss = 0.0;
+    for (var k = 0u; k < PV; k++) {
+        let j = lid + k * WG;
+        if j < words {
+            let i = base + 4u * j;
+            xv[k] = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+            wv[k] = vec4<f32>(w[4u * j], w[4u * j + 1u], w[4u * j + 2u], w[4u * j + 3u]);
+            ss += dot(xv[k], xv[k]);
+        }
+    }
+    red[lid] = ss;
+    let scale = 1.0 / sqrt(tree(lid, false) / f32(dims.width) + dims.eps);
+    var m = 0.0;
+    for (var k = 0u; k < PV; k++) {
+        if lid + k * WG < words {
+            let y = abs((xv[k] * scale) * wv[k]);
+            m = max(m, max(max(y.x, y.y), max(y.z, y.w)));
+        }
+    }
+    red[lid] = m;
+    let s = 127.0 / max(tree(lid, true), 1e-5);
+    for (var k = 0u; k < PV; k++) {
+        let j = lid + k * WG;
+        if j < words {
+            let q = vec4<i32>(clamp(round(((xv[k] * scale) * wv[k]) * s), vec4<f32>(-128.0), vec4<f32>(127.0)));
+            let b = bitcast<vec4<u32>>(q) & vec4<u32>(0xffu);
+            xq[row * words + j] = b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+        }
+    }
+    if lid == 0u {
+        xs[row] = s;
+    }
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = wg.x;
@@ -12,6 +72,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         return;
     }
     let base = row * dims.width;
+    if dims.width <= 4u * WG * PV {
+        fast_row(row, base, lid.x);
+        return;
+    }
     let scale = rms_scale(base, lid.x);
     var m = 0.0;
     for (var i = lid.x; i < dims.width; i += WG) {
