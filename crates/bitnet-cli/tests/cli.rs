@@ -844,3 +844,58 @@ fn approx_lm_head_is_reported_and_checked() {
         assert!(!run(bad).status.success(), "{bad:?}");
     }
 }
+
+#[test]
+fn bench_profile_needs_the_gpu_and_prints_dispatches_and_kernel_times_there() {
+    let model = golden("tiny/bitnet-tiny-i2_s.gguf");
+    let out = bitnet(&[
+        "bench",
+        "-m",
+        &model,
+        "-p",
+        "8",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--profile",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--profile times GPU kernels"), "{err}");
+    if !bitnet_gpu::probe::gpu_tests_enabled() {
+        return;
+    }
+    let out = bitnet(&[
+        "bench",
+        "-m",
+        &model,
+        "--device",
+        "gpu",
+        "-p",
+        "20",
+        "-n",
+        "3",
+        "-r",
+        "1",
+        "--profile",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The tiny model's 2 blocks: 11 dispatches each (four norms, QKV, RoPE, the K/V store,
+    // attention, O, gate+up, down; no merge under 64 positions), then the embedding, the final
+    // norm, the head and the argmax.
+    let want = format!("decode: {} dispatches", 11 * 2 + 4);
+    assert!(text.contains(&want), "{want} not in:\n{text}");
+    for test in ["pp20", "tg3"] {
+        let head = format!("kernel time per token, {test}");
+        assert!(text.contains(&head), "{head} not in:\n{text}");
+    }
+    // The prompt's matrices go through the GEMM (20 rows), the steps' through mv.
+    assert!(text.contains("  mv gate+up"), "{text}");
+    assert!(text.contains("  ternary gate+up"), "{text}");
+}

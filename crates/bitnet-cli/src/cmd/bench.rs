@@ -69,9 +69,9 @@ pub struct Args {
     /// reported as test `tg<N>x<B>` with the aggregate tok/s over all B sequences.
     #[arg(long, value_delimiter = ',')]
     batch: Vec<usize>,
-    /// `--device gpu`: time every kernel of the tg tests (GPU timestamps; each kernel then runs
-    /// in a pass of its own, so the profiled repetition is not counted) and print where a
-    /// decode token's time goes.
+    /// `--device gpu`: time every kernel of the pp and tg tests (GPU timestamps; each kernel
+    /// then runs in a pass of its own, in an extra repetition that is not counted) and print
+    /// where a token's time goes.
     #[arg(long)]
     profile: bool,
 }
@@ -230,6 +230,9 @@ fn run_engine(a: &Args) -> Result<()> {
     let mut model_args = a.model.clone();
     model_args.threads = vec![t];
     let engine = super::common::load_engine(&model_args)?;
+    if a.profile && engine.gpu().is_none() {
+        bail!("--profile times GPU kernels: add --device gpu");
+    }
     let n_vocab = engine.model().config.n_vocab;
     let deepest = a.depth.iter().copied().max().unwrap_or(0);
     let longest = prompts.iter().copied().max().unwrap_or(0);
