@@ -458,12 +458,13 @@ impl Kernels {
              const MAX_SPLIT: u32 = {ATTN_MAX_SPLIT}u;\n{SPLIT}"
         );
         // The decode kernels' constants: their activation words fill what workgroup memory
-        // is left, up to MV_TOKENS rows of the widest input (none below 16 KiB).
+        // is left, up to MV_WORDS_MAX (no decode kernels below 16 KiB).
         let mv_words = (storage.saturating_sub(MV_FIXED_STORAGE) / 4 / 4 * 4).min(MV_WORDS_MAX);
         // Output rows a workgroup of the decode kernels takes (a team of 256 / rows threads
         // each): MV_ROWS, or for measuring others BITNET_GPU_MV_ROWS (4, 8, 16 or 32).
         let mv_rows = match std::env::var("BITNET_GPU_MV_ROWS").as_deref() {
             Ok("4") => 4,
+            Ok("8") => 8,
             Ok("16") => 16,
             Ok("32") => 32,
             _ => crate::model::MV_ROWS,
