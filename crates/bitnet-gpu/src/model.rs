@@ -975,7 +975,6 @@ impl GpuModel {
                     e.0 += ns;
                     e.1 += 1;
                 }
-                p.acc.calls += 1;
                 p.acc.tokens += u64::try_from(n).unwrap_or(0);
             }
             cache.len += n;

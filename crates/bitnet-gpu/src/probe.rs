@@ -276,13 +276,9 @@ pub fn norm_quant(gpu: &Gpu, x: &[f32], w: &[f32], eps: f32) -> Result<(Vec<i8>,
     let width = w.len();
     let n = x.len() / width.max(1);
     let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
-    let dims = gpu.uniform("dims", &[n32(width)?, eps.to_bits(), 0, 0]);
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let wb = gpu.upload("w", bytemuck::cast_slice(w))?;
-    let xq = rw(gpu, "xq", n * width)?;
-    let xs = rw(gpu, "xs", n * 4)?;
-    let bind = gpu.bind(&gpu.k.norm_quant, &[&step, &dims, &xb, &wb, &xq, &xs]);
-    run(gpu, &gpu.k.norm_quant, &bind, n32(n)?, 1)?;
+    let (xq, xs) = quantize_rows(gpu, &step, &xb, &wb, n, width, eps)?;
     let codes = gpu
         .read(&xq, u64::from(n32(n * width)?))?
         .into_iter()

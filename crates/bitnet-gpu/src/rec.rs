@@ -87,8 +87,7 @@ impl<'e> Rec<'e> {
 pub(crate) struct Profile {
     /// name → (nanoseconds, dispatches)
     pub(crate) totals: BTreeMap<&'static str, (f64, u64)>,
-    /// Calls profiled, and their tokens.
-    pub(crate) calls: u64,
+    /// Tokens of the calls profiled.
     pub(crate) tokens: u64,
 }
 
