@@ -36,7 +36,10 @@ pub mod skip;
 mod stop;
 pub mod sys;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// std's Instant panics on wasm32-unknown-unknown; web-time's is std's elsewhere.
+use web_time::Instant;
 
 use bitnet_kernels::Pool;
 use bitnet_model::{
@@ -349,6 +352,7 @@ impl Session {
 }
 
 /// What picks the next token in [`Engine::generate`].
+#[derive(Debug)]
 enum Next {
     Logits(Vec<f32>),
     Chosen(u32),
@@ -757,6 +761,36 @@ impl Engine {
         params: &GenParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<GenStats> {
+        let mut g = self.start(s, prompt, append, params)?;
+        while let Some(tok) = g.sample(self)? {
+            if !on_event(Event::Token(tok)) {
+                g.cancel();
+                break;
+            }
+            let emit = g.advance(self, s, tok)?;
+            if !emit.is_empty() && !on_event(Event::Text(&emit)) {
+                g.cancel();
+                break;
+            }
+        }
+        let (tail, stats) = g.finish();
+        if !tail.is_empty() {
+            on_event(Event::Text(&tail));
+        }
+        Ok(stats)
+    }
+
+    /// Begin a generation one token at a time (what [`Engine::generate`] runs; for callers
+    /// that must return to an event loop between tokens, such as a web page): reuse the
+    /// cached prefix shared with `prompt` (the whole conversation, or the new part when
+    /// `append`), evaluate the rest, and hold what chooses the first token.
+    pub fn start(
+        &self,
+        s: &mut Session,
+        prompt: &[u32],
+        append: bool,
+        params: &GenParams,
+    ) -> Result<Generation> {
         // 1. Reuse the cached prefix (full-history callers), keep one token to evaluate.
         let full: Vec<u32> = if append {
             [s.tokens.as_slice(), prompt].concat()
@@ -784,84 +818,162 @@ impl Engine {
             sampler.accept(t);
         }
         let t0 = Instant::now();
-        let mut next = self.eval_next(s, new, self.read_back(&sampler))?;
+        let next = self.eval_next(s, new, self.read_back(&sampler))?;
         let prompt_time = t0.elapsed();
-
-        // 3. Decode loop.
-        let mut decoder = StreamDecoder::new();
-        let mut stops = StopMatcher::new(&params.stop);
-        let t1 = Instant::now();
-        let mut generated = 0usize;
-        let finish = loop {
-            if generated >= params.max_tokens {
-                break FinishReason::Length;
-            }
-            let tok = match &next {
-                Next::Logits(l) => sampler.sample(l)?,
-                Next::Chosen(t) => *t,
-                Next::Top(c) => sampler.sample_candidates(
-                    c,
-                    bitnet_gpu::TOP_CANDIDATES,
-                    self.model().config.n_vocab,
-                )?,
-            };
-            sampler.accept(tok);
-            generated += 1;
-            if !on_event(Event::Token(tok)) {
-                break FinishReason::Cancelled;
-            }
-            if self.tokenizer.is_eog(tok) {
-                // The EOG token enters the history (a chat turn ends with it) but not the text.
-                if s.cache.len() < s.cache.n_ctx() {
-                    self.eval(s, &[tok], Outputs::None)?;
-                }
-                break FinishReason::Eog;
-            }
-            // Control tokens (reserved specials) are not text: they enter the cache but are
-            // never printed, as in llama-server.
-            let is_control =
-                self.tokenizer.token_kind(tok) == Some(bitnet_tokenizer::TokenKind::Control);
-            let piece = if is_control {
-                String::new()
-            } else {
-                decoder.push(&self.tokenizer, tok)?
-            };
-            let (emit, hit) = stops.push(&piece);
-            if !emit.is_empty() && !on_event(Event::Text(&emit)) {
-                break FinishReason::Cancelled;
-            }
-            if hit {
-                break FinishReason::StopString;
-            }
-            if s.cache.len() >= s.cache.n_ctx() {
-                match params.context_policy {
-                    ContextPolicy::Error => {
-                        return Err(EngineError::ContextFull {
-                            n_past: s.cache.len() + 1,
-                            n_ctx: s.cache.n_ctx(),
-                        })
-                    }
-                    ContextPolicy::Stop => break FinishReason::Length,
-                    ContextPolicy::Shift { keep } => self.shift(s, keep)?,
-                }
-            }
-            next = self.eval_next(s, &[tok], self.read_back(&sampler))?;
-        };
-        if !matches!(finish, FinishReason::StopString | FinishReason::Cancelled) {
-            let tail = decoder.finish();
-            let (mut emit, _) = stops.push(&tail);
-            emit.push_str(&stops.finish());
-            if !emit.is_empty() {
-                on_event(Event::Text(&emit));
-            }
-        }
-        Ok(GenStats {
+        Ok(Generation {
+            sampler,
+            decoder: StreamDecoder::new(),
+            stops: StopMatcher::new(&params.stop),
+            next,
+            max_tokens: params.max_tokens,
+            context_policy: params.context_policy,
+            generated: 0,
             prompt_tokens: new.len(),
             cached_tokens: common,
             prompt_time,
-            generated_tokens: generated,
-            generation_time: t1.elapsed(),
-            finish,
+            t1: Instant::now(),
+            finish: None,
         })
+    }
+}
+
+/// One token of a [`Generation`]: its id and the text it completes (complete UTF-8, stop
+/// strings held back; empty for end-of-generation and control tokens).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub token: u32,
+    pub text: String,
+}
+
+/// A generation in progress ([`Engine::start`]): [`Generation::sample`] chooses a token,
+/// [`Generation::advance`] takes it into the text and the cache and evaluates it, and
+/// [`Generation::finish`] gives the text held back and the statistics. Used with the engine
+/// and session it was started on.
+#[derive(Debug)]
+pub struct Generation {
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+    next: Next,
+    max_tokens: usize,
+    context_policy: ContextPolicy,
+    generated: usize,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    prompt_time: Duration,
+    t1: Instant,
+    finish: Option<FinishReason>,
+}
+
+impl Generation {
+    /// Choose the next token; `None` once the generation has ended (end of generation, a
+    /// stop string, the length limit, a full context under [`ContextPolicy::Stop`]).
+    pub fn sample(&mut self, engine: &Engine) -> Result<Option<u32>> {
+        if self.finish.is_some() {
+            return Ok(None);
+        }
+        if self.generated >= self.max_tokens {
+            self.finish = Some(FinishReason::Length);
+            return Ok(None);
+        }
+        let tok = match &self.next {
+            Next::Logits(l) => self.sampler.sample(l)?,
+            Next::Chosen(t) => *t,
+            Next::Top(c) => self.sampler.sample_candidates(
+                c,
+                bitnet_gpu::TOP_CANDIDATES,
+                engine.model().config.n_vocab,
+            )?,
+        };
+        self.sampler.accept(tok);
+        self.generated += 1;
+        Ok(Some(tok))
+    }
+
+    /// Take `tok` (just returned by [`Generation::sample`]) into the text and the cache;
+    /// returns the text it completes. Evaluates it unless the generation ends with it.
+    pub fn advance(&mut self, engine: &Engine, s: &mut Session, tok: u32) -> Result<String> {
+        if engine.tokenizer.is_eog(tok) {
+            // The EOG token enters the history (a chat turn ends with it) but not the text.
+            if s.cache.len() < s.cache.n_ctx() {
+                engine.eval(s, &[tok], Outputs::None)?;
+            }
+            self.finish = Some(FinishReason::Eog);
+            return Ok(String::new());
+        }
+        // Control tokens (reserved specials) are not text: they enter the cache but are
+        // never printed, as in llama-server.
+        let is_control =
+            engine.tokenizer.token_kind(tok) == Some(bitnet_tokenizer::TokenKind::Control);
+        let piece = if is_control {
+            String::new()
+        } else {
+            self.decoder.push(&engine.tokenizer, tok)?
+        };
+        let (emit, hit) = self.stops.push(&piece);
+        if hit {
+            self.finish = Some(FinishReason::StopString);
+            return Ok(emit);
+        }
+        if s.cache.len() >= s.cache.n_ctx() {
+            match self.context_policy {
+                ContextPolicy::Error => {
+                    return Err(EngineError::ContextFull {
+                        n_past: s.cache.len() + 1,
+                        n_ctx: s.cache.n_ctx(),
+                    })
+                }
+                ContextPolicy::Stop => {
+                    self.finish = Some(FinishReason::Length);
+                    return Ok(emit);
+                }
+                ContextPolicy::Shift { keep } => engine.shift(s, keep)?,
+            }
+        }
+        self.next = engine.eval_next(s, &[tok], engine.read_back(&self.sampler))?;
+        Ok(emit)
+    }
+
+    /// [`Generation::sample`] then [`Generation::advance`]: the next token and its text,
+    /// `None` once the generation has ended.
+    pub fn next_piece(&mut self, engine: &Engine, s: &mut Session) -> Result<Option<Piece>> {
+        let Some(token) = self.sample(engine)? else {
+            return Ok(None);
+        };
+        let text = self.advance(engine, s, token)?;
+        Ok(Some(Piece { token, text }))
+    }
+
+    /// The caller stops the generation.
+    pub fn cancel(&mut self) {
+        self.finish = Some(FinishReason::Cancelled);
+    }
+
+    /// Whether the generation has ended.
+    pub fn is_done(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// End the generation: the text still held back (an incomplete character or a partial
+    /// stop string; nothing after a stop string or a cancel) and the statistics. Ending
+    /// before the generation did counts as a cancel.
+    pub fn finish(mut self) -> (String, GenStats) {
+        let finish = self.finish.unwrap_or(FinishReason::Cancelled);
+        let mut emit = String::new();
+        if !matches!(finish, FinishReason::StopString | FinishReason::Cancelled) {
+            let tail = self.decoder.finish();
+            let (e, _) = self.stops.push(&tail);
+            emit = e;
+            emit.push_str(&self.stops.finish());
+        }
+        let stats = GenStats {
+            prompt_tokens: self.prompt_tokens,
+            cached_tokens: self.cached_tokens,
+            prompt_time: self.prompt_time,
+            generated_tokens: self.generated,
+            generation_time: self.t1.elapsed(),
+            finish,
+        };
+        (emit, stats)
     }
 }

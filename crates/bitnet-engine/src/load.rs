@@ -7,7 +7,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use web_time::Instant;
 
 use bitnet_gguf::{GgufError, GgufFile, Limits};
 use bitnet_kernels::{Pool, RowMatrix, RowType};
