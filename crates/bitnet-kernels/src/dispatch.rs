@@ -2,7 +2,7 @@
 //!
 //! Model code never sees `cfg(target_feature)`: it calls [`crate::TernaryMatrix::matmul`] and
 //! [`crate::RowMatrix::matmul_f32`], which take their kernels from [`kernels`]. The env var
-//! `BITNET_ISA=scalar|neon|avx2|avx2lut|avxvnni|avx512|avx512vnni|amx` may only lower the detected
+//! `BITNET_ISA=scalar|neon|simd128|avx2|avx2lut|avxvnni|avx512|avx512vnni|amx` may only lower the detected
 //! tier (to one the CPU has), so every tier can be forced and measured on a CPU above it; the
 //! two AVX2 tiers may also be swapped for each other.
 //!
@@ -34,6 +34,8 @@ pub(crate) fn kernels_for(isa: Isa) -> Option<&'static Kernels> {
         Isa::Amx => Some(&crate::simd::amx::TABLE),
         #[cfg(target_arch = "aarch64")]
         Isa::Neon => Some(&crate::simd::neon::TABLE),
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        Isa::Simd128 => Some(&crate::simd::wasm::TABLE),
         #[allow(unreachable_patterns)]
         _ => None,
     }
@@ -53,6 +55,7 @@ fn detect_best() -> Isa {
         Isa::AvxVnni,
         Isa::Avx2,
         Isa::Neon,
+        Isa::Simd128,
     ]
     .into_iter()
     .find(|i| i.is_supported() && kernels_for(*i).is_some())
@@ -82,7 +85,7 @@ fn choose(detected: Isa, env: Option<&str>, available: &[Isa]) -> (Isa, Option<S
         None => (
             detected,
             Some(format!(
-                "BITNET_ISA={v} ignored: expected scalar, neon, avx2, avx2lut, avxvnni, avx512, \
+                "BITNET_ISA={v} ignored: expected scalar, neon, simd128, avx2, avx2lut, avxvnni, avx512, \
                  avx512vnni or amx"
             )),
         ),
@@ -113,6 +116,7 @@ pub fn supported_isas() -> Vec<Isa> {
     [
         Isa::Scalar,
         Isa::Neon,
+        Isa::Simd128,
         Isa::Avx2,
         Isa::Avx2Lut,
         Isa::AvxVnni,

@@ -340,7 +340,7 @@ impl<'a> RowMatrix<'a> {
         // The same 64-byte alignment as the full matmul gives its float activations.
         let aligned = AlignedRows::new(x, cols);
         let xa = &aligned.as_slice()[..cols];
-        let direct = direct_dot(kern, self.ty, F16DotOrder::Ggml);
+        let direct = direct_dot(kern, self.ty, F16DotOrder::Ggml, true);
         let outp = crate::pool::SharedMut::new(out);
         let f = |range: Range<usize>| {
             let mut buf = Vec::new();
@@ -432,9 +432,14 @@ impl<'a> RowMatrix<'a> {
             // Each row read once for all tokens, each F16 chunk converted once.
             let xs: Vec<&[f32]> = (0..n_tok).map(token).collect();
             let rb = self.row_bytes;
+            let multi = if q8_act {
+                kern.f16_dot_fast_multi
+            } else {
+                kern.f16_dot_ggml_multi
+            };
             Some(Box::new(move |rows: Range<usize>, y: &mut [f32]| {
                 let bytes = &self.data[rows.start * rb..rows.end * rb];
-                (kern.f16_dot_ggml_multi)(bytes, rb, &xs, y);
+                multi(bytes, rb, &xs, y);
             }))
         } else {
             None
@@ -461,7 +466,7 @@ impl<'a> RowMatrix<'a> {
             return Ok(());
         }
         let outp = crate::pool::SharedMut::new(out);
-        let direct = direct_dot(kern, self.ty, order);
+        let direct = direct_dot(kern, self.ty, order, q8_act);
         let f = |rows: Range<usize>| {
             let mut buf = Vec::new();
             for r in rows {
@@ -632,10 +637,11 @@ pub fn dequantize_row_bytes(ty: RowType, row: &[u8], out: &mut [f32]) {
     }
 }
 
-/// The per-row float dot of a row type (F16 in the given order); `None`: the row is
-/// dequantized and dotted with `f32_dot`.
-fn direct_dot(kern: &Kernels, ty: RowType, order: F16DotOrder) -> Option<RowDot> {
+/// The per-row float dot of a row type (F16 in the given order; `fast`: fast numerics'
+/// dot of that order); `None`: the row is dequantized and dotted with `f32_dot`.
+fn direct_dot(kern: &Kernels, ty: RowType, order: F16DotOrder, fast: bool) -> Option<RowDot> {
     match (ty, order) {
+        (RowType::F16, F16DotOrder::Ggml) if fast => Some(kern.f16_dot_fast),
         (RowType::F16, F16DotOrder::Ggml) => Some(kern.f16_dot_ggml),
         (RowType::F16, _) => Some(kern.f16_dot_tiny),
         (RowType::Q8_0, _) => Some(kern.q8_0_dot),

@@ -16,6 +16,8 @@ pub enum Isa {
     Scalar,
     /// aarch64 NEON (dotprod used when the CPU has it).
     Neon,
+    /// WebAssembly SIMD (`simd128`), compiled in when the module is built with it.
+    Simd128,
     /// x86-64 AVX2 + FMA + F16C (the I2_S panel GEMM on `vpmaddubsw`).
     Avx2,
     /// The AVX2 tier with the I2_S GEMM of multi-token calls on table lookups (`vpshufb`,
@@ -40,6 +42,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Neon => "neon",
+            Isa::Simd128 => "simd128",
             Isa::Avx2 => "avx2",
             Isa::Avx2Lut => "avx2lut",
             Isa::AvxVnni => "avxvnni",
@@ -54,6 +57,7 @@ impl Isa {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" => Some(Isa::Scalar),
             "neon" => Some(Isa::Neon),
+            "simd128" => Some(Isa::Simd128),
             "avx2" => Some(Isa::Avx2),
             "avx2lut" => Some(Isa::Avx2Lut),
             "avxvnni" => Some(Isa::AvxVnni),
@@ -74,6 +78,7 @@ impl Isa {
             Isa::Avx512Vnni => cpu::has_avx512() && cpu::has_avx512vnni(),
             Isa::Amx => cpu::has_avx512() && cpu::has_avx512vnni() && cpu::amx().is_ok(),
             Isa::Neon => cpu::has_neon(),
+            Isa::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
         }
     }
 }
@@ -162,6 +167,12 @@ pub(crate) struct Kernels {
     pub f32_dot: F32Dot,
     /// `f16_dot_ggml` for several rows and tokens at once (each F16 chunk converted once).
     pub f16_dot_ggml_multi: RowsDotMulti,
+    /// The F16 dots of fast numerics (`RowMatrix::matmul_q8`, `matmul_q8_rows`): the ggml
+    /// order, with the fused multiply-add on every tier whose hardware has one (there they
+    /// are `f16_dot_ggml` and `f16_dot_ggml_multi` themselves); WebAssembly has none, so its
+    /// tier multiplies, then adds. Exact numerics never uses them.
+    pub f16_dot_fast: RowDot,
+    pub f16_dot_fast_multi: RowsDotMulti,
     /// Q8_0 row · Q8_0 activations (integer block dots).
     pub q8_0_q8: RowDotQ8,
     /// Q4_0 row · Q8_0 activations (integer block dots).

@@ -196,6 +196,17 @@ fn every_tier_is_bit_identical_to_the_plain_build_and_close_to_f64() {
                 }
                 for isa in supported_isas() {
                     let got = run(&c, isa, f16_cache, pool);
+                    if isa == Isa::Simd128 {
+                        // WebAssembly multiplies, then adds: the plain build's bounds instead
+                        // of its bits.
+                        for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                (a - b).abs() <= 2e-5 + 2e-5 * b.abs(),
+                                "{isa:?} {shape:?} pos0 {pos0} n {n}: element {i}: {a} vs {b}"
+                            );
+                        }
+                        continue;
+                    }
                     assert!(
                         same_bits(&got, &plain),
                         "{isa:?} differs from the plain build: {shape:?} pos0 {pos0} n {n}"
@@ -461,6 +472,16 @@ fn quantized_caches_are_bit_identical_across_tiers_and_close_to_f64() {
             assert!(same_bits(&plain, &out32), "q4 {q4}");
             for isa in supported_isas() {
                 let got = go(isa);
+                if isa == Isa::Simd128 {
+                    // WebAssembly multiplies, then adds: the plain build's bounds instead.
+                    for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - b).abs() <= 2e-5 + 2e-5 * b.abs(),
+                            "{isa:?} q4 {q4} {shape:?} pos0 {pos0} n {n}: element {i}: {a} vs {b}"
+                        );
+                    }
+                    continue;
+                }
                 assert!(
                     same_bits(&got, &plain),
                     "{isa:?} differs from the plain build: q4 {q4} {shape:?} pos0 {pos0} n {n}"
@@ -483,7 +504,8 @@ fn quantized_caches_are_bit_identical_across_tiers_and_close_to_f64() {
                 pool,
             )
             .unwrap();
-            assert!(same_bits(&plain, &out2), "q4 {q4}");
+            // (`attend` runs the selected tier.)
+            assert!(same_bits(&go(bitnet_kernels::isa()), &out2), "q4 {q4}");
         }
     }
 }

@@ -12,7 +12,7 @@ mod common;
 use std::borrow::Cow;
 
 use bitnet_kernels::rows::{dequantize_row_bytes, quantize_row_into};
-use bitnet_kernels::{supported_isas, F16DotOrder, Pool, RowMatrix, RowType};
+use bitnet_kernels::{supported_isas, F16DotOrder, Isa, Pool, RowMatrix, RowType};
 use common::Rng;
 
 fn f16b(v: f32) -> [u8; 2] {
@@ -394,7 +394,72 @@ fn q8_activation_dots_every_tier() {
         m.matmul_q8(&x, &mut a, &pools[1]).unwrap();
         m.matmul_f32_order(&x, &mut b, &pools[1], F16DotOrder::Ggml)
             .unwrap();
-        assert_eq!(a, b, "{ty:?}");
+        if ty == RowType::F16 && bitnet_kernels::isa() == Isa::Simd128 {
+            // WebAssembly's fast F16 dot multiplies, then adds (f16_fast_dots_match_scalar).
+            let mag: f32 = x.iter().map(|v| v.abs()).sum();
+            for (p, q) in a.iter().zip(&b) {
+                assert!((p - q).abs() <= 1e-5 * mag, "{ty:?}: {p} vs {q}");
+            }
+        } else {
+            assert_eq!(a, b, "{ty:?}");
+        }
+    }
+}
+
+/// The F16 dots of fast numerics (`matmul_q8`) on every tier against the scalar tier's:
+/// bit-identical where the tier has a fused multiply-add; WebAssembly's `simd128` tier
+/// multiplies, then adds, so its results are within the rounding of one product a step
+/// (run under wasm32 by scripts/test-wasm). Random shapes, ragged K, 1..7 tokens.
+#[test]
+fn f16_fast_dots_match_scalar() {
+    let mut rng = Rng::new(91);
+    let pool = Pool::new(1);
+    let isas = supported_isas();
+    if !isas.contains(&Isa::Simd128) {
+        eprintln!(
+            "f16_fast_dots_match_scalar: the simd128 tier is not on this host ({}); scripts/test-wasm runs it",
+            std::env::consts::ARCH
+        );
+    }
+    for _ in 0..24 {
+        let rows = 1 + rng.below(40);
+        let cols = 1 + rng.below(700);
+        let data = random_rows(&mut rng, RowType::F16, rows, cols);
+        let m = RowMatrix::new(RowType::F16, rows, cols, Cow::Borrowed(&data)).unwrap();
+        for n_tok in [1usize, 2, 3, 5, 7] {
+            let x: Vec<f32> = (0..n_tok * cols).map(|_| rng.f32() * 2.0).collect();
+            let mut want = vec![0f32; n_tok * rows];
+            m.matmul_q8_on(Isa::Scalar, &x, &mut want, &pool)
+                .unwrap()
+                .unwrap();
+            for &isa in &isas {
+                let mut got = vec![f32::NAN; n_tok * rows];
+                m.matmul_q8_on(isa, &x, &mut got, &pool).unwrap().unwrap();
+                if isa != Isa::Simd128 {
+                    assert_eq!(got, want, "{isa:?} {rows}x{cols} n_tok {n_tok}");
+                    continue;
+                }
+                let mut w = vec![0f32; cols];
+                for t in 0..n_tok {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    for r in 0..rows {
+                        m.dequantize_row(r, &mut w).unwrap();
+                        let mag: f64 = w
+                            .iter()
+                            .zip(xt)
+                            .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
+                            .sum();
+                        let bound =
+                            2.0 * ((cols / 32) as f64 + 4.0) * f64::from(f32::EPSILON) * mag;
+                        let (g, e) = (f64::from(got[t * rows + r]), f64::from(want[t * rows + r]));
+                        assert!(
+                            (g - e).abs() <= bound,
+                            "{isa:?} {rows}x{cols} n_tok {n_tok} t {t} r {r}: {g} vs {e} (bound {bound})"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 

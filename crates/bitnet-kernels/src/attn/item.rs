@@ -18,8 +18,31 @@ pub(super) fn select(isa: Isa) -> fn(&Job<'_>, usize, &mut Scratch, &mut [f32]) 
             return item_avx2;
         }
     }
+    #[cfg(target_arch = "wasm32")]
+    if isa == Isa::Simd128 && Isa::Simd128.is_supported() {
+        return item_unfused;
+    }
     let _ = isa;
     item_plain
+}
+
+/// The plain item with each fused multiply-add split into a multiply and an add:
+/// WebAssembly has no fused multiply-add (`f32::mul_add` becomes a software routine there),
+/// and the split form is what its SIMD does in one instruction each. Not bit-identical to
+/// the plain build; within the same bounds of the exact reference (tests/attn.rs).
+#[cfg(target_arch = "wasm32")]
+pub(super) fn item_unfused(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
+    item_impl::<UNFUSED>(job, it, s, part);
+}
+
+/// `a·b + c`: fused, except in the [`UNFUSED`] build.
+#[inline(always)]
+fn madd<const TIER: u8>(a: f32, b: f32, c: f32) -> f32 {
+    if TIER == UNFUSED {
+        a * b + c
+    } else {
+        a.mul_add(b, c)
+    }
 }
 
 pub(super) fn item_plain(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
@@ -114,7 +137,7 @@ pub(super) fn block_scores<const TIER: u8, T: KvElem, A: KvElem>(
             for (i, a) in acc.iter_mut().enumerate() {
                 let qc = &qv[(c * nqp + i) * LANES..][..LANES];
                 for x in 0..LANES {
-                    a[x] = qc[x].mul_add(kc[x], a[x]);
+                    a[x] = madd::<TIER>(qc[x], kc[x], a[x]);
                 }
             }
         }
@@ -156,7 +179,7 @@ pub(super) fn block_accumulate<const TIER: u8, T: KvElem>(
                 let p = st[jj * nqp + i];
                 let a = &mut acc[i * dp + c * LANES..][..LANES];
                 for x in 0..LANES {
-                    a[x] = p.mul_add(vc[x], a[x]);
+                    a[x] = madd::<TIER>(p, vc[x], a[x]);
                 }
             }
         }
@@ -402,6 +425,8 @@ pub(super) const PLAIN: u8 = 0;
 pub(super) const AVX2: u8 = 1;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) const AVX512: u8 = 2;
+/// The plain arithmetic with multiplies and adds apart (WebAssembly).
+pub(super) const UNFUSED: u8 = 3;
 
 /// Whether the core's L1 data cache is at most 32 KiB (x86; never elsewhere, where the tiers
 /// that ask this do not run).

@@ -28,6 +28,8 @@ pub(crate) static TABLE: Kernels = Kernels {
     tq2,
     f16_dot_ggml,
     f16_dot_ggml_multi,
+    f16_dot_fast: f16_dot_ggml,
+    f16_dot_fast_multi: f16_dot_ggml_multi,
     ..avx2::TABLE_BASE
 };
 

@@ -17,3 +17,5 @@ pub(crate) mod neon;
 pub(crate) mod panel_x86;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vnni256;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub(crate) mod wasm;
