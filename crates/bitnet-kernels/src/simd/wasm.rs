@@ -65,6 +65,17 @@ fn load<T: Copy>(s: &[T], off: usize) -> v128 {
     unsafe { v128_load(bytes.as_ptr().cast::<v128>()) }
 }
 
+/// 16 bytes at `s[off..]`, unchecked (the hot loops, whose callers checked the lengths once).
+///
+/// # Safety
+/// `off + 16 / size_of::<T>() <= s.len()`.
+#[inline(always)]
+unsafe fn ld<T: Copy>(s: &[T], off: usize) -> v128 {
+    debug_assert!(off + 16 / std::mem::size_of::<T>() <= s.len());
+    // SAFETY: in bounds by the caller's contract; v128_load needs no alignment.
+    unsafe { v128_load(s.as_ptr().add(off).cast::<v128>()) }
+}
+
 /// Store 16 bytes at `s[off..off + 16]`; panics when out of bounds.
 #[inline(always)]
 fn store(s: &mut [u8], off: usize, v: v128) {
@@ -122,6 +133,7 @@ fn hsum(v: v128) -> i32 {
 /// `Σ u·q` of one I2_S row (K/4 bytes, K a multiple of 128) and one token `x`.
 fn i2s_row(w: &[u8], x: &[i8], clean: bool) -> i32 {
     let nb = x.len() / 128;
+    assert!(w.len() >= 32 * nb);
     let mut acc32 = i32x4_splat(0);
     let mut b0 = 0;
     while b0 < nb {
@@ -129,10 +141,12 @@ fn i2s_row(w: &[u8], x: &[i8], clean: bool) -> i32 {
         let mut acc = i16x8_splat(0);
         for b in b0..b1 {
             for h in 0..2 {
-                let raw = load(w, 32 * b + 16 * h);
+                // SAFETY: b < nb: 32b + 16h + 16 ≤ 32·nb ≤ w.len() (asserted above).
+                let raw = unsafe { ld(w, 32 * b + 16 * h) };
                 let c = planes(if clean { raw } else { sanitize(raw) }, true);
                 for (l, cl) in c.iter().enumerate() {
-                    acc = mac(acc, *cl, load(x, 128 * b + 32 * l + 16 * h));
+                    // SAFETY: 128b + 32l + 16h + 16 ≤ 128·nb ≤ x.len().
+                    acc = mac(acc, *cl, unsafe { ld(x, 128 * b + 32 * l + 16 * h) });
                 }
             }
         }
@@ -176,7 +190,8 @@ fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
                 let f1 = (f0 + FLUSH_BLOCKS).min(c1 - c0);
                 let mut acc = i16x8_splat(0);
                 for off in (128 * f0..128 * f1).step_by(16) {
-                    acc = mac(acc, load(&codes, off), load(x, off));
+                    // SAFETY: off + 16 ≤ 128·(c1 − c0) = x.len() ≤ codes.len().
+                    acc = mac(acc, unsafe { ld(&codes, off) }, unsafe { ld(x, off) });
                 }
                 acc32 = widen(acc32, acc);
                 f0 = f1;
@@ -204,9 +219,12 @@ fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 4] {
         let mut acc = [i16x8_splat(0); 4];
         for b in b0..b1 {
             for h in 0..2 {
-                let xs: [v128; 4] = std::array::from_fn(|l| load(x, 128 * b + 32 * l + 16 * h));
+                // SAFETY: b < nb = K/128: 128b + 32l + 16h + 16 ≤ K = x.len().
+                let xs: [v128; 4] =
+                    std::array::from_fn(|l| unsafe { ld(x, 128 * b + 32 * l + 16 * h) });
                 for (r, a) in acc.iter_mut().enumerate() {
-                    let raw = load(w4, r * rb + 32 * b + 16 * h);
+                    // SAFETY: r < 4, 32b + 16h + 16 ≤ K/4 = rb: in the 4·rb ≤ w4.len() checked above.
+                    let raw = unsafe { ld(w4, r * rb + 32 * b + 16 * h) };
                     let c = planes(if clean { raw } else { sanitize(raw) }, true);
                     for l in 0..4 {
                         *a = mac(*a, c[l], xs[l]);
@@ -309,9 +327,11 @@ fn f16_dot_fast(row: &[u8], x: &[f32]) -> f32 {
     let mut acc = [[f32x4_splat(0.0); 2]; 4];
     for c in (0..main).step_by(32) {
         for (j, aj) in acc.iter_mut().enumerate() {
-            let w = f16x8_to_f32(load(row, 2 * (c + 8 * j)));
+            // SAFETY: c + 8j + 8 ≤ main ≤ K: 2(c + 8j) + 16 ≤ 2K ≤ row.len() (checked above).
+            let w = f16x8_to_f32(unsafe { ld(row, 2 * (c + 8 * j)) });
             for (h, a) in aj.iter_mut().enumerate() {
-                let xv = load(x, c + 8 * j + 4 * h);
+                // SAFETY: c + 8j + 4h + 4 ≤ main ≤ K = x.len().
+                let xv = unsafe { ld(x, c + 8 * j + 4 * h) };
                 *a = f32x4_add(*a, f32x4_mul(w[h], xv));
             }
         }

@@ -1,0 +1,541 @@
+//! The engine for the web: what `wasm-bindgen` exports to JavaScript.
+//!
+//! JavaScript sees two classes (the npm package's `bitnet.js` wraps them in the documented
+//! `Model` API; `scripts/build-web` builds the package):
+//!
+//! - [`Loader`]: the model file's bytes, pushed in chunks as they arrive (a fetch, a `File`,
+//!   a cache entry), into one buffer reserved up front, so the page never holds the file
+//!   twice; `finish` turns them into a model.
+//! - [`WebModel`]: tokenize, logits of the last position, and a generation taken one token
+//!   at a time (`start`, `next`, `finish`), so the caller returns to its event loop between
+//!   tokens (streaming, a Stop button).
+//!
+//! Every failure is a JavaScript `Error` carrying the engine's message. The same code
+//! compiles natively, where its tests run.
+
+use std::sync::Arc;
+
+use bitnet_engine::{
+    ContextPolicy, Engine, GenParams, Generation, LmHeadFormat, LoadOptions, Session,
+};
+use bitnet_gguf::{GgufFile, Limits};
+use bitnet_model::{Numerics, Outputs};
+use bitnet_sampling::SamplerParams;
+use bitnet_tokenizer::{ChatMessage, ChatRole};
+use serde::{Deserialize, Serialize};
+use wasm_bindgen::prelude::*;
+
+/// An error as JavaScript sees it: an `Error` whose message is the engine's.
+type JsResult<T> = Result<T, JsError>;
+
+fn err(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+/// A JavaScript number that is a whole number from 0 to 2^53 (every such number is exact).
+fn js_uint(v: f64) -> Option<u64> {
+    if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= 9_007_199_254_740_992.0 {
+        // Checked just above: whole, in range, so the conversion is exact.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Some(v as u64)
+    } else {
+        None
+    }
+}
+
+/// The model file, arriving in chunks.
+#[wasm_bindgen]
+#[derive(Debug, Default)]
+pub struct Loader {
+    bytes: Vec<u8>,
+}
+
+#[wasm_bindgen]
+impl Loader {
+    /// An empty loader with room for `size` bytes (the file's size when known, else 0): the
+    /// whole buffer is reserved once, so it is never copied while growing.
+    #[wasm_bindgen(constructor)]
+    pub fn new(size: f64) -> JsResult<Loader> {
+        let mut bytes = Vec::new();
+        if size != 0.0 {
+            let n = js_uint(size)
+                .ok_or_else(|| err(format!("size {size}: give the file's size in bytes, or 0")))
+                .and_then(|n| {
+                    usize::try_from(n)
+                        .map_err(|_| err(format!("a model of {size} bytes does not fit in memory")))
+                })?;
+            bytes.try_reserve_exact(n).map_err(|_| {
+                err(format!(
+                    "cannot reserve {} MiB for the model: out of memory",
+                    n >> 20
+                ))
+            })?;
+        }
+        Ok(Loader { bytes })
+    }
+
+    /// Append the next chunk of the file.
+    pub fn push(&mut self, chunk: &[u8]) -> JsResult<()> {
+        self.bytes.try_reserve(chunk.len()).map_err(|_| {
+            err(format!(
+                "out of memory after {} MiB of the model",
+                self.bytes.len() >> 20
+            ))
+        })?;
+        self.bytes.extend_from_slice(chunk);
+        Ok(())
+    }
+
+    /// Bytes received so far.
+    #[wasm_bindgen(getter)]
+    pub fn received(&self) -> f64 {
+        self.bytes.len() as f64
+    }
+
+    /// Parse the file and build the model (`options`: see [`ModelOptions`]).
+    pub fn finish(self, options: JsValue) -> JsResult<WebModel> {
+        let opts: ModelOptions = if options.is_undefined() || options.is_null() {
+            ModelOptions::default()
+        } else {
+            serde_wasm_bindgen::from_value(options).map_err(err)?
+        };
+        WebModel::from_bytes(self.bytes, &opts).map_err(err)
+    }
+}
+
+/// What [`Loader::finish`] accepts (all optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ModelOptions {
+    /// Context positions of the session (default: the model's, at most 4096).
+    pub ctx_size: Option<usize>,
+    /// The LM head: `"f16"` (the file's, default), `"q8_0"` or `"q4_0"` (built at load).
+    pub lm_head: Option<String>,
+    /// `"fast"` (default) or `"exact"`.
+    pub numerics: Option<String>,
+}
+
+/// What one generation does (all optional; the defaults are llama.cpp's).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GenerateOptions {
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<i32>,
+    pub top_p: Option<f32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<usize>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// A 64-bit seed, as a number (an integer up to 2^53).
+    pub seed: Option<f64>,
+    pub stop: Option<Vec<String>>,
+}
+
+impl GenerateOptions {
+    fn params(&self) -> Result<GenParams, String> {
+        let d = SamplerParams::default();
+        let seed = match self.seed {
+            None => d.seed,
+            Some(s) => {
+                js_uint(s).ok_or_else(|| format!("seed {s}: use an integer from 0 to 2^53"))?
+            }
+        };
+        let sampler = SamplerParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            repeat_last_n: self.repeat_last_n.unwrap_or(d.repeat_last_n),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            seed,
+        };
+        sampler.validate().map_err(|e| e.to_string())?;
+        Ok(GenParams {
+            max_tokens: self.max_tokens.unwrap_or(GenParams::default().max_tokens),
+            sampler,
+            stop: self.stop.clone().unwrap_or_default(),
+            // A page's chat ends its reply when the context fills instead of failing.
+            context_policy: ContextPolicy::Stop,
+        })
+    }
+}
+
+/// One chat message from JavaScript: `{ role, content }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsMessage {
+    role: String,
+    content: String,
+}
+
+/// What [`WebModel::info`] returns.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Info {
+    arch: String,
+    n_vocab: usize,
+    n_ctx: usize,
+    n_ctx_train: usize,
+    n_layer: usize,
+    n_embd: usize,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    device: &'static str,
+    isa: &'static str,
+    file_bytes: f64,
+    /// The module's linear memory now (it only grows: the peak so far); 0 natively.
+    memory_bytes: f64,
+}
+
+/// Bytes of the WebAssembly module's linear memory (0 when not compiled to wasm32).
+fn memory_bytes() -> f64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        core::arch::wasm32::memory_size(0) as f64 * 65536.0
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        0.0
+    }
+}
+
+/// One streamed token: `{ token, text }`.
+#[derive(Debug, Serialize)]
+struct JsPiece {
+    token: u32,
+    text: String,
+}
+
+/// What ends a generation: `{ text, finishReason, promptTokens, cachedTokens,
+/// generatedTokens, promptMs, generationMs }` (`text`: what was held back to the end).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsDone {
+    text: String,
+    finish_reason: &'static str,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    generated_tokens: usize,
+    prompt_ms: f64,
+    generation_ms: f64,
+}
+
+fn to_js<T: Serialize>(v: &T) -> JsResult<JsValue> {
+    v.serialize(&serde_wasm_bindgen::Serializer::json_compatible())
+        .map_err(err)
+}
+
+/// A loaded model with its one session (the KV cache that consecutive calls share).
+#[wasm_bindgen]
+#[derive(Debug)]
+pub struct WebModel {
+    engine: Engine,
+    session: Session,
+    generation: Option<Generation>,
+}
+
+impl WebModel {
+    /// Build a model from a whole GGUF file in memory (no threads: the pool runs on the
+    /// calling thread).
+    pub fn from_bytes(bytes: Vec<u8>, o: &ModelOptions) -> Result<WebModel, String> {
+        let file = GgufFile::from_bytes(bytes, &Limits::default()).map_err(|e| e.to_string())?;
+        let lm_head = match o.lm_head.as_deref() {
+            None | Some("f16") => LmHeadFormat::File,
+            Some("q8_0") => LmHeadFormat::Q8_0,
+            Some("q4_0") => LmHeadFormat::Q4_0,
+            Some(o) => return Err(format!("lmHead {o:?}: use \"f16\", \"q8_0\" or \"q4_0\"")),
+        };
+        let numerics: Numerics = match o.numerics.as_deref() {
+            None => Numerics::Fast,
+            Some(s) => s.parse()?,
+        };
+        let opts = LoadOptions {
+            threads: 1,
+            numerics,
+            lm_head,
+            ..LoadOptions::default()
+        };
+        let engine = bitnet_engine::load_file(Arc::new(file), &opts, &mut |_| {})
+            .map_err(|e| e.to_string())?;
+        let n_ctx_train = engine.model().config.n_ctx_train;
+        let n_ctx = match o.ctx_size {
+            Some(0) => return Err("ctxSize 0: must be at least 1".into()),
+            Some(n) => n.min(n_ctx_train),
+            None => n_ctx_train.min(4096),
+        };
+        let session = engine.new_session(n_ctx).map_err(|e| e.to_string())?;
+        Ok(WebModel {
+            engine,
+            session,
+            generation: None,
+        })
+    }
+
+    /// The logits of the last position after `ids`, evaluated from the start.
+    pub fn last_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, String> {
+        if ids.is_empty() {
+            return Err(bitnet_engine::EngineError::EmptyPrompt.to_string());
+        }
+        self.generation = None;
+        self.session.reset();
+        self.engine
+            .eval(&mut self.session, ids, Outputs::Last)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Begin generating after `ids` (the cached prefix they share with the session is
+    /// reused).
+    pub fn start_ids(&mut self, ids: &[u32], o: &GenerateOptions) -> Result<(), String> {
+        let params = o.params()?;
+        self.generation = None;
+        let g = self
+            .engine
+            .start(&mut self.session, ids, false, &params)
+            .map_err(|e| e.to_string())?;
+        self.generation = Some(g);
+        Ok(())
+    }
+
+    /// The next token of the generation and its text; `None` when it has ended.
+    pub fn next_piece(&mut self) -> Result<Option<(u32, String)>, String> {
+        let Some(g) = self.generation.as_mut() else {
+            return Err("no generation in progress: call start first".into());
+        };
+        match g.next_piece(&self.engine, &mut self.session) {
+            Ok(p) => Ok(p.map(|p| (p.token, p.text))),
+            Err(e) => {
+                self.generation = None;
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// The tokenizer's ids of a conversation, ready for the assistant's reply.
+    pub fn chat_ids(&self, messages: &[(String, String)]) -> Result<Vec<u32>, String> {
+        let msgs = messages
+            .iter()
+            .map(|(role, content)| {
+                let role = match role.as_str() {
+                    "system" | "developer" => ChatRole::System,
+                    "user" => ChatRole::User,
+                    "assistant" => ChatRole::Assistant,
+                    o => {
+                        return Err(format!(
+                            "role {o:?}: use \"system\", \"user\" or \"assistant\""
+                        ))
+                    }
+                };
+                Ok(ChatMessage::new(role, content.clone()))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        self.engine
+            .tokenizer
+            .encode_chat(&msgs, true)
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[wasm_bindgen]
+impl WebModel {
+    /// Facts about the model: `{ arch, nVocab, nCtx, nCtxTrain, nLayer, nEmbd, bos, eos,
+    /// device, isa, fileBytes, memoryBytes }`.
+    pub fn info(&self) -> JsResult<JsValue> {
+        let c = &self.engine.model().config;
+        to_js(&Info {
+            arch: c.arch.clone(),
+            n_vocab: c.n_vocab,
+            n_ctx: self.session.n_ctx(),
+            n_ctx_train: c.n_ctx_train,
+            n_layer: c.n_layer,
+            n_embd: c.n_embd,
+            bos: self.engine.tokenizer.bos(),
+            eos: self.engine.tokenizer.eos(),
+            device: "cpu",
+            isa: bitnet_kernels::isa().name(),
+            file_bytes: self.engine.file().file_size() as f64,
+            memory_bytes: memory_bytes(),
+        })
+    }
+
+    /// Token ids of `text`: BOS first with `addBos` (when the model asks for one),
+    /// special-token text parsed as those tokens with `special`.
+    pub fn tokenize(&self, text: &str, add_bos: bool, special: bool) -> JsResult<Vec<u32>> {
+        let t = &self.engine.tokenizer;
+        t.encode(text, add_bos && t.add_bos(), special).map_err(err)
+    }
+
+    /// The text of `ids`.
+    pub fn detokenize(&self, ids: &[u32]) -> JsResult<String> {
+        self.engine.tokenizer.decode(ids).map_err(err)
+    }
+
+    /// The ids of a conversation (`[{ role, content }]`) with the model's chat template,
+    /// ending where the assistant's reply begins.
+    #[wasm_bindgen(js_name = chatTokens)]
+    pub fn chat_tokens(&self, messages: JsValue) -> JsResult<Vec<u32>> {
+        let msgs: Vec<JsMessage> = serde_wasm_bindgen::from_value(messages).map_err(err)?;
+        let pairs: Vec<(String, String)> = msgs.into_iter().map(|m| (m.role, m.content)).collect();
+        self.chat_ids(&pairs).map_err(err)
+    }
+
+    /// The logits at the last of `ids` (a `Float32Array` of `nVocab`).
+    pub fn logits(&mut self, ids: &[u32]) -> JsResult<Vec<f32>> {
+        self.last_logits(ids).map_err(err)
+    }
+
+    /// Begin a generation after `ids` (`options`: see [`GenerateOptions`]); the prompt is
+    /// evaluated here.
+    pub fn start(&mut self, ids: &[u32], options: JsValue) -> JsResult<()> {
+        let o: GenerateOptions = if options.is_undefined() || options.is_null() {
+            GenerateOptions::default()
+        } else {
+            serde_wasm_bindgen::from_value(options).map_err(err)?
+        };
+        self.start_ids(ids, &o).map_err(err)
+    }
+
+    /// The next token: `{ token, text }`, or `null` when the generation has ended.
+    #[wasm_bindgen(js_name = next)]
+    pub fn next_token(&mut self) -> JsResult<JsValue> {
+        match self.next_piece().map_err(err)? {
+            Some((token, text)) => to_js(&JsPiece { token, text }),
+            None => Ok(JsValue::NULL),
+        }
+    }
+
+    /// End the generation (a Stop, or after `next` returned `null`): the text held back
+    /// to the end and the statistics.
+    pub fn finish(&mut self) -> JsResult<JsValue> {
+        let Some(g) = self.generation.take() else {
+            return Err(err("no generation in progress: call start first"));
+        };
+        let (text, s) = g.finish();
+        to_js(&JsDone {
+            text,
+            finish_reason: match s.finish {
+                bitnet_engine::FinishReason::Eog => "stop",
+                bitnet_engine::FinishReason::StopString => "stop",
+                bitnet_engine::FinishReason::Length => "length",
+                bitnet_engine::FinishReason::Cancelled => "cancelled",
+            },
+            prompt_tokens: s.prompt_tokens,
+            cached_tokens: s.cached_tokens,
+            generated_tokens: s.generated_tokens,
+            prompt_ms: s.prompt_time.as_secs_f64() * 1e3,
+            generation_ms: s.generation_time.as_secs_f64() * 1e3,
+        })
+    }
+
+    /// Forget the session's cache (the next generation evaluates its whole prompt).
+    pub fn reset(&mut self) {
+        self.generation = None;
+        self.session.reset();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> WebModel {
+        let bytes = bitnet_testdata::read("tiny/bitnet-tiny-i2_s.gguf");
+        WebModel::from_bytes(bytes, &ModelOptions::default()).unwrap()
+    }
+
+    /// A generation taken token by token gives what the engine's own loop gives.
+    #[test]
+    fn stepped_generation_is_the_engines_generation() {
+        let mut m = tiny();
+        let ids = m
+            .engine
+            .tokenizer
+            .encode("Once upon a time", true, false)
+            .unwrap();
+        let o = GenerateOptions {
+            max_tokens: Some(20),
+            temperature: Some(0.0),
+            ..Default::default()
+        };
+        m.start_ids(&ids, &o).unwrap();
+        let mut text = String::new();
+        let mut tokens = Vec::new();
+        while let Some((t, piece)) = m.next_piece().unwrap() {
+            tokens.push(t);
+            text.push_str(&piece);
+        }
+        let (tail, stats) = m.generation.take().unwrap().finish();
+        text.push_str(&tail);
+        assert_eq!(stats.generated_tokens, tokens.len());
+
+        let mut s = m.engine.new_session(512).unwrap();
+        let mut want = String::new();
+        let mut want_tokens = Vec::new();
+        m.engine
+            .generate(&mut s, &ids, false, &o.params().unwrap(), &mut |e| {
+                match e {
+                    bitnet_engine::Event::Token(t) => want_tokens.push(t),
+                    bitnet_engine::Event::Text(t) => want.push_str(t),
+                }
+                true
+            })
+            .unwrap();
+        assert_eq!(tokens, want_tokens);
+        assert_eq!(text, want);
+    }
+
+    #[test]
+    fn bad_files_and_options_are_errors() {
+        let e = WebModel::from_bytes(b"not a model at all".to_vec(), &ModelOptions::default());
+        assert!(e.is_err());
+        let bytes = bitnet_testdata::read("tiny/bitnet-tiny-i2_s.gguf");
+        let half = bytes[..bytes.len() / 2].to_vec();
+        assert!(WebModel::from_bytes(half, &ModelOptions::default()).is_err());
+        let o = ModelOptions {
+            lm_head: Some("q9".into()),
+            ..Default::default()
+        };
+        assert!(WebModel::from_bytes(bytes.clone(), &o)
+            .unwrap_err()
+            .contains("lmHead"));
+        let o = ModelOptions {
+            ctx_size: Some(0),
+            ..Default::default()
+        };
+        assert!(WebModel::from_bytes(bytes, &o).is_err());
+        for bad in [-1.0, 0.5, f64::NAN, 1e300] {
+            let o = GenerateOptions {
+                seed: Some(bad),
+                ..Default::default()
+            };
+            assert!(o.params().unwrap_err().contains("seed"), "{bad}");
+        }
+        let o = GenerateOptions {
+            top_p: Some(2.0),
+            ..Default::default()
+        };
+        assert!(o.params().is_err());
+        let mut m = tiny();
+        assert!(m.last_logits(&[]).is_err());
+        assert!(m.last_logits(&[u32::MAX]).is_err());
+        assert!(m.next_piece().is_err(), "no generation started");
+        assert!(m
+            .chat_ids(&[("robot".into(), "hi".into())])
+            .unwrap_err()
+            .contains("role"));
+    }
+
+    #[test]
+    fn js_numbers_that_are_whole_and_in_range() {
+        assert_eq!(js_uint(0.0), Some(0));
+        assert_eq!(js_uint(4096.0), Some(4096));
+        assert_eq!(js_uint(9_007_199_254_740_992.0), Some(1 << 53));
+        for bad in [-1.0, 0.5, f64::NAN, f64::INFINITY, 1e17] {
+            assert_eq!(js_uint(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,110 @@
+// The npm package and the chat page in a real browser: Debian's Chromium, headless, driven
+// over the DevTools protocol, the package served over HTTP from BITNET_WEB_PKG (default
+// target/web) with the golden files beside it. Checks the tiny golden model's logits against
+// bitnet.cpp's with the fast gates and greedy text against the native CLI (BITNET_CLI), then
+// chats on the page (streaming, Stop) and chats again with the server gone (the page and the
+// model from the browser's caches). Without Chromium the tests fail when CI is set and are
+// skipped, saying so, otherwise. Run by scripts/test-wasm.
+import assert from "node:assert/strict";
+import { resolve } from "node:path";
+import { after, before, test } from "node:test";
+import { Browser, findChromium, serve } from "./chromium.mjs";
+import { PROMPTS, cli, f32s, gates, golden, modelPath, native as nativeBytes, pkg, promptText, reference, sameGreedy } from "./common.mjs";
+
+const native = (args) => nativeBytes(args).toString("utf8");
+
+const chromium = findChromium();
+if (!chromium && process.env.CI) throw new Error("no Chromium found: CI must install it (apt-get install chromium)");
+const skip = chromium ? false : "no Chromium found (chromium, chromium-browser, google-chrome or $BITNET_CHROMIUM)";
+if (skip) console.log(`# SKIPPING the browser tests: ${skip}`);
+if (!skip && !cli) throw new Error("BITNET_CLI must name the native bitnet binary (scripts/test-wasm sets it)");
+
+let server, base, browser;
+before(async () => {
+  if (skip) return;
+  server = await serve(pkg, { golden });
+  base = `http://127.0.0.1:${server.address().port}`;
+  browser = await Browser.launch(chromium);
+});
+after(async () => {
+  await browser?.close();
+  server?.close();
+});
+
+test("the package in Chromium: logits pass the gates, greedy text equals the native CLI's", { skip }, async () => {
+  await browser.goto(`${base}/index.html`);
+  const ua = await browser.eval("navigator.userAgent");
+  const ids = PROMPTS.map((p) => reference(p).prompt_tokens);
+  const texts = PROMPTS.map(promptText);
+  const r = await browser.eval(`(async () => {
+    const { Model } = await import("/bitnet.js");
+    const m = await Model.load("/golden/bitnet-tiny-i2_s.gguf", { device: "cpu", cache: false });
+    const logits = ${JSON.stringify(ids)}.map((ids) => Array.from(m.logits(ids)));
+    const texts = [];
+    for (const t of ${JSON.stringify(texts)}) {
+      const g = await m.generate(t, { maxTokens: 24, temperature: 0 });
+      texts.push({ text: g.text, tokens: g.tokens, prompt: Array.from(m.tokenize(t)) });
+    }
+    const info = m.info;
+    m.free();
+    return { logits, texts, info };
+  })()`);
+  console.log(`# ${ua.match(/Chrome\/[\d.]+/)?.[0]}, wasm tier ${r.info.isa}`);
+  PROMPTS.forEach((p, i) => {
+    const g = gates(Float32Array.from(r.logits[i]), f32s(resolve(golden, `${p}.logits.f32`)), p);
+    console.log(`# ${p}: max |Δ| ${g.maxd.toFixed(4)}, cos ${g.cos.toFixed(6)}`);
+    const want = native(["run", "-m", modelPath, "-p", texts[i], "-n", "24", "--temp", "0", "--no-echo"]);
+    sameGreedy(p, r.texts[i].prompt, r.texts[i], want);
+  });
+});
+
+test("the chat page: a message in, streamed text out, Stop, and offline after the first load", { skip }, async () => {
+  const model = `${base}/golden/bitnet-tiny-i2_s.gguf`;
+  await browser.goto(`${base}/index.html?model=${encodeURIComponent(model)}`);
+  await browser.waitFor("window.bitnetChat && bitnetChat.ready", 30000);
+  const setField = (id, v) => browser.eval(`document.getElementById(${JSON.stringify(id)}).value = ${JSON.stringify(v)}, true`);
+  await setField("temperature", "0");
+  await setField("max-tokens", "16");
+  await browser.eval(`window.__tokens = 0; addEventListener("bitnet-token", () => window.__tokens++), true`);
+  await setField("input", "Name three colors.");
+  await browser.eval(`document.getElementById("send").click(), true`);
+  await browser.waitFor("bitnetChat.last && !bitnetChat.busy");
+  const want = native(["run", "-m", modelPath, "--chat", "-p", "Name three colors.", "-n", "16", "--temp", "0"]);
+  const last = await browser.eval("bitnetChat.last");
+  const chatIds = await browser.eval(`import("/bitnet.js").then(async ({ Model }) => {
+    const m = await Model.load("/golden/bitnet-tiny-i2_s.gguf", { cache: false });
+    const ids = Array.from(m.chatTokens([{ role: "user", content: "Name three colors." }]));
+    m.free();
+    return ids;
+  })`);
+  sameGreedy("page", chatIds, last, want);
+  assert.equal(await browser.eval("document.querySelector('.msg.assistant .body').textContent"), last.text);
+  assert.ok((await browser.eval("window.__tokens")) >= 2, "the reply streamed in pieces");
+
+  // Stop: a long reply, stopped at its first piece.
+  await setField("max-tokens", "400");
+  await browser.eval(`bitnetChat.last = null; addEventListener("bitnet-token", () => document.getElementById("stop").click(), { once: true }), true`);
+  await setField("input", "Tell me a long story.");
+  await browser.eval(`document.getElementById("send").click(), true`);
+  await browser.waitFor("bitnetChat.last && !bitnetChat.busy");
+  const stopped = await browser.eval("bitnetChat.last");
+  assert.equal(stopped.finishReason, "cancelled");
+  assert.ok(stopped.generatedTokens < 400, `stopped after ${stopped.generatedTokens} tokens`);
+  assert.equal(await browser.eval("bitnetChat.messages.length"), 4);
+
+  // Offline: the server goes away; the page (service worker) and the model (Cache Storage) stay.
+  assert.ok(await browser.eval(`import("/bitnet.js").then((b) => b.isCached(${JSON.stringify(model)}))`), "the model is cached");
+  await browser.waitFor("navigator.serviceWorker.controller || navigator.serviceWorker.ready.then(() => true)");
+  await browser.eval("navigator.serviceWorker.ready.then(() => true)");
+  await new Promise((r) => server.close(r));
+  server.closeAllConnections?.();
+  server = null;
+  await browser.goto(`${base}/index.html?model=${encodeURIComponent(model)}`);
+  await browser.waitFor("window.bitnetChat && bitnetChat.ready", 30000);
+  await setField("max-tokens", "16");
+  await setField("temperature", "0");
+  await setField("input", "Name three colors.");
+  await browser.eval(`document.getElementById("send").click(), true`);
+  await browser.waitFor("bitnetChat.last && !bitnetChat.busy");
+  assert.equal((await browser.eval("bitnetChat.last")).text, last.text);
+});
