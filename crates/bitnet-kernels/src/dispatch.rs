@@ -214,6 +214,7 @@ mod tests {
         for i in [
             Isa::Scalar,
             Isa::Neon,
+            Isa::Simd128,
             Isa::Avx2,
             Isa::Avx2Lut,
             Isa::AvxVnni,

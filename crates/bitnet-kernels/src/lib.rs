@@ -27,6 +27,7 @@
 pub mod act;
 pub mod aligned;
 pub mod attn;
+pub mod check;
 mod cpu;
 mod dispatch;
 mod error;

@@ -16,7 +16,8 @@ pub enum Isa {
     Scalar,
     /// aarch64 NEON (dotprod used when the CPU has it).
     Neon,
-    /// WebAssembly SIMD (`simd128`), compiled in when the module is built with it.
+    /// WebAssembly SIMD (`simd128`), compiled in when the module is built with it (named
+    /// `simd128-relaxed` in a module built with `relaxed-simd` too).
     Simd128,
     /// x86-64 AVX2 + FMA + F16C (the I2_S panel GEMM on `vpmaddubsw`).
     Avx2,
@@ -42,6 +43,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Neon => "neon",
+            Isa::Simd128 if cfg!(target_feature = "relaxed-simd") => "simd128-relaxed",
             Isa::Simd128 => "simd128",
             Isa::Avx2 => "avx2",
             Isa::Avx2Lut => "avx2lut",
@@ -57,7 +59,7 @@ impl Isa {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" => Some(Isa::Scalar),
             "neon" => Some(Isa::Neon),
-            "simd128" => Some(Isa::Simd128),
+            "simd128" | "simd128-relaxed" => Some(Isa::Simd128),
             "avx2" => Some(Isa::Avx2),
             "avx2lut" => Some(Isa::Avx2Lut),
             "avxvnni" => Some(Isa::AvxVnni),

@@ -165,8 +165,8 @@ fn shapes(layout: TernaryLayout, rng: &mut Rng) -> Vec<(usize, usize)> {
         (13, 2 * km.max(128)),
         (37, 512),
         (150, km.max(128)),
-        // 17 blocks of 128: past the 16 a multi-token kernel may decode at once, with a
-        // ragged last group of the 4 that an i16 sum may hold (the simd128 tier).
+        // 17 blocks of 128: a ragged last group of the 4 blocks that an i16 sum may hold
+        // (the simd128 tier).
         (3, 17 * km.max(128)),
     ];
     for _ in 0..6 {

@@ -1,7 +1,10 @@
 // Prompt and decode speed of the npm package (WebAssembly, one thread), under Node or in
 // headless Chromium, beside the native CLI at one thread in the same run:
-//   node crates/bitnet-web/bench/bench.mjs MODEL.gguf [--browser] [--native target/release/bitnet]
-//        [--pkg target/web] [-p 64] [-n 32] [-r 3]
+//   node [--experimental-websocket] crates/bitnet-web/bench/bench.mjs MODEL.gguf [--browser]
+//        [--native target/release/bitnet] [--wasm auto|simd128|relaxed] [--lm-head f16|q8_0]
+//        [--pkg target/web]
+//        [-p 64] [-n 32] [-r 3]
+// (--browser drives Chromium over a WebSocket, which Node 20 has behind that flag)
 // prints a table like `bitnet bench`'s: tok/s (best of -r), and the ratio to native.
 import { execFileSync } from "node:child_process";
 import { basename, dirname, resolve } from "node:path";
@@ -26,17 +29,19 @@ const reps = Number(take("-r", 3));
 const pkg = resolve(take("--pkg", "target/web"));
 const nativeCli = take("--native", null);
 const browser = flag("--browser");
+const wasm = take("--wasm", "auto");
+const lmHead = take("--lm-head", "f16");
 const [modelArg] = args;
 if (!modelArg) {
-  console.error("usage: bench.mjs MODEL.gguf [--browser] [--native BITNET] [--pkg DIR] [-p 64] [-n 32] [-r 3]");
+  console.error("usage: bench.mjs MODEL.gguf [--browser] [--native BITNET] [--wasm KIND] [--pkg DIR] [-p 64] [-n 32] [-r 3]");
   process.exit(2);
 }
 const modelPath = resolve(modelArg);
 
 /** The measurement, run where the package runs (Node, or the page: it is sent as text). */
-async function measure(Model, source, nPrompt, nGen, reps) {
+async function measure(Model, source, nPrompt, nGen, reps, wasm, lmHead) {
   const t0 = performance.now();
-  const m = await Model.load(source, { device: "cpu", ctxSize: nPrompt + nGen + 8, cache: false });
+  const m = await Model.load(source, { device: "cpu", ctxSize: nPrompt + nGen + 8, cache: false, wasm, lmHead });
   const loadMs = performance.now() - t0;
   const info = m.info;
   const ids = Array.from({ length: nPrompt }, (_, i) => (i * 7919 + 13) % info.nVocab);
@@ -69,7 +74,7 @@ if (browser) {
     const ua = await b.eval("navigator.userAgent");
     where = `headless ${ua.match(/(Headless)?Chrome\/[\d.]+/)?.[0] ?? "Chromium"}`;
     r = await b.eval(`import("/bitnet.js").then(({ Model }) =>
-      (${measure.toString()})(Model, "/model/${basename(modelPath)}", ${nPrompt}, ${nGen}, ${reps}))`);
+      (${measure.toString()})(Model, "/model/${basename(modelPath)}", ${nPrompt}, ${nGen}, ${reps}, ${JSON.stringify(wasm)}, ${JSON.stringify(lmHead)}))`);
   } finally {
     await b.close();
     server.close();
@@ -77,17 +82,17 @@ if (browser) {
 } else {
   const { Model } = await import(pathToFileURL(resolve(pkg, "bitnet.js")).href);
   where = `Node ${process.versions.node}`;
-  r = await measure(Model, modelPath, nPrompt, nGen, reps);
+  r = await measure(Model, modelPath, nPrompt, nGen, reps, wasm, lmHead);
 }
 
 let native = null;
 if (nativeCli) {
-  const out = execFileSync(nativeCli, ["bench", "-m", modelPath, "-p", String(nPrompt), "-n", String(nGen), "-t", "1", "-r", String(reps)], { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] });
+  const out = execFileSync(nativeCli, ["bench", "-m", modelPath, "-p", String(nPrompt), "-n", String(nGen), "-t", "1", "-r", String(reps), "--lm-head", lmHead], { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] });
   const rate = (name) => Number(out.split("\n").find((l) => l.startsWith(name + " "))?.trim().split(/\s+/)[2]);
   native = { pp: rate(`pp${nPrompt}`), tg: rate(`tg${nGen}`) };
 }
 const mib = (n) => (n / 1048576).toFixed(0) + " MiB";
-console.log(`model ${modelArg} | ${r.layers} layers, n_embd ${r.embd} | ${where}, wasm tier ${r.isa} | load ${(r.loadMs / 1e3).toFixed(2)} s | wasm memory ${mib(r.memoryBytes)}`);
+console.log(`model ${modelArg} | ${r.layers} layers, n_embd ${r.embd} | head ${lmHead} | ${where}, wasm tier ${r.isa} | load ${(r.loadMs / 1e3).toFixed(2)} s | wasm memory ${mib(r.memoryBytes)}`);
 console.log(["test", "wasm tok/s", "native 1-thread tok/s", "ratio"].join("\t"));
 for (const [name, v, n] of [[`pp${nPrompt}`, r.pp, native?.pp], [`tg${nGen}`, r.tg, native?.tg]]) {
   console.log([name, v.toFixed(2), n ? n.toFixed(2) : "-", n ? (v / n).toFixed(3) : "-"].join("\t"));

@@ -21,6 +21,9 @@ export interface LoadOptions {
   numerics?: "fast" | "exact";
   /** false: do not use Cache Storage for a URL. */
   cache?: boolean;
+  /** The package's module that runs the model: "auto" (default: "relaxed" where the engine
+   * computes relaxed SIMD right), "simd128" or "relaxed". */
+  wasm?: "auto" | "simd128" | "relaxed";
 }
 
 export interface ModelInfo {
@@ -92,5 +95,7 @@ export class Model {
 }
 
 export function isCached(url: string): Promise<boolean>;
+export function hasRelaxedSimd(): boolean;
+export function selfTest(wasm?: "auto" | "simd128" | "relaxed", rounds?: number): Promise<{ tier: string; compared: number }>;
 export function clearCache(url?: string): Promise<boolean>;
 export default Model;

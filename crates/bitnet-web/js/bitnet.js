@@ -1,26 +1,66 @@
 // bitnet-rs in JavaScript: BitNet b1.58 models in the browser and in Node, on the CPU
 // (WebAssembly). `Model.load` takes a URL, a File/Blob or the file's bytes.
-import init, { Loader, WebModel } from "./bitnet_web.js";
-
 const isNode = typeof process !== "undefined" && process.versions != null && process.versions.node != null;
 const CACHE_NAME = "bitnet-models";
 
-let ready = null;
+// A module whose one function returns lane 0 of i32x4.relaxed_dot_i8x16_i7x16_add_s over
+// sixteen −1s and sixteen 2s: −8 where the engine computes relaxed SIMD's dot product as
+// defined (some engines that validate it get it wrong, and are given the simd128 module).
+const RELAXED_PROBE = (() => {
+  const v = (byte) => [0xfd, 0x0c, ...new Array(16).fill(byte)];
+  const body = [0x00, ...v(0xff), ...v(2), ...v(0), 0xfd, 0x93, 0x02, 0xfd, 0x1b, 0x00, 0x0b];
+  return new Uint8Array([
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7f,
+    0x03, 0x02, 0x01, 0x00, 0x07, 0x05, 0x01, 0x01, 0x66, 0x00, 0x00,
+    0x0a, body.length + 2, 0x01, body.length, ...body,
+  ]);
+})();
 
-/** Load and instantiate the WebAssembly module once. */
-function initWasm() {
-  if (!ready) {
-    ready = (async () => {
-      const url = new URL("./bitnet_web_bg.wasm", import.meta.url);
+/** Whether this engine runs relaxed SIMD's integer dot product as defined. */
+export function hasRelaxedSimd() {
+  try {
+    const m = new WebAssembly.Instance(new WebAssembly.Module(RELAXED_PROBE));
+    return m.exports.f() === -8;
+  } catch {
+    return false;
+  }
+}
+
+const modules = new Map();
+
+/** Load and instantiate one of the package's WebAssembly modules once: "relaxed" (relaxed
+ * SIMD), "simd128", or "auto" (relaxed where it runs right). Returns its bindings. */
+function initWasm(kind = "auto") {
+  if (kind === "auto") kind = hasRelaxedSimd() ? "relaxed" : "simd128";
+  if (kind !== "relaxed" && kind !== "simd128") {
+    return Promise.reject(new Error(`wasm ${JSON.stringify(kind)}: use "auto", "simd128" or "relaxed"`));
+  }
+  if (!modules.has(kind)) {
+    modules.set(kind, (async () => {
+      const name = kind === "relaxed" ? "bitnet_web_relaxed" : "bitnet_web";
+      const glue = await import(`./${name}.js`);
+      const url = new URL(`./${name}_bg.wasm`, import.meta.url);
       if (isNode && url.protocol === "file:") {
         const fs = await import("node:fs/promises");
-        await init({ module_or_path: await fs.readFile(url) });
+        await glue.default({ module_or_path: await fs.readFile(url) });
       } else {
-        await init({ module_or_path: url });
+        await glue.default({ module_or_path: url });
       }
-    })();
+      return glue;
+    })());
   }
-  return ready;
+  return modules.get(kind);
+}
+
+/** Check the kernels of a module ("auto", "simd128", "relaxed") against its scalar kernels
+ * on random ternary matmuls; resolves to `{ tier, compared }`, rejects on a difference. */
+export async function selfTest(kind = "auto", rounds = 16) {
+  const glue = await initWasm(kind);
+  try {
+    return { tier: glue.kernelTier(), compared: glue.selfTest(rounds) };
+  } catch (e) {
+    throw asError(e);
+  }
 }
 
 /** Turn whatever the engine threw into an Error with its message. */
@@ -61,7 +101,7 @@ function isUrlLike(source) {
 }
 
 /** Fill a Loader from `source`. */
-async function readSource(source, opts) {
+async function readSource(Loader, source, opts) {
   const onProgress = opts.onProgress;
   if (source instanceof Uint8Array || source instanceof ArrayBuffer) {
     const bytes = source instanceof Uint8Array ? source : new Uint8Array(source);
@@ -93,13 +133,13 @@ async function readSource(source, opts) {
       }
       return loader;
     }
-    return fetchWithCache(text, opts);
+    return fetchWithCache(Loader, text, opts);
   }
   throw new Error("Model.load: the source must be a URL, a File/Blob, an ArrayBuffer or a Uint8Array");
 }
 
 /** Fetch a model with progress; with Cache Storage, keep it for the next visit. */
-async function fetchWithCache(url, opts) {
+async function fetchWithCache(Loader, url, opts) {
   const useCache = opts.cache !== false && typeof caches !== "undefined";
   let cache = null;
   let response = null;
@@ -177,7 +217,8 @@ export class Model {
    * Load a GGUF model. `source`: a URL (fetched with progress and cached), a File/Blob, an
    * ArrayBuffer or a Uint8Array; in Node also a path. Options: `device` ("cpu", "auto" or
    * "webgpu"), `onProgress({phase, loaded, total})`, `ctxSize`, `lmHead` ("f16", "q8_0",
-   * "q4_0"), `numerics` ("fast", "exact"), `cache` (false: skip Cache Storage).
+   * "q4_0"), `numerics` ("fast", "exact"), `cache` (false: skip Cache Storage), `wasm`
+   * ("auto", "simd128" or "relaxed": which of the package's modules runs it).
    */
   static async load(source, options = {}) {
     const device = options.device ?? "auto";
@@ -187,8 +228,8 @@ export class Model {
     if (device === "webgpu") {
       throw new Error('Model.load: this build runs on the CPU only (WebAssembly); use device "cpu" or "auto"');
     }
-    await initWasm();
-    const loader = await readSource(source, options);
+    const glue = await initWasm(options.wasm ?? "auto");
+    const loader = await readSource(glue.Loader, source, options);
     const size = loader.received;
     if (options.onProgress) options.onProgress({ phase: "build", loaded: size, total: size });
     let inner;

@@ -1,7 +1,7 @@
 // Keeps the page's own files for offline use (the model files are cached by bitnet.js):
 // answered from the cache, refreshed from the network when it is there.
 const SHELL = "bitnet-web-shell-v1";
-const FILES = ["./", "index.html", "web.js", "worker.js", "bitnet.js", "bitnet_web.js", "bitnet_web_bg.wasm", "chat.css", "web.css"];
+const FILES = ["./", "index.html", "web.js", "worker.js", "bitnet.js", "bitnet_web.js", "bitnet_web_bg.wasm", "bitnet_web_relaxed.js", "bitnet_web_relaxed_bg.wasm", "chat.css", "web.css"];
 
 self.addEventListener("install", (e) => {
   e.waitUntil(caches.open(SHELL).then((c) => c.addAll(FILES)).then(() => self.skipWaiting()));

@@ -224,6 +224,24 @@ struct JsDone {
     generation_ms: f64,
 }
 
+/// The kernel tier this module runs (`simd128`, or `simd128-relaxed` in the relaxed-SIMD
+/// module).
+#[wasm_bindgen(js_name = kernelTier)]
+pub fn kernel_tier() -> String {
+    bitnet_kernels::isa().name().to_string()
+}
+
+/// The module's kernel tier against the scalar kernels, bit for bit, on `rounds` rounds of
+/// random ternary matmuls: the number of outputs compared, or an `Error` naming the first
+/// difference.
+#[wasm_bindgen(js_name = selfTest)]
+pub fn self_test(rounds: u32) -> JsResult<f64> {
+    let rounds = usize::try_from(rounds).map_err(err)?;
+    bitnet_kernels::check::tier_against_scalar(0x5eed, rounds)
+        .map(|n| n as f64)
+        .map_err(err)
+}
+
 fn to_js<T: Serialize>(v: &T) -> JsResult<JsValue> {
     v.serialize(&serde_wasm_bindgen::Serializer::json_compatible())
         .map_err(err)

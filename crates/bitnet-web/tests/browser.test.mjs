@@ -37,7 +37,8 @@ test("the package in Chromium: logits pass the gates, greedy text equals the nat
   const ids = PROMPTS.map((p) => reference(p).prompt_tokens);
   const texts = PROMPTS.map(promptText);
   const r = await browser.eval(`(async () => {
-    const { Model } = await import("/bitnet.js");
+    const { Model, selfTest } = await import("/bitnet.js");
+    const check = await selfTest("auto", 24);
     const m = await Model.load("/golden/bitnet-tiny-i2_s.gguf", { device: "cpu", cache: false });
     const logits = ${JSON.stringify(ids)}.map((ids) => Array.from(m.logits(ids)));
     const texts = [];
@@ -47,9 +48,14 @@ test("the package in Chromium: logits pass the gates, greedy text equals the nat
     }
     const info = m.info;
     m.free();
-    return { logits, texts, info };
+    return { logits, texts, info, check };
   })()`);
   console.log(`# ${ua.match(/Chrome\/[\d.]+/)?.[0]}, wasm tier ${r.info.isa}`);
+  // Chromium computes relaxed SIMD's dot product: the auto choice is that module, and its
+  // kernels matched the scalar ones bit for bit (selfTest rejects on a difference).
+  assert.equal(r.info.isa, "simd128-relaxed");
+  assert.equal(r.check.tier, "simd128-relaxed");
+  assert.ok(r.check.compared > 10000);
   PROMPTS.forEach((p, i) => {
     const g = gates(Float32Array.from(r.logits[i]), f32s(resolve(golden, `${p}.logits.f32`)), p);
     console.log(`# ${p}: max |Δ| ${g.maxd.toFixed(4)}, cos ${g.cos.toFixed(6)}`);

@@ -10,7 +10,7 @@ import { test } from "node:test";
 import { pathToFileURL } from "node:url";
 import { PROMPTS, f32s, gates, golden, modelPath, native as nativeBytes, pkg, promptText, reference, sameGreedy } from "./common.mjs";
 
-const { Model } = await import(pathToFileURL(resolve(pkg, "bitnet.js")).href);
+const { Model, selfTest, hasRelaxedSimd } = await import(pathToFileURL(resolve(pkg, "bitnet.js")).href);
 const native = (args) => nativeBytes(args).toString("utf8");
 
 const model = await Model.load(modelPath, { device: "cpu", ctxSize: 512 });
@@ -24,6 +24,15 @@ test("the model reports its shapes and the CPU tier", () => {
   assert.equal(info.device, "cpu");
   assert.equal(info.fileBytes, 2680544);
   console.log(`# wasm kernel tier: ${info.isa}`);
+});
+
+test("the simd128 module's kernels match its scalar kernels bit for bit", async () => {
+  const r = await selfTest("simd128", 24);
+  assert.equal(r.tier, "simd128");
+  assert.ok(r.compared > 10000, `${r.compared}`);
+  // The relaxed-SIMD module runs where the engine computes its dot product right (checked
+  // in Chromium by browser.test.mjs); say which this Node is.
+  console.log(`# relaxed SIMD here: ${hasRelaxedSimd()}`);
 });
 
 test("tokenize gives the native tokenizer's ids", () => {

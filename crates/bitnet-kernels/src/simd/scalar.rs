@@ -271,7 +271,7 @@ pub(crate) fn q4_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out:
 
 /// `out[t] = dot(row, codes of token t, scales of token t)`; tokens missing from short
 /// inputs give 0 (callers pass whole tokens; this only keeps a bad call from panicking).
-fn per_token(
+pub(crate) fn per_token(
     dot: fn(&[u8], &[i8], &[f32]) -> f32,
     row: &[u8],
     xq: &[i8],

@@ -8,10 +8,15 @@
 //! I2_S block b, bytes 32b + 16h + i (h = 0, 1): plane l (bits 7−2l..6−2l) ↔ x[128b + 32l + 16h + i]
 //! TQ2_0 block b, half g, bytes 32g + 16h + i:  plane l (bits 2l..2l+1)    ↔ x[256b + 128g + 32l + 16h + i]
 //! ```
-//! Products are `i16x8.extmul` of codes (0..=3) and int8 activations (|p| ≤ 3·128), summed
-//! in i16 lanes for at most [`FLUSH_BLOCKS`] blocks (16 products a lane a block: at most
-//! 4·16·384 = 24,576 < 2^15) and then widened pairwise into i32 lanes: never an i16 sum that
-//! can overflow. Integer sums are exact, so every result equals the scalar kernel's.
+//! Products of codes (0..=3) and int8 activations go through [`Acc`]. With `simd128` alone
+//! they are `i16x8.extmul`s (|p| ≤ 3·128), summed in i16 lanes for at most [`FLUSH_BLOCKS`]
+//! blocks (16 products a lane a block: at most 4·16·384 = 24,576 < 2^15) and then widened
+//! pairwise into i32 lanes: never an i16 sum that can overflow. A module built with
+//! `relaxed-simd` as well (the package's second module, for engines that have it) takes
+//! `i32x4.relaxed_dot_i8x16_i7x16_add_s` instead: four products a lane straight into i32,
+//! with the codes as its 7-bit operand, where its result is defined exactly (a pair of
+//! products is at most 2·3·128 in size, so no engine's i16 step saturates). Integer sums
+//! are exact, so every result equals the scalar kernel's either way.
 
 use std::arch::wasm32::*;
 
@@ -36,13 +41,13 @@ pub(crate) static TABLE: Kernels = Kernels {
     q4_0_dot: scalar::q4_0_dot,
     bf16_dot: scalar::bf16_dot,
     f32_dot: scalar::f32_dot_lanes8,
-    q8_0_q8: scalar::q8_0_q8,
-    q4_0_q8: scalar::q4_0_q8,
+    q8_0_q8,
+    q4_0_q8,
     f16_dot_ggml_multi: scalar::f16_dot_ggml_multi,
     f16_dot_fast,
     f16_dot_fast_multi,
-    q8_0_q8_multi: scalar::q8_0_q8_multi,
-    q4_0_q8_multi: scalar::q4_0_q8_multi,
+    q8_0_q8_multi,
+    q4_0_q8_multi,
     i2s_panel: None,
     panel_tokens: 0,
     i2s_lut: None,
@@ -51,10 +56,6 @@ pub(crate) static TABLE: Kernels = Kernels {
 
 /// Blocks of 128 elements summed in i16 lanes before widening (see the module docs).
 const FLUSH_BLOCKS: usize = 4;
-
-/// I2_S blocks decoded at a time for a call of several tokens (the codes are decoded once
-/// and used by every token).
-const CHUNK_BLOCKS: usize = 16;
 
 /// 16 bytes at `s[off..off + 16]`; panics when out of bounds.
 #[inline(always)]
@@ -74,15 +75,6 @@ unsafe fn ld<T: Copy>(s: &[T], off: usize) -> v128 {
     debug_assert!(off + 16 / std::mem::size_of::<T>() <= s.len());
     // SAFETY: in bounds by the caller's contract; v128_load needs no alignment.
     unsafe { v128_load(s.as_ptr().add(off).cast::<v128>()) }
-}
-
-/// Store 16 bytes at `s[off..off + 16]`; panics when out of bounds.
-#[inline(always)]
-fn store(s: &mut [u8], off: usize, v: v128) {
-    let bytes = &mut s[off..off + 16];
-    // SAFETY: `bytes` spans 16 writable bytes (checked by the slice above); v128_store
-    // writes them without any alignment requirement.
-    unsafe { v128_store(bytes.as_mut_ptr().cast::<v128>(), v) }
 }
 
 /// I2_S code 11 → 01 in every pair (u = 0, 1, 2, 1 for c = 0..3).
@@ -107,19 +99,55 @@ fn planes(w: v128, msb_first: bool) -> [v128; 4] {
     }
 }
 
-/// `acc + Σ` of the 16 products `c·x`, pairwise into i16 lanes (codes ≤ 3 are valid i8).
-#[inline(always)]
-fn mac(acc: v128, c: v128, x: v128) -> v128 {
-    i16x8_add(
-        acc,
-        i16x8_add(i16x8_extmul_low_i8x16(c, x), i16x8_extmul_high_i8x16(c, x)),
-    )
+/// A running `Σ c·x` of code and activation vectors (see the module docs): `mac` adds 16
+/// products, `flush` must come at least every [`FLUSH_BLOCKS`] blocks, `sum` ends it.
+#[derive(Clone, Copy)]
+struct Acc {
+    /// i16 lanes not yet widened (unused with relaxed-simd).
+    #[cfg_attr(target_feature = "relaxed-simd", allow(dead_code))]
+    short: v128,
+    /// i32 lanes.
+    wide: v128,
 }
 
-/// `acc32 + ` the i16 lanes of `acc16` widened pairwise.
-#[inline(always)]
-fn widen(acc32: v128, acc16: v128) -> v128 {
-    i32x4_add(acc32, i32x4_extadd_pairwise_i16x8(acc16))
+impl Acc {
+    #[inline(always)]
+    fn new() -> Acc {
+        Acc {
+            short: i16x8_splat(0),
+            wide: i32x4_splat(0),
+        }
+    }
+
+    /// Add the 16 products `c·x` (codes ≤ 3 are valid i8 and i7 values).
+    #[inline(always)]
+    fn mac(&mut self, c: v128, x: v128) {
+        #[cfg(target_feature = "relaxed-simd")]
+        {
+            self.wide = i32x4_relaxed_dot_i8x16_i7x16_add(x, c, self.wide);
+        }
+        #[cfg(not(target_feature = "relaxed-simd"))]
+        {
+            let p = i16x8_add(i16x8_extmul_low_i8x16(c, x), i16x8_extmul_high_i8x16(c, x));
+            self.short = i16x8_add(self.short, p);
+        }
+    }
+
+    /// Widen the i16 lanes into the i32 ones.
+    #[inline(always)]
+    fn flush(&mut self) {
+        #[cfg(not(target_feature = "relaxed-simd"))]
+        {
+            self.wide = i32x4_add(self.wide, i32x4_extadd_pairwise_i16x8(self.short));
+            self.short = i16x8_splat(0);
+        }
+    }
+
+    #[inline(always)]
+    fn sum(mut self) -> i32 {
+        self.flush();
+        hsum(self.wide)
+    }
 }
 
 #[inline(always)]
@@ -134,11 +162,10 @@ fn hsum(v: v128) -> i32 {
 fn i2s_row(w: &[u8], x: &[i8], clean: bool) -> i32 {
     let nb = x.len() / 128;
     assert!(w.len() >= 32 * nb);
-    let mut acc32 = i32x4_splat(0);
+    let mut acc = Acc::new();
     let mut b0 = 0;
     while b0 < nb {
         let b1 = (b0 + FLUSH_BLOCKS).min(nb);
-        let mut acc = i16x8_splat(0);
         for b in b0..b1 {
             for h in 0..2 {
                 // SAFETY: b < nb: 32b + 16h + 16 ≤ 32·nb ≤ w.len() (asserted above).
@@ -146,60 +173,77 @@ fn i2s_row(w: &[u8], x: &[i8], clean: bool) -> i32 {
                 let c = planes(if clean { raw } else { sanitize(raw) }, true);
                 for (l, cl) in c.iter().enumerate() {
                     // SAFETY: 128b + 32l + 16h + 16 ≤ 128·nb ≤ x.len().
-                    acc = mac(acc, *cl, unsafe { ld(x, 128 * b + 32 * l + 16 * h) });
+                    acc.mac(*cl, unsafe { ld(x, 128 * b + 32 * l + 16 * h) });
                 }
             }
         }
-        acc32 = widen(acc32, acc);
+        acc.flush();
         b0 = b1;
     }
-    hsum(acc32)
+    acc.sum()
 }
 
-/// I2_S: `out[ti] = Σ u·q` for `nt` tokens. One token reads the row directly; several
-/// tokens decode [`CHUNK_BLOCKS`] blocks of codes at a time and reuse them for each token.
+/// I2_S: `out[ti] = Σ u·q` for `nt` tokens, in groups of up to four that share each decoded
+/// code vector.
 fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     let k = p.k;
     if !k.is_multiple_of(128) || w_row.len() < k / 4 || p.x.len() < (t0 + nt) * k || out.len() < nt
     {
         return scalar::i2s(w_row, p, t0, nt, out);
     }
-    if nt == 1 {
-        out[0] = i2s_row(w_row, p.token(t0), false);
-        return;
+    let mut t = 0;
+    while t < nt {
+        let x = |i: usize| p.token(t0 + t + i);
+        match nt - t {
+            1 => {
+                out[t] = i2s_row(w_row, x(0), false);
+                t += 1;
+            }
+            2 => {
+                out[t..t + 2].copy_from_slice(&i2s_tokens(w_row, [x(0), x(1)]));
+                t += 2;
+            }
+            3 => {
+                out[t..t + 3].copy_from_slice(&i2s_tokens(w_row, [x(0), x(1), x(2)]));
+                t += 3;
+            }
+            _ => {
+                out[t..t + 4].copy_from_slice(&i2s_tokens(w_row, [x(0), x(1), x(2), x(3)]));
+                t += 4;
+            }
+        }
     }
+}
+
+/// `Σ u·q` of one I2_S row with each of `N` tokens: each 16 weight bytes are loaded and
+/// decoded once for all of them.
+#[inline(always)]
+fn i2s_tokens<const N: usize>(w: &[u8], xs: [&[i8]; N]) -> [i32; N] {
+    let k = xs[0].len();
     let nb = k / 128;
-    let mut codes = [0u8; CHUNK_BLOCKS * 128];
-    out[..nt].fill(0);
-    let mut c0 = 0;
-    while c0 < nb {
-        let c1 = (c0 + CHUNK_BLOCKS).min(nb);
-        for b in c0..c1 {
+    assert!(w.len() >= 32 * nb && xs.iter().all(|x| x.len() == k));
+    let mut acc = [Acc::new(); N];
+    let mut b0 = 0;
+    while b0 < nb {
+        let b1 = (b0 + FLUSH_BLOCKS).min(nb);
+        for b in b0..b1 {
             for h in 0..2 {
-                let c = planes(sanitize(load(w_row, 32 * b + 16 * h)), true);
-                for (l, cl) in c.iter().enumerate() {
-                    store(&mut codes, 128 * (b - c0) + 32 * l + 16 * h, *cl);
+                // SAFETY: b < nb: 32b + 16h + 16 ≤ 32·nb ≤ w.len() (asserted above).
+                let c = planes(sanitize(unsafe { ld(w, 32 * b + 16 * h) }), true);
+                for (a, x) in acc.iter_mut().zip(&xs) {
+                    for (l, cl) in c.iter().enumerate() {
+                        // SAFETY: 128b + 32l + 16h + 16 ≤ 128·nb = x.len() (asserted above).
+                        a.mac(*cl, unsafe { ld(x, 128 * b + 32 * l + 16 * h) });
+                    }
                 }
             }
         }
-        for (ti, o) in out[..nt].iter_mut().enumerate() {
-            let x = &p.token(t0 + ti)[128 * c0..128 * c1];
-            let mut acc32 = i32x4_splat(0);
-            let mut f0 = 0;
-            while f0 < c1 - c0 {
-                let f1 = (f0 + FLUSH_BLOCKS).min(c1 - c0);
-                let mut acc = i16x8_splat(0);
-                for off in (128 * f0..128 * f1).step_by(16) {
-                    // SAFETY: off + 16 ≤ 128·(c1 − c0) = x.len() ≤ codes.len().
-                    acc = mac(acc, unsafe { ld(&codes, off) }, unsafe { ld(x, off) });
-                }
-                acc32 = widen(acc32, acc);
-                f0 = f1;
-            }
-            *o = o.wrapping_add(hsum(acc32));
+        for a in &mut acc {
+            a.flush();
         }
-        c0 = c1;
+        b0 = b1;
     }
+    acc.map(Acc::sum)
 }
 
 /// Four consecutive I2_S rows (`w4`, K/4 bytes each) and token `t`, each activation vector
@@ -212,11 +256,10 @@ fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 4] {
     }
     let x = p.token(t);
     let nb = k / 128;
-    let mut acc32 = [i32x4_splat(0); 4];
+    let mut acc = [Acc::new(); 4];
     let mut b0 = 0;
     while b0 < nb {
         let b1 = (b0 + FLUSH_BLOCKS).min(nb);
-        let mut acc = [i16x8_splat(0); 4];
         for b in b0..b1 {
             for h in 0..2 {
                 // SAFETY: b < nb = K/128: 128b + 32l + 16h + 16 ≤ K = x.len().
@@ -227,17 +270,17 @@ fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 4] {
                     let raw = unsafe { ld(w4, r * rb + 32 * b + 16 * h) };
                     let c = planes(if clean { raw } else { sanitize(raw) }, true);
                     for l in 0..4 {
-                        *a = mac(*a, c[l], xs[l]);
+                        a.mac(c[l], xs[l]);
                     }
                 }
             }
         }
-        for r in 0..4 {
-            acc32[r] = widen(acc32[r], acc[r]);
+        for a in &mut acc {
+            a.flush();
         }
         b0 = b1;
     }
-    acc32.map(hsum)
+    acc.map(Acc::sum)
 }
 
 /// TQ2_0: `out[ti·nb + b] = Σ c·q` per block of 256.
@@ -254,17 +297,17 @@ fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
     for ti in 0..nt {
         let x = p.token(t0 + ti);
         for b in 0..nb {
-            // 2 halves × 2 × 4 planes × 2 products a lane: 32 · 384 < 2^15.
-            let mut acc = i16x8_splat(0);
+            // 2 halves × 2 × 4 planes × 2 products a lane: 32 · 384 < 2^15 before `sum`.
+            let mut acc = Acc::new();
             for g in 0..2 {
                 for h in 0..2 {
                     let c = planes(load(w_row, b * tq2_0::BLOCK_BYTES + 32 * g + 16 * h), false);
                     for (l, cl) in c.iter().enumerate() {
-                        acc = mac(acc, *cl, load(x, 256 * b + 128 * g + 32 * l + 16 * h));
+                        acc.mac(*cl, load(x, 256 * b + 128 * g + 32 * l + 16 * h));
                     }
                 }
             }
-            out[ti * nb + b] = hsum(i32x4_extadd_pairwise_i16x8(acc));
+            out[ti * nb + b] = acc.sum();
         }
     }
 }
@@ -370,4 +413,79 @@ fn f16_dot_fast_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
             *o = ggml_reduce(&acc, row, x, main);
         }
     }
+}
+
+/// Lanes `[Σ e0..3, Σ e4..7, Σ e8..11, Σ e12..15]` of the 16 products `w·x` (i8 each), exact.
+#[inline(always)]
+fn sums4(w: v128, x: v128) -> v128 {
+    let lo = i32x4_dot_i16x8(i16x8_extend_low_i8x16(w), i16x8_extend_low_i8x16(x));
+    let hi = i32x4_dot_i16x8(i16x8_extend_high_i8x16(w), i16x8_extend_high_i8x16(x));
+    i32x4_add(
+        i32x4_shuffle::<0, 2, 4, 6>(lo, hi),
+        i32x4_shuffle::<1, 3, 5, 7>(lo, hi),
+    )
+}
+
+/// The order of [`scalar::q8_0_q8`]: per block, lane l of 8 = the exact sum of elements
+/// 4l..4l+4, then `acc[l] += d_w·d_x · lane` (multiplied, then added: fast numerics only),
+/// then the tinyBLAS reduction. `w(blk)` gives a block's 32 weights as two i8x16.
+#[inline(always)]
+fn q8_blocks(
+    row: &[u8],
+    wbytes: usize,
+    xq: &[i8],
+    xd: &[f32],
+    w: impl Fn(&[u8]) -> [v128; 2],
+) -> f32 {
+    let nb = (row.len() / wbytes).min(xq.len() / 32).min(xd.len());
+    let mut acc = [f32x4_splat(0.0); 2];
+    for b in 0..nb {
+        let blk = &row[wbytes * b..wbytes * (b + 1)];
+        let d = f32x4_splat(crate::layout::read_f16(blk, 0) * xd[b]);
+        let [w0, w1] = w(blk);
+        let l0 = sums4(w0, load(xq, 32 * b));
+        let l1 = sums4(w1, load(xq, 32 * b + 16));
+        // |lane| ≤ 4·128·127: exact in f32.
+        acc[0] = f32x4_add(acc[0], f32x4_mul(d, f32x4_convert_i32x4(l0)));
+        acc[1] = f32x4_add(acc[1], f32x4_mul(d, f32x4_convert_i32x4(l1)));
+    }
+    let lanes = |v: v128| {
+        [
+            f32x4_extract_lane::<0>(v),
+            f32x4_extract_lane::<1>(v),
+            f32x4_extract_lane::<2>(v),
+            f32x4_extract_lane::<3>(v),
+        ]
+    };
+    let [a0, a1, a2, a3] = lanes(acc[0]);
+    let [a4, a5, a6, a7] = lanes(acc[1]);
+    scalar::reduce8_tiny(&[a0, a1, a2, a3, a4, a5, a6, a7])
+}
+
+/// Q8_0 row · activations quantized per 32 (fast numerics' integer head dot).
+fn q8_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    q8_blocks(row, 34, xq, xd, |blk| [load(blk, 2), load(blk, 18)])
+}
+
+/// Q4_0 row (`nibble − 8`: elements 0..16 the low nibbles, 16..32 the high) · activations
+/// quantized per 32.
+fn q4_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    q8_blocks(row, 18, xq, xd, |blk| {
+        let q = load(blk, 2);
+        let eight = i8x16_splat(8);
+        [
+            i8x16_sub(v128_and(q, u8x16_splat(15)), eight),
+            i8x16_sub(u8x16_shr(q, 4), eight),
+        ]
+    })
+}
+
+/// [`q8_0_q8`] for each token: `out[t]` with codes `xq[t·cols..]` and scales `xd[t·cols/32..]`.
+fn q8_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]) {
+    scalar::per_token(q8_0_q8, row, xq, xd, cols, out);
+}
+
+/// [`q4_0_q8`] for each token.
+fn q4_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]) {
+    scalar::per_token(q4_0_q8, row, xq, xd, cols, out);
 }
