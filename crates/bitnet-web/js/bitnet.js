@@ -59,12 +59,19 @@ export async function selfTest(kind = "auto", rounds = 16) {
   try {
     return { tier: glue.kernelTier(), compared: glue.selfTest(rounds) };
   } catch (e) {
-    throw asError(e);
+    throw asError(e, glue);
   }
 }
 
-/** Turn whatever the engine threw into an Error with its message. */
-function asError(e) {
+/** Turn whatever the engine threw into an Error with its message. A trap (a panic: a bug,
+ * never bad input) becomes an Error with the panic's message. */
+function asError(e, glue) {
+  if (typeof WebAssembly !== "undefined" && e instanceof WebAssembly.RuntimeError) {
+    const msg = glue?.lastPanic?.() ?? "";
+    const err = new Error(`bitnet-rs internal error${msg ? ": " + msg : ` (${e.message})`}; load the model again`);
+    err.trap = true;
+    return err;
+  }
   if (e instanceof Error) return e;
   return new Error(typeof e === "string" ? e : String(e));
 }
@@ -207,10 +214,20 @@ function genOptions(o) {
 
 export class Model {
   #inner;
+  #glue;
   #busy = false;
+  #broken = null;
 
-  constructor(inner) {
+  constructor(inner, glue) {
     this.#inner = inner;
+    this.#glue = glue;
+  }
+
+  /** An Error for `e`; after a trap the instance is not used again. */
+  #fail(e) {
+    const err = asError(e, this.#glue);
+    if (err.trap) this.#broken = err.message;
+    return err;
   }
 
   /**
@@ -240,14 +257,15 @@ export class Model {
         numerics: options.numerics,
       });
     } catch (e) {
-      throw asError(e);
+      throw asError(e, glue);
     }
-    const model = new Model(inner);
+    const model = new Model(inner, glue);
     if (options.onProgress) options.onProgress({ phase: "ready", loaded: size, total: size });
     return model;
   }
 
   #live() {
+    if (this.#broken) throw new Error(this.#broken);
     if (!this.#inner) throw new Error("the model was freed");
     return this.#inner;
   }
@@ -262,7 +280,7 @@ export class Model {
     try {
       return this.#live().tokenize(text, addBos, special);
     } catch (e) {
-      throw asError(e);
+      throw this.#fail(e);
     }
   }
 
@@ -271,7 +289,7 @@ export class Model {
     try {
       return this.#live().detokenize(Uint32Array.from(ids));
     } catch (e) {
-      throw asError(e);
+      throw this.#fail(e);
     }
   }
 
@@ -281,7 +299,7 @@ export class Model {
     try {
       return this.#live().logits(Uint32Array.from(ids));
     } catch (e) {
-      throw asError(e);
+      throw this.#fail(e);
     }
   }
 
@@ -306,7 +324,7 @@ export class Model {
     try {
       return this.#live().chatTokens(messages);
     } catch (e) {
-      throw asError(e);
+      throw this.#fail(e);
     }
   }
 
@@ -338,7 +356,7 @@ export class Model {
       if (done.text && onToken) await onToken({ token: null, text: done.text });
       return { ...done, text, tokens };
     } catch (e) {
-      throw asError(e);
+      throw this.#fail(e);
     } finally {
       this.#busy = false;
     }

@@ -224,6 +224,26 @@ struct JsDone {
     generation_ms: f64,
 }
 
+/// The message of the last panic (a bug: the engine returns errors for bad input), kept by
+/// the hook [`start`] installs, so that JavaScript can report it instead of a bare trap.
+static LAST_PANIC: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// Runs when the module is instantiated: keep panic messages for [`last_panic`].
+#[wasm_bindgen(start)]
+pub fn start() {
+    std::panic::set_hook(Box::new(|info| {
+        if let Ok(mut m) = LAST_PANIC.lock() {
+            *m = info.to_string();
+        }
+    }));
+}
+
+/// The message of the last panic, or an empty string.
+#[wasm_bindgen(js_name = lastPanic)]
+pub fn last_panic() -> String {
+    LAST_PANIC.lock().map(|m| m.clone()).unwrap_or_default()
+}
+
 /// The kernel tier this module runs (`simd128`, or `simd128-relaxed` in the relaxed-SIMD
 /// module).
 #[wasm_bindgen(js_name = kernelTier)]
