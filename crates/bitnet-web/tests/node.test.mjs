@@ -53,6 +53,17 @@ test("last-position logits pass the fast gates against bitnet.cpp", () => {
   }
 });
 
+test("exact numerics gives bitnet.cpp's logits bit for bit", async () => {
+  const exact = await Model.load(modelPath, { numerics: "exact" });
+  for (const p of PROMPTS) {
+    const got = exact.logits(reference(p).prompt_tokens);
+    const want = f32s(resolve(golden, `${p}.logits.f32`));
+    const diff = want.findIndex((w, i) => Object.is(w, got[i]) === false);
+    assert.equal(diff, -1, `${p}: logit ${diff}: ${got[diff]} vs ${want[diff]}`);
+  }
+  exact.free();
+});
+
 test("one-token steps pass the fast gates against bitnet.cpp (teacher-forced)", () => {
   for (const p of PROMPTS) {
     const ref = reference(p);
