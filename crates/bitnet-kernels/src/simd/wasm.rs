@@ -1,4 +1,5 @@
-//! WebAssembly SIMD (`simd128`) kernels for I2_S and TQ2_0; the other entries are scalar.
+//! WebAssembly SIMD (`simd128`) kernels for I2_S and TQ2_0, and fast numerics' F16, Q8_0 and
+//! Q4_0 head dots; the other entries are scalar.
 //!
 //! Compiled only for wasm32 with `-C target-feature=+simd128` (a module either validates
 //! with SIMD or not at all, so there is nothing to detect at run time). The layouts are the
