@@ -49,8 +49,8 @@ use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 pub use load::{
-    build_lm_head, load, load_file, open_file, repack_weights, Device, LmHeadFormat, LoadEvent,
-    LoadOptions,
+    build_lm_head, load, load_file, load_file_async, open_file, repack_weights, Device,
+    LmHeadFormat, LoadEvent, LoadOptions,
 };
 pub use stop::StopMatcher;
 
@@ -566,6 +566,20 @@ impl Engine {
 
     /// Evaluate `tokens` after the session's cached ones, in batches; logits of the last.
     pub fn eval(&self, s: &mut Session, tokens: &[u32], outputs: Outputs) -> Result<Vec<f32>> {
+        bitnet_gpu::block(self.eval_async(s, tokens, outputs))?
+    }
+
+    /// [`Engine::eval`], for callers that must not block (a browser's WebGPU): the one
+    /// implementation.
+    // The scratch guard keeps one caller at a time on the device across its read-back (see
+    // `bitnet_gpu::GpuModel`'s `run`).
+    #[allow(clippy::await_holding_lock)]
+    pub async fn eval_async(
+        &self,
+        s: &mut Session,
+        tokens: &[u32],
+        outputs: Outputs,
+    ) -> Result<Vec<f32>> {
         if s.cache.len() + tokens.len() > s.cache.n_ctx() {
             return Err(EngineError::ContextFull {
                 n_past: s.cache.len() + tokens.len(),
@@ -579,9 +593,10 @@ impl Engine {
             (Cache::Gpu(c), Some(g)) => {
                 // The GPU model splits the tokens into batches itself; one caller at a time.
                 // A failed call keeps only the positions the session's tokens account for.
-                let logits = g.forward(tokens, c, outputs).inspect_err(|_| {
-                    c.truncate(s.tokens.len());
-                })?;
+                let logits = g
+                    .forward_async(tokens, c, outputs)
+                    .await
+                    .inspect_err(|_| c.truncate(s.tokens.len()))?;
                 s.tokens.extend_from_slice(tokens);
                 return Ok(logits);
             }
@@ -619,7 +634,7 @@ impl Engine {
     /// position's logits (the lowest id among equal maxima): on the GPU only that id comes
     /// back, as greedy generation reads it.
     pub fn eval_greedy(&self, s: &mut Session, tokens: &[u32]) -> Result<u32> {
-        match self.eval_next(s, tokens, ReadBack::Greedy)? {
+        match bitnet_gpu::block(self.eval_next(s, tokens, ReadBack::Greedy))?? {
             Next::Chosen(id) => Ok(id),
             Next::Logits(l) => bitnet_sampling::argmax(&l)
                 .ok_or_else(|| EngineError::Device("no logits to take the arg-max of".into())),
@@ -663,10 +678,15 @@ impl Engine {
     }
 
     /// Evaluate `tokens` and return what picks the next token (see [`Engine::read_back`]).
-    fn eval_next(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Next> {
+    // The scratch guard keeps one caller at a time on the device across its read-back (see
+    // `bitnet_gpu::GpuModel`'s `run`).
+    #[allow(clippy::await_holding_lock)]
+    async fn eval_next(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Next> {
         let (Some(g), Cache::Gpu(c), false) = (&self.gpu, &mut s.cache, rb == ReadBack::Logits)
         else {
-            return Ok(Next::Logits(self.eval(s, tokens, Outputs::Last)?));
+            return Ok(Next::Logits(
+                self.eval_async(s, tokens, Outputs::Last).await?,
+            ));
         };
         if c.len() + tokens.len() > c.n_ctx() {
             return Err(EngineError::ContextFull {
@@ -677,8 +697,8 @@ impl Engine {
         // One caller at a time on the device, as in `eval`.
         let _guard = self.scratch();
         let next = match rb {
-            ReadBack::Greedy => g.forward_greedy(tokens, c).map(Next::Chosen),
-            _ => g.forward_top(tokens, c).map(Next::Top),
+            ReadBack::Greedy => g.forward_greedy_async(tokens, c).await.map(Next::Chosen),
+            _ => g.forward_top_async(tokens, c).await.map(Next::Top),
         };
         let next = next.inspect_err(|_| c.truncate(s.tokens.len()))?;
         s.tokens.extend_from_slice(tokens);
@@ -791,6 +811,17 @@ impl Engine {
         append: bool,
         params: &GenParams,
     ) -> Result<Generation> {
+        bitnet_gpu::block(self.start_async(s, prompt, append, params))?
+    }
+
+    /// [`Engine::start`], for callers that must not block.
+    pub async fn start_async(
+        &self,
+        s: &mut Session,
+        prompt: &[u32],
+        append: bool,
+        params: &GenParams,
+    ) -> Result<Generation> {
         // 1. Reuse the cached prefix (full-history callers), keep one token to evaluate.
         let full: Vec<u32> = if append {
             [s.tokens.as_slice(), prompt].concat()
@@ -818,7 +849,7 @@ impl Engine {
             sampler.accept(t);
         }
         let t0 = Instant::now();
-        let next = self.eval_next(s, new, self.read_back(&sampler))?;
+        let next = self.eval_next(s, new, self.read_back(&sampler)).await?;
         let prompt_time = t0.elapsed();
         Ok(Generation {
             sampler,
@@ -893,10 +924,20 @@ impl Generation {
     /// Take `tok` (just returned by [`Generation::sample`]) into the text and the cache;
     /// returns the text it completes. Evaluates it unless the generation ends with it.
     pub fn advance(&mut self, engine: &Engine, s: &mut Session, tok: u32) -> Result<String> {
+        bitnet_gpu::block(self.advance_async(engine, s, tok))?
+    }
+
+    /// [`Generation::advance`], for callers that must not block.
+    pub async fn advance_async(
+        &mut self,
+        engine: &Engine,
+        s: &mut Session,
+        tok: u32,
+    ) -> Result<String> {
         if engine.tokenizer.is_eog(tok) {
             // The EOG token enters the history (a chat turn ends with it) but not the text.
             if s.cache.len() < s.cache.n_ctx() {
-                engine.eval(s, &[tok], Outputs::None)?;
+                engine.eval_async(s, &[tok], Outputs::None).await?;
             }
             self.finish = Some(FinishReason::Eog);
             return Ok(String::new());
@@ -930,17 +971,28 @@ impl Generation {
                 ContextPolicy::Shift { keep } => engine.shift(s, keep)?,
             }
         }
-        self.next = engine.eval_next(s, &[tok], engine.read_back(&self.sampler))?;
+        self.next = engine
+            .eval_next(s, &[tok], engine.read_back(&self.sampler))
+            .await?;
         Ok(emit)
     }
 
     /// [`Generation::sample`] then [`Generation::advance`]: the next token and its text,
     /// `None` once the generation has ended.
     pub fn next_piece(&mut self, engine: &Engine, s: &mut Session) -> Result<Option<Piece>> {
+        bitnet_gpu::block(self.next_piece_async(engine, s))?
+    }
+
+    /// [`Generation::next_piece`], for callers that must not block.
+    pub async fn next_piece_async(
+        &mut self,
+        engine: &Engine,
+        s: &mut Session,
+    ) -> Result<Option<Piece>> {
         let Some(token) = self.sample(engine)? else {
             return Ok(None);
         };
-        let text = self.advance(engine, s, token)?;
+        let text = self.advance_async(engine, s, token).await?;
         Ok(Some(Piece { token, text }))
     }
 

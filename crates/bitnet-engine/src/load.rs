@@ -244,6 +244,16 @@ pub fn load_file(
     opts: &LoadOptions,
     progress: &mut dyn FnMut(LoadEvent<'_>),
 ) -> Result<Engine> {
+    bitnet_gpu::block(load_file_async(file, opts, progress))?
+}
+
+/// [`load_file`], for callers that must not block (a browser's WebGPU): the one
+/// implementation.
+pub async fn load_file_async(
+    file: Arc<GgufFile>,
+    opts: &LoadOptions,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<Engine> {
     opts.validate()?;
     if let Some(req) = &opts.budget {
         if req.stream == crate::budget::StreamMode::Mmap {
@@ -257,7 +267,7 @@ pub fn load_file(
     }
     let mut model = OwnedModel::load(file)?;
     if gpu_wanted(opts) {
-        if let Some(gpu) = load_gpu(&model, opts, progress)? {
+        if let Some(gpu) = load_gpu(&model, opts, progress).await? {
             let tokenizer = Tokenizer::from_gguf(model.file().metadata(), opts.pre_tokenizer)?;
             return Engine::new(model, tokenizer, opts.engine_options())?.on_gpu(gpu);
         }
@@ -289,7 +299,7 @@ fn gpu_wanted(opts: &LoadOptions) -> bool {
 }
 
 /// Upload the model to the GPU. `Ok(None)`: `auto` found no GPU that can run it (noted).
-fn load_gpu(
+async fn load_gpu(
     model: &OwnedModel,
     opts: &LoadOptions,
     progress: &mut dyn FnMut(LoadEvent<'_>),
@@ -306,7 +316,7 @@ fn load_gpu(
         },
         ..Default::default()
     };
-    match bitnet_gpu::GpuModel::new(model.model(), gopts) {
+    match bitnet_gpu::GpuModel::new_async(model.model(), gopts).await {
         Ok(g) => {
             // The weights now live on the device: the mapped pages read while uploading go.
             let m = model.model();

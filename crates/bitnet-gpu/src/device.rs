@@ -27,8 +27,87 @@ fn instance() -> wgpu::Instance {
     wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
 }
 
+/// Every adapter (natively); in a browser, the one it offers.
+async fn list_async(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    #[cfg(target_arch = "wasm32")]
+    {
+        let opts = wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        };
+        instance.request_adapter(&opts).await.into_iter().collect()
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        instance.enumerate_adapters(wgpu::Backends::all()).await
+    }
+}
+
 fn list(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
-    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+    block(list_async(instance)).unwrap_or_default()
+}
+
+/// Wait for `f` here (native: the calling thread blocks). In a browser nothing may block: a
+/// future that is not ready at once is an error there (use the `_async` functions).
+pub fn block<F: std::future::Future>(f: F) -> Result<F::Output> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        Ok(pollster::block_on(f))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let mut f = std::pin::pin!(f);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match f.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(v) => Ok(v),
+            std::task::Poll::Pending => Err(GpuError::NeedsAsync),
+        }
+    }
+}
+
+/// A value that a wgpu callback delivers later, as a future (the read-back's map).
+struct Later<T> {
+    slot: Arc<Mutex<(Option<T>, Option<std::task::Waker>)>>,
+}
+
+impl<T> Later<T> {
+    /// The future and the function that fulfils it.
+    fn new() -> (Later<T>, impl FnOnce(T) + Send + 'static)
+    where
+        T: Send + 'static,
+    {
+        let slot: Arc<Mutex<(Option<T>, Option<std::task::Waker>)>> =
+            Arc::new(Mutex::new((None, None)));
+        let s = Arc::clone(&slot);
+        let give = move |v: T| {
+            if let Ok(mut g) = s.lock() {
+                g.0 = Some(v);
+                if let Some(w) = g.1.take() {
+                    w.wake();
+                }
+            }
+        };
+        (Later { slot }, give)
+    }
+}
+
+impl<T> std::future::Future for Later<T> {
+    type Output = Option<T>;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
+        let Ok(mut g) = self.slot.lock() else {
+            return std::task::Poll::Ready(None);
+        };
+        match g.0.take() {
+            Some(v) => std::task::Poll::Ready(Some(v)),
+            None => {
+                g.1 = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
 }
 
 fn describe(index: usize, a: &wgpu::Adapter) -> AdapterInfo {
@@ -118,8 +197,13 @@ impl Gpu {
     /// Open adapter `index` of [`adapters`] (or the first one, preferring a discrete or
     /// integrated GPU over a software one, when `None`).
     pub fn open(index: Option<usize>) -> Result<Self> {
+        block(Self::open_async(index))?
+    }
+
+    /// [`Gpu::open`], for callers that must not block (a browser's WebGPU).
+    pub async fn open_async(index: Option<usize>) -> Result<Self> {
         let inst = instance();
-        let all = list(&inst);
+        let all = list_async(&inst).await;
         let adapter = match index {
             Some(i) => all.get(i).ok_or(GpuError::NoSuchAdapter {
                 index: i,
@@ -176,14 +260,16 @@ impl Gpu {
             8,
             u64::from(have.max_storage_buffers_per_shader_stage),
         )?;
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("bitnet"),
-            // Timestamps, where the adapter has them, for `GpuModel::set_profile`.
-            required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
-            required_limits: have.clone(),
-            ..Default::default()
-        }))
-        .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("bitnet"),
+                // Timestamps, where the adapter has them, for `GpuModel::set_profile`.
+                required_features: adapter.features() & wgpu::Features::TIMESTAMP_QUERY,
+                required_limits: have.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
         let faults = Arc::new(Faults::default());
         let f = Arc::clone(&faults);
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -199,7 +285,7 @@ impl Gpu {
         });
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let k = Kernels::new(&device, have.max_compute_workgroup_storage_size);
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = scope.pop().await {
             return Err(GpuError::Validation(e.to_string()));
         }
         let gpu = Gpu {
@@ -371,16 +457,28 @@ impl Gpu {
         self.map_read(&staging, bytes)
     }
 
-    /// Map `staging` (already filled by a submitted copy) and copy its first `bytes` out.
+    /// Map `staging` (already filled by a submitted copy) and copy its first `bytes` out,
+    /// blocking ([`Gpu::map_read_async`]).
     pub(crate) fn map_read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, ..bytes, move |r| {
-            let _ = tx.send(r);
-        });
+        block(self.map_read_async(staging, bytes))?
+    }
+
+    /// Map `staging` (already filled by a submitted copy) and copy its first `bytes` out:
+    /// the one read-back. Natively the queue is waited for first, so the map is done when
+    /// the future is first polled; in a browser the future waits for the page's event loop.
+    pub(crate) async fn map_read_async(
+        &self,
+        staging: &wgpu::Buffer,
+        bytes: u64,
+    ) -> Result<Vec<u8>> {
+        let (mapped, give) = Later::new();
+        staging.map_async(wgpu::MapMode::Read, ..bytes, give);
         self.wait()?;
-        rx.recv()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
+        mapped
+            .await
+            .ok_or_else(|| GpuError::Readback("the map callback was dropped".into()))?
             .map_err(|e| GpuError::Readback(e.to_string()))?;
+        self.check()?;
         let out = {
             let view = staging
                 .get_mapped_range(..bytes)

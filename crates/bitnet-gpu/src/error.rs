@@ -41,6 +41,8 @@ pub enum GpuError {
     Overflow(&'static str),
     #[error(transparent)]
     Kernel(#[from] bitnet_kernels::KernelError),
+    #[error("this GPU call would have to wait, and a browser's page may not: use its async form")]
+    NeedsAsync,
 }
 
 pub type Result<T> = std::result::Result<T, GpuError>;

@@ -1,5 +1,8 @@
 //! The GPU backend: the whole BitNet b1.58 forward pass on wgpu (WebGPU over Vulkan, Metal or
-//! DX12), in WGSL kernels.
+//! DX12, or a browser's WebGPU on wasm32), in WGSL kernels. Opening the device and reading
+//! results back are asynchronous (`Gpu::open_async`, `GpuModel::forward_async`, …): a
+//! browser's page may not block on them; native callers wait on the same functions
+//! ([`block`]).
 //!
 //! [`GpuModel`] uploads a bound [`bitnet_model::Model`] as stored (2-bit codes, their scales,
 //! the F16 head) and runs every step of docs/MODEL.md on the device: RMSNorm fused with the
@@ -16,7 +19,7 @@ mod model;
 pub mod probe;
 mod rec;
 
-pub use device::{adapters, AdapterInfo, Gpu};
+pub use device::{adapters, block, AdapterInfo, Gpu};
 pub use error::{GpuError, Result};
 pub use model::{DecodeKernels, GpuCache, GpuKv, GpuModel, GpuOptions, GpuOutputs, TOP_CANDIDATES};
 pub use rec::KernelTime;

@@ -333,6 +333,12 @@ impl GpuModel {
         Self::upload(gpu, model, opts)
     }
 
+    /// [`GpuModel::new`], for callers that must not block (a browser's WebGPU).
+    pub async fn new_async(model: &Model<'_>, opts: GpuOptions) -> Result<Self> {
+        let gpu = Gpu::open_async(opts.adapter).await?;
+        Self::upload(gpu, model, opts)
+    }
+
     fn upload(gpu: Gpu, model: &Model<'_>, opts: GpuOptions) -> Result<Self> {
         let c = model.config.clone();
         let (e, kv, ff, nv) = (c.n_embd, c.n_embd_kv(), c.n_ff, c.n_vocab);
@@ -822,16 +828,34 @@ impl GpuModel {
         cache: &mut GpuCache,
         outputs: Outputs,
     ) -> Result<Vec<f32>> {
+        crate::device::block(self.forward_async(tokens, cache, outputs))?
+    }
+
+    /// [`GpuModel::forward`], for callers that must not block: the one implementation.
+    pub async fn forward_async(
+        &self,
+        tokens: &[u32],
+        cache: &mut GpuCache,
+        outputs: Outputs,
+    ) -> Result<Vec<f32>> {
         let mut out = Vec::new();
-        self.run(tokens, cache, GpuOutputs::Logits(outputs), &mut out)?;
+        self.run(tokens, cache, GpuOutputs::Logits(outputs), &mut out)
+            .await?;
         Ok(out)
     }
 
     /// [`GpuModel::forward`] that returns only the argmax of the last position's logits
     /// (the lowest index among equal maxima), reading back 8 bytes per argmax workgroup.
     pub fn forward_greedy(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<u32> {
+        crate::device::block(self.forward_greedy_async(tokens, cache))?
+    }
+
+    /// [`GpuModel::forward_greedy`], for callers that must not block.
+    pub async fn forward_greedy_async(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<u32> {
         let mut out = Vec::new();
-        let best = self.run(tokens, cache, GpuOutputs::Greedy, &mut out)?;
+        let best = self
+            .run(tokens, cache, GpuOutputs::Greedy, &mut out)
+            .await?;
         best.filter(|&b| b != u32::MAX).ok_or(GpuError::Readback(
             "no valid logit to take the maximum of (every value NaN or -inf)".to_string(),
         ))
@@ -843,8 +867,17 @@ impl GpuModel {
     /// chain only looks at the top-k (`bitnet_sampling::Sampler::candidates_suffice`) draws
     /// from these what it would draw from the whole row.
     pub fn forward_top(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<Vec<(u32, f32)>> {
+        crate::device::block(self.forward_top_async(tokens, cache))?
+    }
+
+    /// [`GpuModel::forward_top`], for callers that must not block.
+    pub async fn forward_top_async(
+        &self,
+        tokens: &[u32],
+        cache: &mut GpuCache,
+    ) -> Result<Vec<(u32, f32)>> {
         let mut out = Vec::new();
-        self.run(tokens, cache, GpuOutputs::Top, &mut out)?;
+        self.run(tokens, cache, GpuOutputs::Top, &mut out).await?;
         Ok(out
             .chunks_exact(2)
             .filter_map(|p| {
@@ -854,7 +887,11 @@ impl GpuModel {
             .collect())
     }
 
-    fn run(
+    // The guards make one caller at a time use the device, across its read-back: natively
+    // the future runs to completion on the calling thread; a page's one thread never
+    // interleaves two calls (the web model refuses a second while one runs).
+    #[allow(clippy::await_holding_lock)]
+    async fn run(
         &self,
         tokens: &[u32],
         cache: &mut GpuCache,
@@ -936,7 +973,7 @@ impl GpuModel {
                 let size = bytes_of(TOP_CANDIDATES * 8)?;
                 enc.copy_buffer_to_buffer(&self.act.top, 0, &self.act.top_staging, 0, size);
                 self.gpu.queue.submit([enc.finish()]);
-                let b = self.gpu.map_read(&self.act.top_staging, size)?;
+                let b = self.gpu.map_read_async(&self.act.top_staging, size).await?;
                 // (id, logit bits) pairs, carried as f32 bit patterns.
                 out.extend(
                     b.chunks_exact(4)
@@ -946,13 +983,19 @@ impl GpuModel {
                 let size = bytes_of(ARGMAX_GROUPS * 8)?;
                 enc.copy_buffer_to_buffer(&self.act.best, 0, &self.act.best_staging, 0, size);
                 self.gpu.queue.submit([enc.finish()]);
-                let b = self.gpu.map_read(&self.act.best_staging, size)?;
+                let b = self
+                    .gpu
+                    .map_read_async(&self.act.best_staging, size)
+                    .await?;
                 best = Some(best_of_groups(&b));
             } else if out_rows > 0 {
                 let size = bytes_of(mul(mul(out_rows, nv, "logits")?, 4, "logits")?)?;
                 enc.copy_buffer_to_buffer(&self.act.logits, 0, &self.act.logits_staging, 0, size);
                 self.gpu.queue.submit([enc.finish()]);
-                let b = self.gpu.map_read(&self.act.logits_staging, size)?;
+                let b = self
+                    .gpu
+                    .map_read_async(&self.act.logits_staging, size)
+                    .await?;
                 out.extend(
                     b.chunks_exact(4)
                         .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])),
@@ -962,7 +1005,10 @@ impl GpuModel {
                 self.gpu.wait()?;
             }
             if let Some(p) = prof.as_mut().filter(|_| n_queries > 0) {
-                let b = self.gpu.map_read(&p.staging, u64::from(n_queries) * 8)?;
+                let b = self
+                    .gpu
+                    .map_read_async(&p.staging, u64::from(n_queries) * 8)
+                    .await?;
                 let period = f64::from(self.gpu.queue.get_timestamp_period());
                 let at = |i: usize| {
                     let w = &b[8 * i..8 * i + 8];

@@ -7,7 +7,7 @@ const WG: u32 = 256u;
 const K: u32 = 64u;
 const P: u32 = 64u;
 const NONE: u32 = 0xffffffffu;
-const NEG: f32 = -3.4028235e38;
+const NEG: f32 = -0x1.fffffep+127f;
 
 var<workgroup> sv: array<f32, 256>;
 var<workgroup> si: array<u32, 256>;
