@@ -35,7 +35,8 @@ export interface ModelInfo {
   nEmbd: number;
   bos: number | null;
   eos: number | null;
-  device: "cpu";
+  /** "cpu", or "webgpu (ADAPTER)". */
+  device: string;
   isa: string;
   fileBytes: number;
   /** The WebAssembly memory in bytes: it only grows, so this is the peak so far. */
@@ -86,7 +87,7 @@ export class Model {
   readonly info: ModelInfo;
   tokenize(text: string, options?: { addBos?: boolean; special?: boolean }): Uint32Array;
   detokenize(ids: ArrayLike<number>): string;
-  logits(ids: ArrayLike<number>): Float32Array;
+  logits(ids: ArrayLike<number>): Promise<Float32Array>;
   generate(prompt: string | ArrayLike<number>, options?: GenerateOptions): Promise<Generation>;
   chatTokens(messages: ChatMessage[]): Uint32Array;
   chat(messages: ChatMessage[], options?: GenerateOptions): Promise<Generation>;

@@ -232,8 +232,8 @@ export class Model {
 
   /**
    * Load a GGUF model. `source`: a URL (fetched with progress and cached), a File/Blob, an
-   * ArrayBuffer or a Uint8Array; in Node also a path. Options: `device` ("cpu", "auto" or
-   * "webgpu"), `onProgress({phase, loaded, total})`, `ctxSize`, `lmHead` ("f16", "q8_0",
+   * ArrayBuffer or a Uint8Array; in Node also a path. Options: `device` ("cpu", "webgpu" or
+   * "auto": WebGPU where the runtime has it and the adapter can run the model, else the CPU), `onProgress({phase, loaded, total})`, `ctxSize`, `lmHead` ("f16", "q8_0",
    * "q4_0"), `numerics` ("fast", "exact"), `cache` (false: skip Cache Storage), `wasm`
    * ("auto", "simd128" or "relaxed": which of the package's modules runs it).
    */
@@ -242,8 +242,9 @@ export class Model {
     if (!["cpu", "auto", "webgpu"].includes(device)) {
       throw new Error(`Model.load: device ${JSON.stringify(device)}: use "cpu", "auto" or "webgpu"`);
     }
-    if (device === "webgpu") {
-      throw new Error('Model.load: this build runs on the CPU only (WebAssembly); use device "cpu" or "auto"');
+    const hasGpu = typeof navigator !== "undefined" && navigator.gpu != null;
+    if (device === "webgpu" && !hasGpu) {
+      throw new Error("Model.load: this runtime has no WebGPU (navigator.gpu); use device \"cpu\" or \"auto\"");
     }
     const glue = await initWasm(options.wasm ?? "auto");
     const loader = await readSource(glue.Loader, source, options);
@@ -251,10 +252,13 @@ export class Model {
     if (options.onProgress) options.onProgress({ phase: "build", loaded: size, total: size });
     let inner;
     try {
-      inner = loader.finish({
+      inner = await loader.finish({
         ctxSize: options.ctxSize,
         lmHead: options.lmHead,
         numerics: options.numerics,
+        // "auto" tries WebGPU only where the runtime has it; the engine falls back to the
+        // CPU when the adapter cannot run the model.
+        device: device === "auto" ? (hasGpu ? "auto" : "cpu") : device,
       });
     } catch (e) {
       throw asError(e, glue);
@@ -270,7 +274,8 @@ export class Model {
     return this.#inner;
   }
 
-  /** `{ arch, nVocab, nCtx, nCtxTrain, nLayer, nEmbd, bos, eos, device, isa, fileBytes, memoryBytes }`. */
+  /** `{ arch, nVocab, nCtx, nCtxTrain, nLayer, nEmbd, bos, eos, device, isa, fileBytes, memoryBytes }`
+   * (`device`: "cpu" or "webgpu (adapter)"). */
   get info() {
     return this.#live().info();
   }
@@ -293,13 +298,17 @@ export class Model {
     }
   }
 
-  /** The logits at the last of `ids` (Float32Array of nVocab). */
-  logits(ids) {
+  /** The logits at the last of `ids`: a Promise of a Float32Array of nVocab. */
+  async logits(ids) {
     this.#idle();
+    const inner = this.#live();
+    this.#busy = true;
     try {
-      return this.#live().logits(Uint32Array.from(ids));
+      return await inner.logits(Uint32Array.from(ids));
     } catch (e) {
       throw this.#fail(e);
+    } finally {
+      this.#busy = false;
     }
   }
 
@@ -341,10 +350,10 @@ export class Model {
     let text = "";
     const tokens = [];
     try {
-      inner.start(ids, genOptions(options));
+      await inner.start(ids, genOptions(options));
       for (;;) {
         if (signal?.aborted) break;
-        const piece = inner.next();
+        const piece = await inner.next();
         if (piece === null) break;
         tokens.push(piece.token);
         text += piece.text;
@@ -365,7 +374,11 @@ export class Model {
   /** Forget the cached conversation. */
   reset() {
     this.#idle();
-    this.#live().reset();
+    try {
+      this.#live().reset();
+    } catch (e) {
+      throw this.#fail(e);
+    }
   }
 
   /** Release the model's memory; the object cannot be used afterwards. */

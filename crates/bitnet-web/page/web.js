@@ -1,13 +1,13 @@
 // The serverless chat page: the model is fetched (or picked) and run in this browser, in a
 // worker (worker.js); the conversation lives in this page only. `?model=URL` loads a model
-// at once. State is reachable as `window.bitnetChat` (the console, the page's tests).
+// at once (`&device=cpu|webgpu|auto` chooses where it runs). State is reachable as `window.bitnetChat` (the console, the page's tests).
 import { isCached } from "./bitnet.js";
 
 const $ = (id) => document.getElementById(id);
 const state = { messages: [], busy: false, ready: false, info: null, last: null, error: null };
 window.bitnetChat = state;
 
-const FIELDS = ["model-url", "system", "temperature", "top-k", "top-p", "max-tokens", "seed"];
+const FIELDS = ["model-url", "system", "temperature", "top-k", "top-p", "max-tokens", "seed", "device"];
 const STORE = "bitnet-web-settings";
 
 function loadSettings() {
@@ -57,7 +57,8 @@ worker.onmessage = (ev) => {
     state.info = m.info;
     $("progress").hidden = true;
     $("progress-text").textContent = "";
-    $("model").textContent = `${m.info.arch} · ${m.info.nLayer} layers · ${m.info.nCtx} ctx · ${mib(m.info.fileBytes)} · ${m.info.isa}`;
+    const where = m.info.device === "cpu" ? `CPU, ${m.info.isa}` : m.info.device;
+    $("model").textContent = `${m.info.arch} · ${m.info.nLayer} layers · ${m.info.nCtx} ctx · ${mib(m.info.fileBytes)} · ${where}`;
     setStatus("ready", "ok");
     $("load").disabled = false;
     $("send").disabled = false;
@@ -152,7 +153,7 @@ async function load(source, label) {
   $("send").disabled = true;
   $("load").disabled = true;
   setStatus("loading " + label + "…");
-  worker.postMessage({ type: "load", source });
+  worker.postMessage({ type: "load", source, device: $("device").value });
 }
 
 $("load-form").addEventListener("submit", (e) => {
@@ -183,7 +184,9 @@ $("new-chat").addEventListener("click", () => {
 });
 
 loadSettings();
-const fromQuery = new URLSearchParams(location.search).get("model");
+const query = new URLSearchParams(location.search);
+if (query.get("device")) $("device").value = query.get("device");
+const fromQuery = query.get("model");
 if (fromQuery) {
   const url = new URL(fromQuery, location.href).href;
   $("model-url").value = url;

@@ -16,7 +16,7 @@ self.onmessage = async (ev) => {
       if (model) model.free();
       model = null;
       model = await Model.load(m.source, {
-        device: "cpu",
+        device: m.device ?? "auto",
         ctxSize: m.ctxSize,
         onProgress: (p) => post({ type: "progress", ...p }),
       });

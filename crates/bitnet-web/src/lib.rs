@@ -13,10 +13,12 @@
 //! Every failure is a JavaScript `Error` carrying the engine's message. The same code
 //! compiles natively, where its tests run.
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use bitnet_engine::{
-    ContextPolicy, Engine, GenParams, Generation, LmHeadFormat, LoadOptions, Session,
+    ContextPolicy, Device, Engine, GenParams, Generation, LmHeadFormat, LoadOptions, Session,
 };
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_model::{Numerics, Outputs};
@@ -92,14 +94,21 @@ impl Loader {
         self.bytes.len() as f64
     }
 
-    /// Parse the file and build the model (`options`: see [`ModelOptions`]).
-    pub fn finish(self, options: JsValue) -> JsResult<WebModel> {
-        let opts: ModelOptions = if options.is_undefined() || options.is_null() {
-            ModelOptions::default()
-        } else {
-            serde_wasm_bindgen::from_value(options).map_err(err)?
-        };
-        WebModel::from_bytes(self.bytes, &opts).map_err(err)
+    /// Parse the file and build the model (`options`: see [`ModelOptions`]); a Promise of
+    /// a [`WebModel`] (WebGPU's device is opened asynchronously).
+    pub fn finish(self, options: JsValue) -> js_sys::Promise {
+        let bytes = self.bytes;
+        wasm_bindgen_futures::future_to_promise(async move {
+            let opts: ModelOptions = if options.is_undefined() || options.is_null() {
+                ModelOptions::default()
+            } else {
+                serde_wasm_bindgen::from_value(options).map_err(|e| JsValue::from(err(e)))?
+            };
+            let m = WebModel::from_bytes_async(bytes, &opts)
+                .await
+                .map_err(|e| JsValue::from(err(e)))?;
+            Ok(JsValue::from(m))
+        })
     }
 }
 
@@ -113,6 +122,9 @@ pub struct ModelOptions {
     pub lm_head: Option<String>,
     /// `"fast"` (default) or `"exact"`.
     pub numerics: Option<String>,
+    /// `"cpu"` (default), `"webgpu"` (the GPU backend through the browser's WebGPU) or
+    /// `"auto"` (WebGPU when it can run the model, else the CPU).
+    pub device: Option<String>,
 }
 
 /// What one generation does (all optional; the defaults are llama.cpp's).
@@ -184,7 +196,7 @@ struct Info {
     n_embd: usize,
     bos: Option<u32>,
     eos: Option<u32>,
-    device: &'static str,
+    device: String,
     isa: &'static str,
     file_bytes: f64,
     /// The module's linear memory now (it only grows: the peak so far); 0 natively.
@@ -268,19 +280,32 @@ fn to_js<T: Serialize>(v: &T) -> JsResult<JsValue> {
 }
 
 /// A loaded model with its one session (the KV cache that consecutive calls share).
+/// JavaScript holds it while its asynchronous calls run, so its state is shared with them;
+/// a call made while another one runs is refused with an Error.
 #[wasm_bindgen]
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct WebModel {
+    inner: Rc<RefCell<Inner>>,
+}
+
+#[derive(Debug)]
+struct Inner {
     engine: Engine,
     session: Session,
     generation: Option<Generation>,
 }
 
+const BUSY: &str = "the model is busy with another call: wait for it first";
+
 impl WebModel {
     /// Build a model from a whole GGUF file in memory (no threads: the pool runs on the
-    /// calling thread).
+    /// calling thread), blocking (the CPU; see [`WebModel::from_bytes_async`]).
     pub fn from_bytes(bytes: Vec<u8>, o: &ModelOptions) -> Result<WebModel, String> {
-        let file = GgufFile::from_bytes(bytes, &Limits::default()).map_err(|e| e.to_string())?;
+        bitnet_gpu::block(Self::from_bytes_async(bytes, o)).map_err(|e| e.to_string())?
+    }
+
+    /// [`WebModel::from_bytes`], opening WebGPU's device where `o.device` asks for it.
+    pub async fn from_bytes_async(bytes: Vec<u8>, o: &ModelOptions) -> Result<WebModel, String> {
         let lm_head = match o.lm_head.as_deref() {
             None | Some("f16") => LmHeadFormat::File,
             Some("q8_0") => LmHeadFormat::Q8_0,
@@ -291,65 +316,115 @@ impl WebModel {
             None => Numerics::Fast,
             Some(s) => s.parse()?,
         };
+        let device = match o.device.as_deref() {
+            None | Some("cpu") => Device::Cpu,
+            Some("webgpu") => Device::Gpu,
+            Some("auto") => Device::Auto,
+            Some(o) => return Err(format!("device {o:?}: use \"cpu\", \"webgpu\" or \"auto\"")),
+        };
+        if o.ctx_size == Some(0) {
+            return Err("ctxSize 0: must be at least 1".into());
+        }
+        let file = GgufFile::from_bytes(bytes, &Limits::default()).map_err(|e| e.to_string())?;
         let opts = LoadOptions {
             threads: 1,
             numerics,
             lm_head,
+            device,
             ..LoadOptions::default()
         };
-        let engine = bitnet_engine::load_file(Arc::new(file), &opts, &mut |_| {})
+        let engine = bitnet_engine::load_file_async(Arc::new(file), &opts, &mut |_| {})
+            .await
             .map_err(|e| e.to_string())?;
         let n_ctx_train = engine.model().config.n_ctx_train;
-        let n_ctx = match o.ctx_size {
-            Some(0) => return Err("ctxSize 0: must be at least 1".into()),
-            Some(n) => n.min(n_ctx_train),
-            None => n_ctx_train.min(4096),
-        };
+        let n_ctx = o.ctx_size.unwrap_or(4096).min(n_ctx_train);
         let session = engine.new_session(n_ctx).map_err(|e| e.to_string())?;
         Ok(WebModel {
-            engine,
-            session,
-            generation: None,
+            inner: Rc::new(RefCell::new(Inner {
+                engine,
+                session,
+                generation: None,
+            })),
         })
     }
 
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> Result<T, String>) -> Result<T, String> {
+        let mut g = self.inner.try_borrow_mut().map_err(|_| BUSY.to_string())?;
+        f(&mut g)
+    }
+
     /// The logits of the last position after `ids`, evaluated from the start.
-    pub fn last_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, String> {
+    // The model is held for the whole call: a call made meanwhile is refused (BUSY).
+    #[allow(clippy::await_holding_refcell_ref)]
+    pub async fn last_logits(&self, ids: &[u32]) -> Result<Vec<f32>, String> {
         if ids.is_empty() {
             return Err(bitnet_engine::EngineError::EmptyPrompt.to_string());
         }
-        self.generation = None;
-        self.session.reset();
-        self.engine
-            .eval(&mut self.session, ids, Outputs::Last)
+        let mut g = self.inner.try_borrow_mut().map_err(|_| BUSY.to_string())?;
+        let Inner {
+            engine,
+            session,
+            generation,
+        } = &mut *g;
+        *generation = None;
+        session.reset();
+        engine
+            .eval_async(session, ids, Outputs::Last)
+            .await
             .map_err(|e| e.to_string())
     }
 
     /// Begin generating after `ids` (the cached prefix they share with the session is
-    /// reused).
-    pub fn start_ids(&mut self, ids: &[u32], o: &GenerateOptions) -> Result<(), String> {
+    /// reused); the prompt is evaluated here.
+    // The model is held for the whole call: a call made meanwhile is refused (BUSY).
+    #[allow(clippy::await_holding_refcell_ref)]
+    pub async fn start_ids(&self, ids: &[u32], o: &GenerateOptions) -> Result<(), String> {
         let params = o.params()?;
-        self.generation = None;
-        let g = self
-            .engine
-            .start(&mut self.session, ids, false, &params)
+        let mut g = self.inner.try_borrow_mut().map_err(|_| BUSY.to_string())?;
+        let Inner {
+            engine,
+            session,
+            generation,
+        } = &mut *g;
+        *generation = None;
+        let started = engine
+            .start_async(session, ids, false, &params)
+            .await
             .map_err(|e| e.to_string())?;
-        self.generation = Some(g);
+        *generation = Some(started);
         Ok(())
     }
 
     /// The next token of the generation and its text; `None` when it has ended.
-    pub fn next_piece(&mut self) -> Result<Option<(u32, String)>, String> {
-        let Some(g) = self.generation.as_mut() else {
+    // The model is held for the whole call: a call made meanwhile is refused (BUSY).
+    #[allow(clippy::await_holding_refcell_ref)]
+    pub async fn next_piece(&self) -> Result<Option<(u32, String)>, String> {
+        let mut g = self.inner.try_borrow_mut().map_err(|_| BUSY.to_string())?;
+        let Inner {
+            engine,
+            session,
+            generation,
+        } = &mut *g;
+        let Some(gen) = generation.as_mut() else {
             return Err("no generation in progress: call start first".into());
         };
-        match g.next_piece(&self.engine, &mut self.session) {
+        match gen.next_piece_async(engine, session).await {
             Ok(p) => Ok(p.map(|p| (p.token, p.text))),
             Err(e) => {
-                self.generation = None;
+                *generation = None;
                 Err(e.to_string())
             }
         }
+    }
+
+    /// End the generation: the text held back and the statistics.
+    pub fn finish_generation(&self) -> Result<(String, bitnet_engine::GenStats), String> {
+        self.with(|i| {
+            i.generation
+                .take()
+                .map(Generation::finish)
+                .ok_or_else(|| "no generation in progress: call start first".to_string())
+        })
     }
 
     /// The tokenizer's ids of a conversation, ready for the assistant's reply.
@@ -370,11 +445,23 @@ impl WebModel {
                 Ok(ChatMessage::new(role, content.clone()))
             })
             .collect::<Result<Vec<_>, String>>()?;
-        self.engine
-            .tokenizer
-            .encode_chat(&msgs, true)
-            .map_err(|e| e.to_string())
+        self.with(|i| {
+            i.engine
+                .tokenizer
+                .encode_chat(&msgs, true)
+                .map_err(|e| e.to_string())
+        })
     }
+}
+
+/// A Promise of what `f` resolves to, the error an Error with its message.
+fn promise<F>(f: F) -> js_sys::Promise
+where
+    F: std::future::Future<Output = Result<JsValue, String>> + 'static,
+{
+    wasm_bindgen_futures::future_to_promise(
+        async move { f.await.map_err(|e| JsValue::from(err(e))) },
+    )
 }
 
 #[wasm_bindgen]
@@ -382,19 +469,25 @@ impl WebModel {
     /// Facts about the model: `{ arch, nVocab, nCtx, nCtxTrain, nLayer, nEmbd, bos, eos,
     /// device, isa, fileBytes, memoryBytes }`.
     pub fn info(&self) -> JsResult<JsValue> {
-        let c = &self.engine.model().config;
+        let i = self.inner.try_borrow().map_err(|_| err(BUSY))?;
+        let c = &i.engine.model().config;
         to_js(&Info {
             arch: c.arch.clone(),
             n_vocab: c.n_vocab,
-            n_ctx: self.session.n_ctx(),
+            n_ctx: i.session.n_ctx(),
             n_ctx_train: c.n_ctx_train,
             n_layer: c.n_layer,
             n_embd: c.n_embd,
-            bos: self.engine.tokenizer.bos(),
-            eos: self.engine.tokenizer.eos(),
-            device: "cpu",
+            bos: i.engine.tokenizer.bos(),
+            eos: i.engine.tokenizer.eos(),
+            device: match i.engine.gpu().map(|g| g.gpu().info().name.as_str()) {
+                None => "cpu".to_string(),
+                // Browsers may keep the adapter's name to themselves.
+                Some("") => "webgpu".to_string(),
+                Some(name) => format!("webgpu ({name})"),
+            },
             isa: bitnet_kernels::isa().name(),
-            file_bytes: self.engine.file().file_size() as f64,
+            file_bytes: i.engine.file().file_size() as f64,
             memory_bytes: memory_bytes(),
         })
     }
@@ -402,13 +495,15 @@ impl WebModel {
     /// Token ids of `text`: BOS first with `addBos` (when the model asks for one),
     /// special-token text parsed as those tokens with `special`.
     pub fn tokenize(&self, text: &str, add_bos: bool, special: bool) -> JsResult<Vec<u32>> {
-        let t = &self.engine.tokenizer;
+        let i = self.inner.try_borrow().map_err(|_| err(BUSY))?;
+        let t = &i.engine.tokenizer;
         t.encode(text, add_bos && t.add_bos(), special).map_err(err)
     }
 
     /// The text of `ids`.
     pub fn detokenize(&self, ids: &[u32]) -> JsResult<String> {
-        self.engine.tokenizer.decode(ids).map_err(err)
+        let i = self.inner.try_borrow().map_err(|_| err(BUSY))?;
+        i.engine.tokenizer.decode(ids).map_err(err)
     }
 
     /// The ids of a conversation (`[{ role, content }]`) with the model's chat template,
@@ -420,38 +515,49 @@ impl WebModel {
         self.chat_ids(&pairs).map_err(err)
     }
 
-    /// The logits at the last of `ids` (a `Float32Array` of `nVocab`).
-    pub fn logits(&mut self, ids: &[u32]) -> JsResult<Vec<f32>> {
-        self.last_logits(ids).map_err(err)
+    /// A Promise of the logits at the last of `ids` (a `Float32Array` of `nVocab`).
+    pub fn logits(&self, ids: Vec<u32>) -> js_sys::Promise {
+        let m = self.clone();
+        promise(async move {
+            let l = m.last_logits(&ids).await?;
+            Ok(js_sys::Float32Array::from(l.as_slice()).into())
+        })
     }
 
-    /// Begin a generation after `ids` (`options`: see [`GenerateOptions`]); the prompt is
-    /// evaluated here.
-    pub fn start(&mut self, ids: &[u32], options: JsValue) -> JsResult<()> {
-        let o: GenerateOptions = if options.is_undefined() || options.is_null() {
-            GenerateOptions::default()
-        } else {
-            serde_wasm_bindgen::from_value(options).map_err(err)?
-        };
-        self.start_ids(ids, &o).map_err(err)
+    /// Begin a generation after `ids` (`options`: see [`GenerateOptions`]): a Promise that
+    /// resolves once the prompt is evaluated.
+    pub fn start(&self, ids: Vec<u32>, options: JsValue) -> js_sys::Promise {
+        let m = self.clone();
+        promise(async move {
+            let o: GenerateOptions = if options.is_undefined() || options.is_null() {
+                GenerateOptions::default()
+            } else {
+                serde_wasm_bindgen::from_value(options).map_err(|e| e.to_string())?
+            };
+            m.start_ids(&ids, &o).await?;
+            Ok(JsValue::UNDEFINED)
+        })
     }
 
-    /// The next token: `{ token, text }`, or `null` when the generation has ended.
+    /// A Promise of the next token, `{ token, text }`, or `null` once the generation has
+    /// ended.
     #[wasm_bindgen(js_name = next)]
-    pub fn next_token(&mut self) -> JsResult<JsValue> {
-        match self.next_piece().map_err(err)? {
-            Some((token, text)) => to_js(&JsPiece { token, text }),
-            None => Ok(JsValue::NULL),
-        }
+    pub fn next_token(&self) -> js_sys::Promise {
+        let m = self.clone();
+        promise(async move {
+            match m.next_piece().await? {
+                Some((token, text)) => {
+                    to_js(&JsPiece { token, text }).map_err(|_| "serialize".into())
+                }
+                None => Ok(JsValue::NULL),
+            }
+        })
     }
 
-    /// End the generation (a Stop, or after `next` returned `null`): the text held back
-    /// to the end and the statistics.
-    pub fn finish(&mut self) -> JsResult<JsValue> {
-        let Some(g) = self.generation.take() else {
-            return Err(err("no generation in progress: call start first"));
-        };
-        let (text, s) = g.finish();
+    /// End the generation (a Stop, or after `next` gave `null`): the text held back to the
+    /// end and the statistics.
+    pub fn finish(&self) -> JsResult<JsValue> {
+        let (text, s) = self.finish_generation().map_err(err)?;
         to_js(&JsDone {
             text,
             finish_reason: match s.finish {
@@ -469,9 +575,13 @@ impl WebModel {
     }
 
     /// Forget the session's cache (the next generation evaluates its whole prompt).
-    pub fn reset(&mut self) {
-        self.generation = None;
-        self.session.reset();
+    pub fn reset(&self) -> JsResult<()> {
+        self.with(|i| {
+            i.generation = None;
+            i.session.reset();
+            Ok(())
+        })
+        .map_err(err)
     }
 }
 
@@ -485,35 +595,43 @@ mod tests {
         WebModel::from_bytes(bytes, &ModelOptions::default()).unwrap()
     }
 
+    fn now<F: std::future::Future>(f: F) -> F::Output {
+        bitnet_gpu::block(f).unwrap()
+    }
+
     /// A generation taken token by token gives what the engine's own loop gives.
     #[test]
     fn stepped_generation_is_the_engines_generation() {
-        let mut m = tiny();
+        let m = tiny();
         let ids = m
-            .engine
-            .tokenizer
-            .encode("Once upon a time", true, false)
+            .with(|i| {
+                i.engine
+                    .tokenizer
+                    .encode("Once upon a time", true, false)
+                    .map_err(|e| e.to_string())
+            })
             .unwrap();
         let o = GenerateOptions {
             max_tokens: Some(20),
             temperature: Some(0.0),
             ..Default::default()
         };
-        m.start_ids(&ids, &o).unwrap();
+        now(m.start_ids(&ids, &o)).unwrap();
         let mut text = String::new();
         let mut tokens = Vec::new();
-        while let Some((t, piece)) = m.next_piece().unwrap() {
+        while let Some((t, piece)) = now(m.next_piece()).unwrap() {
             tokens.push(t);
             text.push_str(&piece);
         }
-        let (tail, stats) = m.generation.take().unwrap().finish();
+        let (tail, stats) = m.finish_generation().unwrap();
         text.push_str(&tail);
         assert_eq!(stats.generated_tokens, tokens.len());
 
-        let mut s = m.engine.new_session(512).unwrap();
+        let i = m.inner.borrow();
+        let mut s = i.engine.new_session(512).unwrap();
         let mut want = String::new();
         let mut want_tokens = Vec::new();
-        m.engine
+        i.engine
             .generate(&mut s, &ids, false, &o.params().unwrap(), &mut |e| {
                 match e {
                     bitnet_engine::Event::Token(t) => want_tokens.push(t),
@@ -557,10 +675,18 @@ mod tests {
             ..Default::default()
         };
         assert!(o.params().is_err());
-        let mut m = tiny();
-        assert!(m.last_logits(&[]).is_err());
-        assert!(m.last_logits(&[u32::MAX]).is_err());
-        assert!(m.next_piece().is_err(), "no generation started");
+        let m = tiny();
+        assert!(now(m.last_logits(&[])).is_err());
+        assert!(now(m.last_logits(&[u32::MAX])).is_err());
+        assert!(now(m.next_piece()).is_err(), "no generation started");
+        let o = ModelOptions {
+            device: Some("tpu".into()),
+            ..Default::default()
+        };
+        let bytes = bitnet_testdata::read("tiny/bitnet-tiny-i2_s.gguf");
+        assert!(WebModel::from_bytes(bytes, &o)
+            .unwrap_err()
+            .contains("device"));
         assert!(m
             .chat_ids(&[("robot".into(), "hi".into())])
             .unwrap_err()

@@ -40,7 +40,8 @@ test("the package in Chromium: logits pass the gates, greedy text equals the nat
     const { Model, selfTest } = await import("/bitnet.js");
     const check = await selfTest("auto", 24);
     const m = await Model.load("/golden/bitnet-tiny-i2_s.gguf", { device: "cpu", cache: false });
-    const logits = ${JSON.stringify(ids)}.map((ids) => Array.from(m.logits(ids)));
+    const logits = [];
+    for (const i of ${JSON.stringify(ids)}) logits.push(Array.from(await m.logits(i)));
     const texts = [];
     for (const t of ${JSON.stringify(texts)}) {
       const g = await m.generate(t, { maxTokens: 24, temperature: 0 });
@@ -64,9 +65,41 @@ test("the package in Chromium: logits pass the gates, greedy text equals the nat
   });
 });
 
+test("WebGPU in Chromium (SwiftShader): logits pass the gates, greedy text equals the native CLI's", { skip }, async () => {
+  await browser.goto(`${base}/index.html`);
+  const ids = PROMPTS.map((p) => reference(p).prompt_tokens);
+  const texts = PROMPTS.map(promptText);
+  const r = await browser.eval(`(async () => {
+    if (!navigator.gpu || !(await navigator.gpu.requestAdapter())) return { none: true };
+    const { Model } = await import("/bitnet.js");
+    const m = await Model.load("/golden/bitnet-tiny-i2_s.gguf", { device: "webgpu", cache: false });
+    const logits = [];
+    for (const i of ${JSON.stringify(ids)}) logits.push(Array.from(await m.logits(i)));
+    // Greedy text for one prompt (SwiftShader runs a step in about a second).
+    const texts = [];
+    for (const t of ${JSON.stringify(texts.slice(0, 1))}) {
+      const g = await m.generate(t, { maxTokens: 8, temperature: 0 });
+      texts.push({ text: g.text, tokens: g.tokens, prompt: Array.from(m.tokenize(t)) });
+    }
+    const a = await navigator.gpu.requestAdapter();
+    const info = m.info;
+    m.free();
+    return { logits, texts, info, adapter: a.info.vendor + " " + a.info.architecture };
+  })()`);
+  assert.ok(!r.none, "Chromium gave no WebGPU adapter (it was started with SwiftShader's Vulkan)");
+  assert.match(r.info.device, /^webgpu/);
+  console.log(`# WebGPU adapter: ${r.adapter}`);
+  PROMPTS.forEach((p, i) => {
+    const g = gates(Float32Array.from(r.logits[i]), f32s(resolve(golden, `${p}.logits.f32`)), `webgpu ${p}`);
+    console.log(`# webgpu ${p}: max |Δ| ${g.maxd.toFixed(4)}, cos ${g.cos.toFixed(6)}`);
+  });
+  const want = native(["run", "-m", modelPath, "-p", texts[0], "-n", "8", "--temp", "0", "--no-echo"]);
+  sameGreedy(`webgpu ${PROMPTS[0]}`, r.texts[0].prompt, r.texts[0], want);
+});
+
 test("the chat page: a message in, streamed text out, Stop, and offline after the first load", { skip }, async () => {
   const model = `${base}/golden/bitnet-tiny-i2_s.gguf`;
-  await browser.goto(`${base}/index.html?model=${encodeURIComponent(model)}`);
+  await browser.goto(`${base}/index.html?device=cpu&model=${encodeURIComponent(model)}`);
   await browser.waitFor("window.bitnetChat && bitnetChat.ready", 30000);
   const setField = (id, v) => browser.eval(`document.getElementById(${JSON.stringify(id)}).value = ${JSON.stringify(v)}, true`);
   await setField("temperature", "0");
@@ -105,7 +138,7 @@ test("the chat page: a message in, streamed text out, Stop, and offline after th
   await new Promise((r) => server.close(r));
   server.closeAllConnections?.();
   server = null;
-  await browser.goto(`${base}/index.html?model=${encodeURIComponent(model)}`);
+  await browser.goto(`${base}/index.html?device=cpu&model=${encodeURIComponent(model)}`);
   await browser.waitFor("window.bitnetChat && bitnetChat.ready", 30000);
   await setField("max-tokens", "16");
   await setField("temperature", "0");
@@ -113,4 +146,27 @@ test("the chat page: a message in, streamed text out, Stop, and offline after th
   await browser.eval(`document.getElementById("send").click(), true`);
   await browser.waitFor("bitnetChat.last && !bitnetChat.busy");
   assert.equal((await browser.eval("bitnetChat.last")).text, last.text);
+});
+
+test("the chat page on WebGPU", { skip }, async () => {
+  const model = `${base}/golden/bitnet-tiny-i2_s.gguf`;
+  if (!server) {
+    server = await serve(pkg, { golden }, Number(new URL(base).port));
+  }
+  await browser.goto(`${base}/index.html?device=webgpu&model=${encodeURIComponent(model)}`);
+  await browser.waitFor("window.bitnetChat && (bitnetChat.ready || bitnetChat.error)", 30000);
+  assert.equal(await browser.eval("bitnetChat.error"), null);
+  assert.match(await browser.eval("bitnetChat.info.device"), /^webgpu/);
+  await browser.eval(`document.getElementById("temperature").value = "0", document.getElementById("max-tokens").value = "6", true`);
+  await browser.eval(`document.getElementById("new-chat").click(), document.getElementById("input").value = "Name three colors.", document.getElementById("send").click(), true`);
+  await browser.waitFor("bitnetChat.last && !bitnetChat.busy && bitnetChat.messages.length === 2");
+  const last = await browser.eval("bitnetChat.last");
+  const ids = await browser.eval(`import("/bitnet.js").then(async ({ Model }) => {
+    const m = await Model.load("/golden/bitnet-tiny-i2_s.gguf", { device: "cpu", cache: false });
+    const ids = Array.from(m.chatTokens([{ role: "user", content: "Name three colors." }]));
+    m.free();
+    return ids;
+  })`);
+  const want = native(["run", "-m", modelPath, "--chat", "-p", "Name three colors.", "-n", "6", "--temp", "0"]);
+  sameGreedy("page on webgpu", ids, last, want);
 });

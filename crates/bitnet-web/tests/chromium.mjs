@@ -43,8 +43,22 @@ export class Browser {
       "--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--no-first-run",
       "--no-default-browser-check", "--disable-extensions", "--disable-background-networking",
       "--disable-component-update", "--disable-sync", "--disable-quic", "--remote-debugging-port=0",
+      // WebGPU: on a machine without a GPU, through SwiftShader's Vulkan.
+      "--enable-unsafe-webgpu", "--enable-features=Vulkan", "--use-vulkan=native",
       `--user-data-dir=${profile}`, "about:blank",
     ], { stdio: "ignore", detached: true });
+    // The browser has a process group of its own (for `close`); it must not outlive this
+    // process, however that ends.
+    const reap = () => {
+      try { process.kill(-child.pid, "SIGKILL"); } catch { /* gone */ }
+    };
+    process.once("exit", reap);
+    for (const sig of ["SIGINT", "SIGTERM", "SIGHUP"]) {
+      process.once(sig, () => {
+        reap();
+        process.exit(128 + (sig === "SIGINT" ? 2 : sig === "SIGTERM" ? 15 : 1));
+      });
+    }
     const portFile = join(profile, "DevToolsActivePort");
     for (let i = 0; i < 300 && !existsSync(portFile); i++) await new Promise((r) => setTimeout(r, 100));
     const port = readFileSync(portFile, "utf8").split("\n")[0];

@@ -44,10 +44,10 @@ test("tokenize gives the native tokenizer's ids", () => {
   }
 });
 
-test("last-position logits pass the fast gates against bitnet.cpp", () => {
+test("last-position logits pass the fast gates against bitnet.cpp", async () => {
   for (const p of PROMPTS) {
     const ref = reference(p);
-    const got = model.logits(ref.prompt_tokens);
+    const got = await model.logits(ref.prompt_tokens);
     const r = gates(got, f32s(resolve(golden, `${p}.logits.f32`)), p);
     console.log(`# ${p}: max |Δ| ${r.maxd.toFixed(4)}, cos ${r.cos.toFixed(6)}`);
   }
@@ -56,7 +56,7 @@ test("last-position logits pass the fast gates against bitnet.cpp", () => {
 test("exact numerics gives bitnet.cpp's logits bit for bit", async () => {
   const exact = await Model.load(modelPath, { numerics: "exact" });
   for (const p of PROMPTS) {
-    const got = exact.logits(reference(p).prompt_tokens);
+    const got = await exact.logits(reference(p).prompt_tokens);
     const want = f32s(resolve(golden, `${p}.logits.f32`));
     const diff = want.findIndex((w, i) => Object.is(w, got[i]) === false);
     assert.equal(diff, -1, `${p}: logit ${diff}: ${got[diff]} vs ${want[diff]}`);
@@ -64,14 +64,14 @@ test("exact numerics gives bitnet.cpp's logits bit for bit", async () => {
   exact.free();
 });
 
-test("one-token steps pass the fast gates against bitnet.cpp (teacher-forced)", () => {
+test("one-token steps pass the fast gates against bitnet.cpp (teacher-forced)", async () => {
   for (const p of PROMPTS) {
     const ref = reference(p);
     const steps = f32s(resolve(golden, `${p}.step_logits.f32`));
     const n = ref.n_vocab;
     for (const s of [1, 5, 17, 31]) {
       const ids = ref.prompt_tokens.concat(ref.generated_tokens.slice(0, s));
-      gates(model.logits(ids), steps.subarray(s * n, (s + 1) * n), `${p} step ${s}`);
+      gates(await model.logits(ids), steps.subarray(s * n, (s + 1) * n), `${p} step ${s}`);
     }
   }
 });
@@ -148,10 +148,10 @@ test("bad input is an Error with the engine's message, never a trap", async () =
   await assert.rejects(model.generate("x", { seed: -1 }), /seed/);
   await assert.rejects(model.generate("x", { maxTokens: "many" }), Error);
   await assert.rejects(model.chat([{ role: "robot", content: "hi" }]), /role/);
-  assert.throws(() => model.logits([999999]), Error);
-  assert.throws(() => model.logits([]), Error);
+  await assert.rejects(model.logits([999999]), Error);
+  await assert.rejects(model.logits([]), Error);
   // The model still works after every refusal.
-  gates(model.logits(reference("p1_english").prompt_tokens), f32s(resolve(golden, "p1_english.logits.f32")), "after errors");
+  gates(await model.logits(reference("p1_english").prompt_tokens), f32s(resolve(golden, "p1_english.logits.f32")), "after errors");
 });
 
 test("a model loads from a Blob and from an ArrayBuffer, and a freed model refuses calls", async () => {
@@ -160,9 +160,9 @@ test("a model loads from a Blob and from an ArrayBuffer, and a freed model refus
   const fromBlob = await Model.load(new Blob([bytes]), { onProgress: (p) => progress.push(p.phase) });
   assert.ok(progress.includes("download") && progress.at(-1) === "ready", progress.join(","));
   const ids = [4000, 1966, 346];
-  assert.deepEqual(Array.from(fromBlob.logits(ids)), Array.from(model.logits(ids)));
+  assert.deepEqual(Array.from(await fromBlob.logits(ids)), Array.from(await model.logits(ids)));
   fromBlob.free();
-  assert.throws(() => fromBlob.logits(ids), /freed/);
+  await assert.rejects(fromBlob.logits(ids), /freed/);
   const fromBuffer = await Model.load(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
   assert.equal(fromBuffer.info.nVocab, 4256);
   fromBuffer.free();

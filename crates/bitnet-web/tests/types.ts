@@ -4,7 +4,7 @@ import { Model, isCached, type GenerateOptions } from "../../../target/web/bitne
 async function main() {
   const m = await Model.load("x.gguf", { device: "cpu", onProgress: (p) => console.log(p.phase, p.loaded / p.total) });
   const ids: Uint32Array = m.tokenize("hi");
-  const l: Float32Array = m.logits(ids);
+  const l: Float32Array = await m.logits(ids);
   const o: GenerateOptions = { maxTokens: 4, onToken: (p) => { console.log(p.text); } };
   const g = await m.generate("hi", o);
   const c = await m.chat([{ role: "user", content: "hi" }]);
