@@ -35,7 +35,7 @@ export interface ModelInfo {
   nEmbd: number;
   bos: number | null;
   eos: number | null;
-  /** "cpu", or "webgpu (ADAPTER)". */
+  /** "cpu", or "webgpu" (with the adapter's name where the browser gives it). */
   device: string;
   isa: string;
   fileBytes: number;

@@ -8,7 +8,9 @@
 //!   twice; `finish` turns them into a model.
 //! - [`WebModel`]: tokenize, logits of the last position, and a generation taken one token
 //!   at a time (`start`, `next`, `finish`), so the caller returns to its event loop between
-//!   tokens (streaming, a Stop button).
+//!   tokens (streaming, a Stop button). The forward pass runs on the CPU kernels or, through
+//!   the browser's WebGPU, on the GPU backend; the calls that may wait on the GPU return
+//!   Promises.
 //!
 //! Every failure is a JavaScript `Error` carrying the engine's message. The same code
 //! compiles natively, where its tests run.
