@@ -100,16 +100,9 @@ impl Loader {
     /// a [`WebModel`] (WebGPU's device is opened asynchronously).
     pub fn finish(self, options: JsValue) -> js_sys::Promise {
         let bytes = self.bytes;
-        wasm_bindgen_futures::future_to_promise(async move {
-            let opts: ModelOptions = if options.is_undefined() || options.is_null() {
-                ModelOptions::default()
-            } else {
-                serde_wasm_bindgen::from_value(options).map_err(|e| JsValue::from(err(e)))?
-            };
-            let m = WebModel::from_bytes_async(bytes, &opts)
-                .await
-                .map_err(|e| JsValue::from(err(e)))?;
-            Ok(JsValue::from(m))
+        promise(async move {
+            let opts: ModelOptions = options_of(options)?;
+            Ok(WebModel::from_bytes_async(bytes, &opts).await?.into())
         })
     }
 }
@@ -276,9 +269,18 @@ pub fn self_test(rounds: u32) -> JsResult<f64> {
         .map_err(err)
 }
 
-fn to_js<T: Serialize>(v: &T) -> JsResult<JsValue> {
+fn to_js<T: Serialize>(v: &T) -> Result<JsValue, String> {
     v.serialize(&serde_wasm_bindgen::Serializer::json_compatible())
-        .map_err(err)
+        .map_err(|e| e.to_string())
+}
+
+/// An options object from JavaScript (`undefined` or `null`: every default).
+fn options_of<T: Default + serde::de::DeserializeOwned>(v: JsValue) -> Result<T, String> {
+    if v.is_undefined() || v.is_null() {
+        Ok(T::default())
+    } else {
+        serde_wasm_bindgen::from_value(v).map_err(|e| e.to_string())
+    }
 }
 
 /// A loaded model with its one session (the KV cache that consecutive calls share).
@@ -350,9 +352,18 @@ impl WebModel {
         })
     }
 
+    /// The model's state, unless another call holds it.
+    fn state(&self) -> Result<std::cell::RefMut<'_, Inner>, String> {
+        self.inner.try_borrow_mut().map_err(|_| BUSY.to_string())
+    }
+
+    /// The model's state to read, unless another call holds it.
+    fn view(&self) -> JsResult<std::cell::Ref<'_, Inner>> {
+        self.inner.try_borrow().map_err(|_| err(BUSY))
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut Inner) -> Result<T, String>) -> Result<T, String> {
-        let mut g = self.inner.try_borrow_mut().map_err(|_| BUSY.to_string())?;
-        f(&mut g)
+        f(&mut *self.state()?)
     }
 
     /// The logits of the last position after `ids`, evaluated from the start.
@@ -362,7 +373,7 @@ impl WebModel {
         if ids.is_empty() {
             return Err(bitnet_engine::EngineError::EmptyPrompt.to_string());
         }
-        let mut g = self.inner.try_borrow_mut().map_err(|_| BUSY.to_string())?;
+        let mut g = self.state()?;
         let Inner {
             engine,
             session,
@@ -382,7 +393,7 @@ impl WebModel {
     #[allow(clippy::await_holding_refcell_ref)]
     pub async fn start_ids(&self, ids: &[u32], o: &GenerateOptions) -> Result<(), String> {
         let params = o.params()?;
-        let mut g = self.inner.try_borrow_mut().map_err(|_| BUSY.to_string())?;
+        let mut g = self.state()?;
         let Inner {
             engine,
             session,
@@ -401,7 +412,7 @@ impl WebModel {
     // The model is held for the whole call: a call made meanwhile is refused (BUSY).
     #[allow(clippy::await_holding_refcell_ref)]
     pub async fn next_piece(&self) -> Result<Option<(u32, String)>, String> {
-        let mut g = self.inner.try_borrow_mut().map_err(|_| BUSY.to_string())?;
+        let mut g = self.state()?;
         let Inner {
             engine,
             session,
@@ -471,7 +482,7 @@ impl WebModel {
     /// Facts about the model: `{ arch, nVocab, nCtx, nCtxTrain, nLayer, nEmbd, bos, eos,
     /// device, isa, fileBytes, memoryBytes }`.
     pub fn info(&self) -> JsResult<JsValue> {
-        let i = self.inner.try_borrow().map_err(|_| err(BUSY))?;
+        let i = self.view()?;
         let c = &i.engine.model().config;
         to_js(&Info {
             arch: c.arch.clone(),
@@ -492,19 +503,20 @@ impl WebModel {
             file_bytes: i.engine.file().file_size() as f64,
             memory_bytes: memory_bytes(),
         })
+        .map_err(err)
     }
 
     /// Token ids of `text`: BOS first with `addBos` (when the model asks for one),
     /// special-token text parsed as those tokens with `special`.
     pub fn tokenize(&self, text: &str, add_bos: bool, special: bool) -> JsResult<Vec<u32>> {
-        let i = self.inner.try_borrow().map_err(|_| err(BUSY))?;
+        let i = self.view()?;
         let t = &i.engine.tokenizer;
         t.encode(text, add_bos && t.add_bos(), special).map_err(err)
     }
 
     /// The text of `ids`.
     pub fn detokenize(&self, ids: &[u32]) -> JsResult<String> {
-        let i = self.inner.try_borrow().map_err(|_| err(BUSY))?;
+        let i = self.view()?;
         i.engine.tokenizer.decode(ids).map_err(err)
     }
 
@@ -531,11 +543,7 @@ impl WebModel {
     pub fn start(&self, ids: Vec<u32>, options: JsValue) -> js_sys::Promise {
         let m = self.clone();
         promise(async move {
-            let o: GenerateOptions = if options.is_undefined() || options.is_null() {
-                GenerateOptions::default()
-            } else {
-                serde_wasm_bindgen::from_value(options).map_err(|e| e.to_string())?
-            };
+            let o: GenerateOptions = options_of(options)?;
             m.start_ids(&ids, &o).await?;
             Ok(JsValue::UNDEFINED)
         })
@@ -548,9 +556,7 @@ impl WebModel {
         let m = self.clone();
         promise(async move {
             match m.next_piece().await? {
-                Some((token, text)) => {
-                    to_js(&JsPiece { token, text }).map_err(|_| "serialize".into())
-                }
+                Some((token, text)) => to_js(&JsPiece { token, text }),
                 None => Ok(JsValue::NULL),
             }
         })
@@ -562,11 +568,10 @@ impl WebModel {
         let (text, s) = self.finish_generation().map_err(err)?;
         to_js(&JsDone {
             text,
+            // OpenAI's reasons, but a Stop is told apart from the text's own end.
             finish_reason: match s.finish {
-                bitnet_engine::FinishReason::Eog => "stop",
-                bitnet_engine::FinishReason::StopString => "stop",
-                bitnet_engine::FinishReason::Length => "length",
                 bitnet_engine::FinishReason::Cancelled => "cancelled",
+                f => f.as_openai(),
             },
             prompt_tokens: s.prompt_tokens,
             cached_tokens: s.cached_tokens,
@@ -574,6 +579,7 @@ impl WebModel {
             prompt_ms: s.prompt_time.as_secs_f64() * 1e3,
             generation_ms: s.generation_time.as_secs_f64() * 1e3,
         })
+        .map_err(err)
     }
 
     /// Forget the session's cache (the next generation evaluates its whole prompt).
