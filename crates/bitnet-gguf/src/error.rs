@@ -15,6 +15,11 @@ pub enum GgufError {
     #[error("file truncated: {what} at byte offset {offset} runs past the end of the file")]
     Truncated { what: &'static str, offset: u64 },
 
+    /// The header goes on past the first bytes of the file given so far
+    /// ([`crate::GgufHeader::parse_prefix`] asks for more).
+    #[error("the header continues past byte offset {offset}: more of the file is needed")]
+    Incomplete { offset: u64 },
+
     /// The first four bytes are not `GGUF`.
     #[error("not a GGUF file (bad magic)")]
     BadMagic,

@@ -16,6 +16,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::value::type_id as vt;
 use crate::MappedFile;
@@ -102,7 +103,11 @@ enum Backing {
 #[derive(Debug)]
 pub struct GgufFile {
     backing: Backing,
-    parsed: Parsed,
+    parsed: Arc<Parsed>,
+    /// The file offset of the first byte of `backing` (0 unless it is a window).
+    base: usize,
+    /// The file's size (the backing's length unless it is a window).
+    size: u64,
     /// The open file behind a map made by [`GgufFile::open`], for [`GgufFile::read_at`].
     #[cfg_attr(not(unix), allow(dead_code))]
     file: Option<File>,
@@ -149,6 +154,88 @@ fn to_u64(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
+/// A GGUF file's header (metadata and tensor table), read from its first bytes before the
+/// rest has arrived: for a file that comes in pieces (a download) and is consumed tensor by
+/// tensor, never held whole. Every check of [`GgufFile::from_bytes`] is made against the
+/// file's declared size; [`GgufHeader::window`] then gives the tensors of any byte range.
+#[derive(Debug, Clone)]
+pub struct GgufHeader {
+    parsed: Arc<Parsed>,
+    size: u64,
+}
+
+impl GgufHeader {
+    /// The header of a file of `file_size` bytes whose first bytes are `prefix`; `None` when
+    /// the header goes on past `prefix` (call again with more).
+    pub fn parse_prefix(
+        prefix: &[u8],
+        file_size: u64,
+        limits: &Limits,
+    ) -> Result<Option<Self>, GgufError> {
+        if to_u64(prefix.len()) > file_size {
+            return Err(GgufError::LimitExceeded {
+                what: "bytes received (more than the file's size)",
+                value: to_u64(prefix.len()),
+                limit: file_size,
+            });
+        }
+        match parse_sized(prefix, file_size, limits) {
+            Ok(p) => Ok(Some(GgufHeader {
+                parsed: Arc::new(p),
+                size: file_size,
+            })),
+            Err(GgufError::Incomplete { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Metadata key-value pairs in file order.
+    pub fn metadata(&self) -> &Metadata {
+        &self.parsed.metadata
+    }
+
+    /// Tensor table in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.parsed.tensors
+    }
+
+    /// Absolute byte offset of the tensor data section.
+    pub fn data_offset(&self) -> u64 {
+        self.parsed.data_offset
+    }
+
+    /// The file's size in bytes.
+    pub fn file_size(&self) -> u64 {
+        self.size
+    }
+
+    /// Where a tensor's available bytes ([`GgufFile::tensor_bytes`]) lie in the file
+    /// (absolute offsets).
+    pub fn tensor_range(&self, t: &TensorInfo) -> std::ops::Range<u64> {
+        // Checked at parse: offset + available lies inside the file.
+        let start = self.parsed.data_offset.saturating_add(t.offset);
+        start..start.saturating_add(t.available)
+    }
+
+    /// The file's bytes from offset `start` (`bytes`, a piece of it) as a [`GgufFile`] with
+    /// this header: the tensors that lie wholly inside the piece read as in the whole file;
+    /// the others are out of bounds.
+    pub fn window(&self, start: u64, bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
+        let end = start.checked_add(to_u64(bytes.len()));
+        let base = usize::try_from(start).ok();
+        match (end, base) {
+            (Some(end), Some(base)) if end <= self.size => Ok(GgufFile {
+                backing: Backing::Owned(bytes),
+                parsed: Arc::clone(&self.parsed),
+                base,
+                size: self.size,
+                file: None,
+            }),
+            _ => Err(GgufError::NotInFile { len: bytes.len() }),
+        }
+    }
+}
+
 impl GgufFile {
     /// Memory-maps `path` and validates it. The file length is checked against
     /// `limits.max_file_size` before mapping.
@@ -174,10 +261,12 @@ impl GgufFile {
                 offset: to_u64(map.len()),
             });
         }
-        let parsed = parse(&map, limits)?;
+        let parsed = Arc::new(parse(&map, limits)?);
         Ok(Self {
             backing: Backing::Mmap(map),
             parsed,
+            base: 0,
+            size: len,
             file: Some(file),
         })
     }
@@ -208,9 +297,11 @@ impl GgufFile {
 
     /// Validates a file held in memory.
     pub fn from_bytes(bytes: Vec<u8>, limits: &Limits) -> Result<Self, GgufError> {
-        let parsed = parse(&bytes, limits)?;
+        let parsed = Arc::new(parse(&bytes, limits)?);
         Ok(Self {
             file: None,
+            size: to_u64(bytes.len()),
+            base: 0,
             backing: Backing::Owned(bytes),
             parsed,
         })
@@ -312,9 +403,14 @@ impl GgufFile {
             None => Backing::Owned(Vec::new()),
         };
         Ok(GgufFile {
+            size: to_u64(match &backing {
+                Backing::Mmap(m) => m.len(),
+                Backing::Owned(v) => v.len(),
+            }),
+            base: 0,
             backing,
             file: None,
-            parsed: Parsed {
+            parsed: Arc::new(Parsed {
                 version: 3,
                 alignment: DEFAULT_ALIGNMENT,
                 data_offset: 0,
@@ -322,7 +418,7 @@ impl GgufFile {
                 tensors,
                 by_name,
                 bitnet_context,
-            },
+            }),
         })
     }
 
@@ -351,10 +447,10 @@ impl GgufFile {
 
     /// File size in bytes.
     pub fn file_size(&self) -> u64 {
-        to_u64(self.bytes().len())
+        self.size
     }
 
-    /// The whole file.
+    /// The whole file (for a window made by [`GgufHeader::window`], the window's bytes).
     pub fn as_bytes(&self) -> &[u8] {
         self.bytes()
     }
@@ -560,7 +656,7 @@ impl GgufFile {
 
     /// The metadata, keeping nothing else of the file.
     pub fn into_metadata(self) -> Metadata {
-        self.parsed.metadata
+        Arc::try_unwrap(self.parsed).map_or_else(|p| p.metadata.clone(), |p| p.metadata)
     }
 
     /// Tensor table in file order.
@@ -625,7 +721,8 @@ impl GgufFile {
             .data_offset
             .checked_add(t.offset)
             .and_then(|s| Some((s, s.checked_add(len)?)))
-            .and_then(|(s, e)| Some(usize::try_from(s).ok()?..usize::try_from(e).ok()?));
+            .and_then(|(s, e)| Some(usize::try_from(s).ok()?..usize::try_from(e).ok()?))
+            .and_then(|r| Some(r.start.checked_sub(self.base)?..r.end.checked_sub(self.base)?));
         range
             .and_then(|r| self.bytes().get(r))
             .ok_or_else(|| self.out_of_bounds(t, len))
@@ -646,6 +743,8 @@ fn check_file_size(len: u64, limits: &Limits) -> Result<(), GgufError> {
 /// Bounds-checked little-endian cursor that also meters heap use.
 struct Reader<'a> {
     buf: &'a [u8],
+    /// The file's size: `buf.len()`, or more when `buf` is only its first bytes.
+    total: u64,
     pos: usize,
     limits: &'a Limits,
     /// Heap bytes charged so far (compared against `limits.max_alloc`).
@@ -661,8 +760,10 @@ const MIN_TENSOR_INFO_BYTES: u64 = 33;
 const MIN_ARRAY_BYTES: u64 = 12;
 
 impl<'a> Reader<'a> {
+    /// Bytes of the file after the cursor (counted to the file's end, also when only a
+    /// prefix is at hand).
     fn remaining(&self) -> u64 {
-        to_u64(self.buf.len().saturating_sub(self.pos))
+        self.total.saturating_sub(to_u64(self.pos))
     }
 
     fn offset(&self) -> u64 {
@@ -679,6 +780,12 @@ impl<'a> Reader<'a> {
             offset: self.offset(),
         })?;
         let end = self.pos.checked_add(n).ok_or(truncated)?;
+        if end > self.buf.len() && to_u64(end) <= self.total {
+            // Within the file, past the bytes received so far.
+            return Err(GgufError::Incomplete {
+                offset: self.offset(),
+            });
+        }
         let s = self.buf.get(self.pos..end).ok_or(GgufError::Truncated {
             what,
             offset: self.offset(),
@@ -870,10 +977,16 @@ fn bool_of(b: u8) -> Result<bool, GgufError> {
 }
 
 fn parse(buf: &[u8], limits: &Limits) -> Result<Parsed, GgufError> {
-    let file_size = to_u64(buf.len());
+    parse_sized(buf, to_u64(buf.len()), limits)
+}
+
+/// Parses the header of a file of `file_size` bytes from `buf`, its first bytes (all of
+/// them, or a prefix: then `Incomplete` when the header goes on past `buf`).
+fn parse_sized(buf: &[u8], file_size: u64, limits: &Limits) -> Result<Parsed, GgufError> {
     check_file_size(file_size, limits)?;
     let mut r = Reader {
         buf,
+        total: file_size,
         pos: 0,
         limits,
         alloc: 0,
