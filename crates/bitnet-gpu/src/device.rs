@@ -365,25 +365,33 @@ impl Gpu {
             wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
         )?;
         let whole = data.len() / 4 * 4;
-        if whole > 0 {
-            self.queue.write_buffer(&b, 0, &data[..whole]);
-        }
+        self.write(&b, 0, &data[..whole])?;
         if whole < data.len() {
             let mut tail = [0u8; 4];
             tail[..data.len() - whole].copy_from_slice(&data[whole..]);
-            self.queue.write_buffer(&b, whole as u64, &tail);
+            self.write(&b, whole as u64, &tail)?;
         }
-        // Uploading a model stages each tensor in memory until the queue runs; let it run
+        Ok(b)
+    }
+
+    /// Write `data` (whole 4-byte words) into `b` at byte `at` (a multiple of 4).
+    pub(crate) fn write(&self, b: &wgpu::Buffer, at: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.queue.write_buffer(b, at, data);
+        // Uploading a model stages each write in memory until the queue runs; let it run
         // every 64 MiB, so the staging copies never add up to the model's size.
+        let n = u64::try_from(data.len()).map_err(|_| GpuError::Overflow("buffer size"))?;
         let staged = self
             .staged
-            .fetch_add(b.size(), std::sync::atomic::Ordering::Relaxed);
-        if staged + b.size() >= STAGING_FLUSH {
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        if staged + n >= STAGING_FLUSH {
             self.staged.store(0, std::sync::atomic::Ordering::Relaxed);
             self.queue.submit(std::iter::empty());
             self.wait()?;
         }
-        Ok(b)
+        Ok(())
     }
 
     /// A uniform buffer holding `words`.

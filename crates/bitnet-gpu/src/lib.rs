@@ -21,5 +21,8 @@ mod rec;
 
 pub use device::{adapters, block, AdapterInfo, Gpu};
 pub use error::{GpuError, Result};
-pub use model::{DecodeKernels, GpuCache, GpuKv, GpuModel, GpuOptions, GpuOutputs, TOP_CANDIDATES};
+pub use model::{
+    DecodeKernels, GpuBuilder, GpuCache, GpuKv, GpuModel, GpuOptions, GpuOutputs, RowsSpec,
+    TOP_CANDIDATES,
+};
 pub use rec::KernelTime;

@@ -3,7 +3,7 @@
 
 use bitnet_kernels::{RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 use bitnet_model::numerics::{rope_neox_back, rope_row};
-use bitnet_model::{Activation, Config, Model, Outputs};
+use bitnet_model::{Activation, Config, Layer, Model, Outputs};
 
 use crate::device::{attn_part_len, attn_split, Gpu};
 use crate::rec::{KernelTime, Profile, Rec, PROFILE_QUERIES};
@@ -317,13 +317,7 @@ fn tq2_to_i2s_order(data: &[u8], n_out: usize, n_in: usize) -> Result<(Vec<u8>, 
 }
 
 pub(crate) fn ty_of(m: &RowMatrix<'_>, what: &str) -> Result<u32> {
-    match m.row_type() {
-        RowType::F16 => Ok(0),
-        RowType::F32 => Ok(1),
-        other => Err(GpuError::Unsupported(format!(
-            "a {other:?} {what} (F16 or F32 only; load without --lm-head, or convert the file)"
-        ))),
-    }
+    ty_of_type(m.row_type(), what)
 }
 
 impl GpuModel {
@@ -340,7 +334,37 @@ impl GpuModel {
     }
 
     fn upload(gpu: Gpu, model: &Model<'_>, opts: GpuOptions) -> Result<Self> {
-        let c = model.config.clone();
+        let mut b = GpuModel::builder(
+            gpu,
+            &model.config,
+            RowsSpec::of(&model.tok_embd),
+            model.output.as_ref().map(RowsSpec::of),
+            opts,
+        )?;
+        for (il, l) in model.layers.iter().enumerate() {
+            b.layer(il, l)?;
+        }
+        b.output_norm(&model.output_norm)?;
+        b.write_embd(model.tok_embd.data())?;
+        if let Some(o) = &model.output {
+            b.write_output(o.data())?;
+        }
+        b.skip = model.skip.clone();
+        b.finish()
+    }
+
+    /// A model uploaded piece by piece (for a file that arrives in pieces and is never held
+    /// whole): the activation buffers and empty weight buffers now, then each block, the
+    /// final norm and the bytes of the embedding (and of the separate LM head, `output`)
+    /// through the [`GpuBuilder`], in any order; [`GpuBuilder::finish`] checks that all came.
+    pub fn builder(
+        gpu: Gpu,
+        config: &Config,
+        embd: RowsSpec,
+        output: Option<RowsSpec>,
+        opts: GpuOptions,
+    ) -> Result<GpuBuilder> {
+        let c = config.clone();
         let (e, kv, ff, nv) = (c.n_embd, c.n_embd_kv(), c.n_ff, c.n_vocab);
         if c.head_dim > MAX_HEAD_DIM
             || !c.n_rot.is_multiple_of(2)
@@ -352,6 +376,20 @@ impl GpuModel {
                 "this shape (head size {} > {MAX_HEAD_DIM}, or odd head size / n_rot / n_embd / n_ff)",
                 c.head_dim
             )));
+        }
+        for (spec, what) in [
+            (Some(&embd), "token embedding"),
+            (output.as_ref(), "LM head"),
+        ] {
+            if let Some(s) = spec {
+                if s.rows != nv {
+                    return Err(GpuError::Shape {
+                        what,
+                        expected: nv,
+                        got: s.rows,
+                    });
+                }
+            }
         }
         let max_batch = opts.max_batch.max(1);
         let dispatch_max =
@@ -374,10 +412,10 @@ impl GpuModel {
 
         // Activations, sized for the largest batch.
         let rw = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-        let head_m = model.lm_head();
-        let head_ty = ty_of(head_m, "LM head")?;
-        let embd_ty = ty_of(&model.tok_embd, "token embedding")?;
-        let embd_row = model.tok_embd.data().len() / nv.max(1);
+        let head_spec = output.as_ref().unwrap_or(&embd);
+        let head_ty = ty_of_type(head_spec.ty, "LM head")?;
+        let embd_ty = ty_of_type(embd.ty, "token embedding")?;
+        let embd_row = embd.row_bytes()?;
         let out_cap = usize::try_from(limit / f32s(nv)?.max(1))
             .unwrap_or(1)
             .clamp(1, max_batch);
@@ -414,6 +452,7 @@ impl GpuModel {
             "top candidates",
             bytes_of(topk_groups * TOP_CANDIDATES * 8)?,
         )?;
+        let spare = [buf("spare", 4)?, buf("spare", 4)?];
         let staging = |label: &str, size: u64| {
             gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -431,15 +470,6 @@ impl GpuModel {
         let eps = c.rms_eps.to_bits();
         let dims_e = gpu.uniform("dims n_embd", &[u32_of(e, "n_embd")?, eps, 0, 0]);
         let dims_ff = gpu.uniform("dims n_ff", &[u32_of(ff, "n_ff")?, eps, 0, 0]);
-        let mut weight_bytes = 0u64;
-        let mut norm = |w: &[f32], dims: &wgpu::Buffer, x: &wgpu::Buffer, label: &str| {
-            let wb = gpu.upload(label, bytemuck::cast_slice(w))?;
-            weight_bytes += wb.size();
-            let bind = gpu.bind(&kp.norm_quant, &[&step, dims, x, &wb, &xq, &xs]);
-            Ok::<_, GpuError>((bind, wb))
-        };
-        let mut layers = Vec::with_capacity(c.n_layer);
-        let mut mat_bytes = 0u64;
         let act_mode = match c.activation {
             Activation::Relu2 => 1,
             Activation::Silu => 2,
@@ -453,146 +483,21 @@ impl GpuModel {
             && e.max(ff) <= MV_MAX_IN
             && e.max(ff) / 4 <= kp.mv_words
             && (e + 2 * kv).max(ff).div_ceil(kp.mv_rows) <= dispatch_max;
-        let spare = [buf("spare", 4)?, buf("spare", 4)?];
-        // Fused: each decode kernel norms its input rows (x, w_norm) itself; else the rows
-        // norm_quant quantized (xq, xs) come in.
-        for (il, l) in model.layers.iter().enumerate() {
-            let (norm_attn, w_attn) = norm(&l.attn_norm, &dims_e, &h, "attn_norm")?;
-            let (norm_sub, w_sub) = norm(&l.attn_sub_norm, &dims_e, &o, "attn_sub_norm")?;
-            let (norm_ffn, w_ffn) = norm(&l.ffn_norm, &dims_e, &h, "ffn_norm")?;
-            let (norm_ffn_sub, w_ffn_sub) = norm(&l.ffn_sub_norm, &dims_ff, &g, "ffn_sub_norm")?;
-            let qkv = upload_segmented(
-                &gpu,
-                &[&l.wq, &l.wk, &l.wv],
-                &step,
-                &xq,
-                &xs,
-                &[&q, &k, &v],
-                il,
-                false,
-            )?;
-            // 6. and 10.: h += Lin(W, ·), added in the kernel.
-            let os = upload_segmented(&gpu, &[&l.wo], &step, &xq, &xs, &[&h], il, true)?;
-            let ds = upload_segmented(&gpu, &[&l.w_down], &step, &xq, &xs, &[&h], il, true)?;
-            let (glu, glu_mv, b) = upload_glu(
-                &gpu,
-                &l.w_gate,
-                &l.w_up,
-                &step,
-                &xq,
-                &xs,
-                &g,
-                act_mode,
-                il,
-                mv_ok.then(|| (mv_input(fused, (&h, &w_ffn), (&xq, &xs)), eps, fused)),
-            )?;
-            mat_bytes += b + qkv.bytes + os.bytes + ds.bytes;
-            let mv = match (mv_ok, glu_mv) {
-                (true, Some(glu)) => Some(MvLayer {
-                    fused,
-                    qkv: qkv.bind_mv(
-                        &gpu,
-                        &step,
-                        mv_input(fused, (&h, &w_attn), (&xq, &xs)),
-                        [&q, &k, &v],
-                        0,
-                        eps,
-                        fused,
-                    )?,
-                    o: os.bind_mv(
-                        &gpu,
-                        &step,
-                        mv_input(fused, (&o, &w_sub), (&xq, &xs)),
-                        [&h, &spare[0], &spare[1]],
-                        1,
-                        eps,
-                        fused,
-                    )?,
-                    glu,
-                    down: ds.bind_mv(
-                        &gpu,
-                        &step,
-                        mv_input(fused, (&g, &w_ffn_sub), (&xq, &xs)),
-                        [&h, &spare[0], &spare[1]],
-                        1,
-                        eps,
-                        fused,
-                    )?,
-                }),
-                _ => None,
-            };
-            let mut parts = qkv.parts.into_iter();
-            let (Some(qm), Some(km), Some(vm)) = (parts.next(), parts.next(), parts.next()) else {
-                return Err(GpuError::Overflow("Q, K and V"));
-            };
-            let (Some(om), Some(dm)) = (os.parts.into_iter().next(), ds.parts.into_iter().next())
-            else {
-                return Err(GpuError::Overflow("O and down"));
-            };
-            layers.push(GpuLayer {
-                norm_attn,
-                q: qm,
-                k: km,
-                v: vm,
-                norm_sub,
-                o: om,
-                norm_ffn,
-                glu,
-                norm_ffn_sub,
-                down: dm,
-                mv,
-            });
-        }
-        bytes += weight_bytes + mat_bytes;
 
-        // The LM head, and the embedding when it is not the same matrix.
-        let head = upload_chunks(&gpu, head_m, chunk_limit, "lm head")?;
-        bytes += head.bufs.iter().map(wgpu::Buffer::size).sum::<u64>();
-        let embd = if model.output.is_some() {
-            let ch = upload_chunks(&gpu, &model.tok_embd, chunk_limit, "embedding")?;
-            bytes += ch.bufs.iter().map(wgpu::Buffer::size).sum::<u64>();
+        // The LM head, and the embedding when it is not the same matrix: empty buffers
+        // that the rows' bytes fill as they come.
+        let head = RowsUpload::new(&gpu, head_spec, chunk_limit, "lm head")?;
+        bytes += head.chunks.bufs.iter().map(wgpu::Buffer::size).sum::<u64>();
+        let embd_up = if output.is_some() {
+            let ch = RowsUpload::new(&gpu, &embd, chunk_limit, "embedding")?;
+            bytes += ch.chunks.bufs.iter().map(wgpu::Buffer::size).sum::<u64>();
             Some(ch)
         } else {
             None
         };
-        let on = gpu.upload("output_norm", bytemuck::cast_slice(&model.output_norm))?;
-        let final_norm = gpu.bind(&kp.rmsnorm, &[&step, &dims_e, &h, &on, &hn]);
-        let mut head_binds = Vec::with_capacity(head.bufs.len());
-        for (ci, b) in head.bufs.iter().enumerate() {
-            let row0 = ci * head.rows_per_chunk;
-            let rows = head.rows_per_chunk.min(nv - row0);
-            let dims = gpu.uniform(
-                "dims head",
-                &[
-                    u32_of(e, "n_embd")?,
-                    u32_of(rows, "head rows")?,
-                    u32_of(row0, "head rows")?,
-                    u32_of(nv, "n_vocab")?,
-                    head_ty,
-                    0,
-                    0,
-                    0,
-                ],
-            );
-            head_binds.push((rows, gpu.bind(&kp.head, &[&step, &dims, b, &hn, &logits])));
-        }
-        let dims_nv = gpu.uniform("dims argmax", &[u32_of(nv, "n_vocab")?, 0, 0, 0]);
-        let argmax_bind = gpu.bind(&kp.argmax, &[&step, &dims_nv, &logits, &best]);
-        let dims_local = gpu.uniform(
-            "dims topk",
-            &[u32_of(nv, "n_vocab")?, u32_of(topk_chunk, "n_vocab")?, 0, 0],
-        );
-        let topk_local = gpu.bind(&kp.topk_local, &[&step, &dims_local, &logits, &cand]);
-        let dims_merge = gpu.uniform(
-            "dims topk merge",
-            &[u32_of(topk_groups * TOP_CANDIDATES, "n_vocab")?, 0, 0, 0],
-        );
-        let topk_merge = gpu.bind(&kp.topk_merge, &[&step, &dims_merge, &cand, &top]);
-        let embed_dims = gpu.uniform("dims embed", &[u32_of(e, "n_embd")?, embd_ty, 0, 0]);
-        let embed_bind = gpu.bind(&kp.embed, &[&step, &embed_dims, &act_rows, &h]);
-        gpu.wait()?;
-        Ok(GpuModel {
-            turn: std::sync::Mutex::new(()),
+        let mut layers = Vec::with_capacity(c.n_layer);
+        layers.resize_with(c.n_layer, || None);
+        Ok(GpuBuilder {
             config: c,
             max_batch,
             out_cap,
@@ -610,20 +515,29 @@ impl GpuModel {
                 top,
                 top_staging,
             },
+            h,
+            g,
+            xq,
+            xs,
+            hn,
+            cand,
+            spare,
+            dims_e,
+            dims_ff,
+            eps,
+            act_mode,
+            mv_ok,
+            fused,
+            topk_chunk,
+            topk_groups,
+            head_ty,
+            embd_ty,
             layers,
-            skip: model.skip.clone(),
-            embd,
             head,
-            embed_bind,
-            final_norm,
-            head_binds,
-            argmax_bind,
-            topk_local,
-            topk_merge,
-            topk_groups: u32_of(topk_groups, "n_vocab")?,
+            embd: embd_up,
+            output_norm: None,
+            skip: Vec::new(),
             bytes,
-            dispatches: std::sync::atomic::AtomicU32::new(0),
-            prof: std::sync::Mutex::new(None),
             gpu,
         })
     }
@@ -1696,6 +1610,315 @@ pub(crate) fn upload_glu(
     ))
 }
 
+/// A [`GpuModel`] being uploaded piece by piece (see [`GpuModel::builder`]).
+#[derive(Debug)]
+pub struct GpuBuilder {
+    gpu: Gpu,
+    config: Config,
+    max_batch: usize,
+    out_cap: usize,
+    step: wgpu::Buffer,
+    act: Activations,
+    h: wgpu::Buffer,
+    g: wgpu::Buffer,
+    xq: wgpu::Buffer,
+    xs: wgpu::Buffer,
+    hn: wgpu::Buffer,
+    cand: wgpu::Buffer,
+    spare: [wgpu::Buffer; 2],
+    dims_e: wgpu::Buffer,
+    dims_ff: wgpu::Buffer,
+    eps: u32,
+    act_mode: u32,
+    mv_ok: bool,
+    fused: bool,
+    topk_chunk: usize,
+    topk_groups: usize,
+    head_ty: u32,
+    embd_ty: u32,
+    layers: Vec<Option<GpuLayer>>,
+    /// The LM head's rows (the embedding's, when they are tied).
+    head: RowsUpload,
+    /// The embedding's rows, when the LM head is a matrix of its own.
+    embd: Option<RowsUpload>,
+    output_norm: Option<wgpu::Buffer>,
+    /// Blocks to skip (see `Model::skip`).
+    pub skip: Vec<bool>,
+    bytes: u64,
+}
+
+impl GpuBuilder {
+    /// The model's config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The adapter it uploads to.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Upload block `il`.
+    pub fn layer(&mut self, il: usize, l: &Layer<'_>) -> Result<()> {
+        let gpu = &self.gpu;
+        let kp = &gpu.k;
+        let (step, xq, xs, h, g) = (&self.step, &self.xq, &self.xs, &self.h, &self.g);
+        let (q, k, v, o) = (&self.act.q, &self.act.k, &self.act.v, &self.act.o);
+        let (eps, fused, mv_ok) = (self.eps, self.fused, self.mv_ok);
+        let slot = self
+            .layers
+            .get(il)
+            .ok_or(GpuError::Overflow("block index"))?;
+        if slot.is_some() {
+            return Err(GpuError::Unsupported(format!("block {il} uploaded twice")));
+        }
+        let mut weight_bytes = 0u64;
+        let mut norm = |w: &[f32], dims: &wgpu::Buffer, x: &wgpu::Buffer, label: &str| {
+            let wb = gpu.upload(label, bytemuck::cast_slice(w))?;
+            weight_bytes += wb.size();
+            let bind = gpu.bind(&kp.norm_quant, &[step, dims, x, &wb, xq, xs]);
+            Ok::<_, GpuError>((bind, wb))
+        };
+        let (norm_attn, w_attn) = norm(&l.attn_norm, &self.dims_e, h, "attn_norm")?;
+        let (norm_sub, w_sub) = norm(&l.attn_sub_norm, &self.dims_e, o, "attn_sub_norm")?;
+        let (norm_ffn, w_ffn) = norm(&l.ffn_norm, &self.dims_e, h, "ffn_norm")?;
+        let (norm_ffn_sub, w_ffn_sub) = norm(&l.ffn_sub_norm, &self.dims_ff, g, "ffn_sub_norm")?;
+        // Fused: each decode kernel norms its input rows (x, w_norm) itself; else the rows
+        // norm_quant quantized (xq, xs) come in.
+        let qkv = upload_segmented(
+            gpu,
+            &[&l.wq, &l.wk, &l.wv],
+            step,
+            xq,
+            xs,
+            &[q, k, v],
+            il,
+            false,
+        )?;
+        // 6. and 10.: h += Lin(W, ·), added in the kernel.
+        let os = upload_segmented(gpu, &[&l.wo], step, xq, xs, &[h], il, true)?;
+        let ds = upload_segmented(gpu, &[&l.w_down], step, xq, xs, &[h], il, true)?;
+        let (glu, glu_mv, b) = upload_glu(
+            gpu,
+            &l.w_gate,
+            &l.w_up,
+            step,
+            xq,
+            xs,
+            g,
+            self.act_mode,
+            il,
+            mv_ok.then(|| (mv_input(fused, (h, &w_ffn), (xq, xs)), eps, fused)),
+        )?;
+        let mat_bytes = b + qkv.bytes + os.bytes + ds.bytes;
+        let spare = [&self.spare[0], &self.spare[1]];
+        let mv = match (mv_ok, glu_mv) {
+            (true, Some(glu)) => Some(MvLayer {
+                fused,
+                qkv: qkv.bind_mv(
+                    gpu,
+                    step,
+                    mv_input(fused, (h, &w_attn), (xq, xs)),
+                    [q, k, v],
+                    0,
+                    eps,
+                    fused,
+                )?,
+                o: os.bind_mv(
+                    gpu,
+                    step,
+                    mv_input(fused, (o, &w_sub), (xq, xs)),
+                    [h, spare[0], spare[1]],
+                    1,
+                    eps,
+                    fused,
+                )?,
+                glu,
+                down: ds.bind_mv(
+                    gpu,
+                    step,
+                    mv_input(fused, (g, &w_ffn_sub), (xq, xs)),
+                    [h, spare[0], spare[1]],
+                    1,
+                    eps,
+                    fused,
+                )?,
+            }),
+            _ => None,
+        };
+        let mut parts = qkv.parts.into_iter();
+        let (Some(qm), Some(km), Some(vm)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(GpuError::Overflow("Q, K and V"));
+        };
+        let (Some(om), Some(dm)) = (os.parts.into_iter().next(), ds.parts.into_iter().next())
+        else {
+            return Err(GpuError::Overflow("O and down"));
+        };
+        self.bytes += weight_bytes + mat_bytes;
+        self.layers[il] = Some(GpuLayer {
+            norm_attn,
+            q: qm,
+            k: km,
+            v: vm,
+            norm_sub,
+            o: om,
+            norm_ffn,
+            glu,
+            norm_ffn_sub,
+            down: dm,
+            mv,
+        });
+        Ok(())
+    }
+
+    /// Upload the final norm's weights.
+    pub fn output_norm(&mut self, w: &[f32]) -> Result<()> {
+        if w.len() != self.config.n_embd {
+            return Err(GpuError::Shape {
+                what: "output norm",
+                expected: self.config.n_embd,
+                got: w.len(),
+            });
+        }
+        let b = self.gpu.upload("output_norm", bytemuck::cast_slice(w))?;
+        self.bytes += b.size();
+        self.output_norm = Some(b);
+        Ok(())
+    }
+
+    /// The next bytes of the token embedding's rows (in file order; any piece sizes).
+    pub fn write_embd(&mut self, data: &[u8]) -> Result<()> {
+        match &mut self.embd {
+            Some(e) => e.write(&self.gpu, data),
+            None => self.head.write(&self.gpu, data),
+        }
+    }
+
+    /// The next bytes of the separate LM head's rows (`output.weight`).
+    pub fn write_output(&mut self, data: &[u8]) -> Result<()> {
+        if self.embd.is_none() {
+            return Err(GpuError::Unsupported(
+                "an LM head of its own for a model built with a tied one".to_string(),
+            ));
+        }
+        self.head.write(&self.gpu, data)
+    }
+
+    /// The model, once every piece has come.
+    pub fn finish(self) -> Result<GpuModel> {
+        let GpuBuilder {
+            gpu,
+            config: c,
+            max_batch,
+            out_cap,
+            step,
+            act,
+            h,
+            hn,
+            cand,
+            dims_e,
+            topk_chunk,
+            topk_groups,
+            head_ty,
+            embd_ty,
+            layers,
+            head,
+            embd,
+            output_norm,
+            skip,
+            bytes,
+            ..
+        } = self;
+        let (e, nv) = (c.n_embd, c.n_vocab);
+        let layers = layers
+            .into_iter()
+            .enumerate()
+            .map(|(il, l)| l.ok_or_else(|| GpuError::Unsupported(format!("block {il} never came"))))
+            .collect::<Result<Vec<_>>>()?;
+        let on = output_norm
+            .ok_or_else(|| GpuError::Unsupported("the output norm never came".to_string()))?;
+        head.done()?;
+        if let Some(e) = &embd {
+            e.done()?;
+        }
+        let (head, embd) = (head.chunks, embd.map(|e| e.chunks));
+        let kp = &gpu.k;
+        let final_norm = gpu.bind(&kp.rmsnorm, &[&step, &dims_e, &h, &on, &hn]);
+        let mut head_binds = Vec::with_capacity(head.bufs.len());
+        for (ci, b) in head.bufs.iter().enumerate() {
+            let row0 = ci * head.rows_per_chunk;
+            let rows = head.rows_per_chunk.min(nv - row0);
+            let dims = gpu.uniform(
+                "dims head",
+                &[
+                    u32_of(e, "n_embd")?,
+                    u32_of(rows, "head rows")?,
+                    u32_of(row0, "head rows")?,
+                    u32_of(nv, "n_vocab")?,
+                    head_ty,
+                    0,
+                    0,
+                    0,
+                ],
+            );
+            head_binds.push((
+                rows,
+                gpu.bind(&kp.head, &[&step, &dims, b, &hn, &act.logits]),
+            ));
+        }
+        let dims_nv = gpu.uniform("dims argmax", &[u32_of(nv, "n_vocab")?, 0, 0, 0]);
+        let argmax_bind = gpu.bind(&kp.argmax, &[&step, &dims_nv, &act.logits, &act.best]);
+        let dims_local = gpu.uniform(
+            "dims topk",
+            &[u32_of(nv, "n_vocab")?, u32_of(topk_chunk, "n_vocab")?, 0, 0],
+        );
+        let topk_local = gpu.bind(&kp.topk_local, &[&step, &dims_local, &act.logits, &cand]);
+        let dims_merge = gpu.uniform(
+            "dims topk merge",
+            &[u32_of(topk_groups * TOP_CANDIDATES, "n_vocab")?, 0, 0, 0],
+        );
+        let topk_merge = gpu.bind(&kp.topk_merge, &[&step, &dims_merge, &cand, &act.top]);
+        let embed_dims = gpu.uniform("dims embed", &[u32_of(e, "n_embd")?, embd_ty, 0, 0]);
+        let embed_bind = gpu.bind(&kp.embed, &[&step, &embed_dims, &act.rows, &h]);
+        gpu.queue.submit(std::iter::empty());
+        gpu.wait()?;
+        Ok(GpuModel {
+            turn: std::sync::Mutex::new(()),
+            config: c,
+            max_batch,
+            out_cap,
+            step,
+            act,
+            layers,
+            skip,
+            embd,
+            head,
+            embed_bind,
+            final_norm,
+            head_binds,
+            argmax_bind,
+            topk_local,
+            topk_merge,
+            topk_groups: u32_of(topk_groups, "n_vocab")?,
+            bytes,
+            dispatches: std::sync::atomic::AtomicU32::new(0),
+            prof: std::sync::Mutex::new(None),
+            gpu,
+        })
+    }
+}
+
+/// The shader's code of a row type (F16 0, F32 1).
+fn ty_of_type(t: RowType, what: &str) -> Result<u32> {
+    match t {
+        RowType::F16 => Ok(0),
+        RowType::F32 => Ok(1),
+        other => Err(GpuError::Unsupported(format!(
+            "a {other:?} {what} (F16 or F32 only; load without --lm-head, or convert the file)"
+        ))),
+    }
+}
+
 /// Split an F16/F32 row matrix into buffers of at most `limit` bytes.
 pub(crate) fn upload_chunks(
     gpu: &Gpu,
@@ -1703,32 +1926,147 @@ pub(crate) fn upload_chunks(
     limit: u64,
     label: &str,
 ) -> Result<Chunks> {
-    let rows = m.rows();
-    let data = m.data();
-    let row_bytes = data.len() / rows.max(1);
-    if row_bytes == 0 || row_bytes % 4 != 0 {
-        return Err(GpuError::Unsupported(format!(
-            "a {label} with {row_bytes}-byte rows (a multiple of 4 is needed)"
-        )));
+    let mut up = RowsUpload::new(gpu, &RowsSpec::of(m), limit, label)?;
+    up.write(gpu, m.data())?;
+    up.done()?;
+    Ok(up.chunks)
+}
+
+/// A row matrix (the token embedding, the LM head) before its bytes: what
+/// [`GpuModel::builder`] sizes its buffers by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowsSpec {
+    pub ty: RowType,
+    pub rows: usize,
+    /// Bytes of all rows.
+    pub bytes: usize,
+}
+
+impl RowsSpec {
+    /// The spec of a bound matrix.
+    pub fn of(m: &RowMatrix<'_>) -> Self {
+        RowsSpec {
+            ty: m.row_type(),
+            rows: m.rows(),
+            bytes: m.data().len(),
+        }
     }
-    let per = usize::try_from(limit / bytes_of(row_bytes)?)
-        .unwrap_or(usize::MAX)
-        .min(65_535 * HEAD_ROWS);
-    if per == 0 {
-        return Err(GpuError::Limit {
-            adapter: gpu.info.name.clone(),
-            what: "one row of the LM head (bytes)",
-            need: bytes_of(row_bytes)?,
-            have: limit,
-        });
+
+    fn row_bytes(&self) -> Result<usize> {
+        let row_bytes = self.bytes / self.rows.max(1);
+        if row_bytes == 0 || !row_bytes.is_multiple_of(4) || row_bytes * self.rows != self.bytes {
+            return Err(GpuError::Unsupported(format!(
+                "a matrix of {} rows in {} bytes (whole rows of a multiple of 4 bytes are needed)",
+                self.rows, self.bytes
+            )));
+        }
+        Ok(row_bytes)
     }
-    let bufs = data
-        .chunks(per * row_bytes)
-        .map(|c| gpu.upload(label, c))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Chunks {
-        bufs,
-        rows_per_chunk: per,
-        row_bytes,
-    })
+}
+
+/// A row matrix's buffers, filled in order by the bytes of its rows as they come.
+#[derive(Debug)]
+struct RowsUpload {
+    chunks: Chunks,
+    /// Bytes written to the buffers so far (a multiple of 4).
+    written: u64,
+    total: u64,
+    /// Up to 3 bytes waiting for the rest of their 4-byte word.
+    carry: Vec<u8>,
+}
+
+impl RowsUpload {
+    fn new(gpu: &Gpu, spec: &RowsSpec, limit: u64, label: &str) -> Result<Self> {
+        let row_bytes = spec.row_bytes()?;
+        let per = usize::try_from(limit / bytes_of(row_bytes)?)
+            .unwrap_or(usize::MAX)
+            .min(65_535 * HEAD_ROWS);
+        if per == 0 {
+            return Err(GpuError::Limit {
+                adapter: gpu.info.name.clone(),
+                what: "one row of the LM head (bytes)",
+                need: bytes_of(row_bytes)?,
+                have: limit,
+            });
+        }
+        let mut bufs = Vec::new();
+        let mut row = 0;
+        while row < spec.rows {
+            let n = per.min(spec.rows - row);
+            bufs.push(gpu.storage(
+                label,
+                bytes_of(mul(n, row_bytes, "rows")?)?,
+                wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            )?);
+            row += n;
+        }
+        Ok(RowsUpload {
+            chunks: Chunks {
+                bufs,
+                rows_per_chunk: per,
+                row_bytes,
+            },
+            written: 0,
+            total: bytes_of(spec.bytes)?,
+            carry: Vec::with_capacity(4),
+        })
+    }
+
+    /// The next `data` bytes of the rows.
+    fn write(&mut self, gpu: &Gpu, mut data: &[u8]) -> Result<()> {
+        let pending = bytes_of(self.carry.len() + data.len())?;
+        if self.written + pending > self.total {
+            return Err(GpuError::Shape {
+                what: "bytes of a row matrix",
+                expected: usize::try_from(self.total).unwrap_or(usize::MAX),
+                got: usize::try_from(self.written + pending).unwrap_or(usize::MAX),
+            });
+        }
+        if !self.carry.is_empty() {
+            let n = (4 - self.carry.len()).min(data.len());
+            self.carry.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.carry.len() < 4 {
+                return Ok(());
+            }
+            let word = std::mem::take(&mut self.carry);
+            self.put(gpu, &word)?;
+        }
+        let whole = data.len() / 4 * 4;
+        self.put(gpu, &data[..whole])?;
+        self.carry.extend_from_slice(&data[whole..]);
+        Ok(())
+    }
+
+    /// Write whole words at `written`, across buffer ends.
+    fn put(&mut self, gpu: &Gpu, mut data: &[u8]) -> Result<()> {
+        let per = bytes_of(self.chunks.rows_per_chunk * self.chunks.row_bytes)?;
+        while !data.is_empty() {
+            let (ci, at) = (self.written / per, self.written % per);
+            let buf = usize::try_from(ci)
+                .ok()
+                .and_then(|ci| self.chunks.bufs.get(ci))
+                .ok_or(GpuError::Overflow("row matrix chunk"))?;
+            let room = usize::try_from(buf.size() - at).unwrap_or(usize::MAX);
+            let n = room.min(data.len());
+            gpu.write(buf, at, &data[..n])?;
+            self.written += bytes_of(n)?;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Every byte came.
+    fn done(&self) -> Result<()> {
+        // Rows are whole words (RowsSpec::row_bytes), so a complete matrix leaves no carry.
+        let got = self.written + bytes_of(self.carry.len())?;
+        if got != self.total {
+            return Err(GpuError::Shape {
+                what: "bytes of a row matrix",
+                expected: usize::try_from(self.total).unwrap_or(usize::MAX),
+                got: usize::try_from(got).unwrap_or(usize::MAX),
+            });
+        }
+        Ok(())
+    }
 }

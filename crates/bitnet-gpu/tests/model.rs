@@ -421,3 +421,145 @@ fn bad_inputs_are_typed_errors() {
         "{e}"
     );
 }
+
+/// Logits of every position of `prompt`.
+fn all_logits(g: &GpuModel, prompt: &[u32]) -> Vec<f32> {
+    let mut c = g.new_cache(32, GpuKv::F16).unwrap();
+    g.forward(prompt, &mut c, Outputs::All).unwrap()
+}
+
+/// `m` uploaded through the builder: blocks last to first, the rows in pieces of uneven
+/// sizes (words split across pieces and across the head's chunks).
+fn built_in_pieces(m: &Model<'_>, opts: GpuOptions) -> GpuModel {
+    let gpu = bitnet_gpu::Gpu::open(None).unwrap();
+    let mut b = GpuModel::builder(
+        gpu,
+        &m.config,
+        bitnet_gpu::RowsSpec::of(&m.tok_embd),
+        m.output.as_ref().map(bitnet_gpu::RowsSpec::of),
+        opts,
+    )
+    .unwrap();
+    for (il, l) in m.layers.iter().enumerate().rev() {
+        b.layer(il, l).unwrap();
+    }
+    let sizes = [1, 3, 5, 4096, 2, 7, 65_537, 1, 6];
+    let mut feed = |data: &[u8], out: bool, b: &mut bitnet_gpu::GpuBuilder| {
+        let mut at = 0;
+        for &n in sizes.iter().cycle() {
+            if at == data.len() {
+                break;
+            }
+            let e = (at + n).min(data.len());
+            if out {
+                b.write_output(&data[at..e]).unwrap();
+            } else {
+                b.write_embd(&data[at..e]).unwrap();
+            }
+            at = e;
+        }
+    };
+    if let Some(o) = &m.output {
+        feed(o.data(), true, &mut b);
+    }
+    b.output_norm(&m.output_norm).unwrap();
+    feed(m.tok_embd.data(), false, &mut b);
+    b.finish().unwrap()
+}
+
+#[test]
+fn a_model_built_in_pieces_equals_one_uploaded_whole() {
+    if !common::have_gpu() {
+        return;
+    }
+    let f = tiny();
+    let mut m = Model::load(&f).unwrap();
+    let chunked = GpuOptions {
+        chunk_bytes: Some(100 * 512 + 4),
+        ..GpuOptions::default()
+    };
+    for opts in [GpuOptions::default(), chunked] {
+        let whole = all_logits(&GpuModel::new(&m, opts).unwrap(), &PROMPT);
+        let pieces = all_logits(&built_in_pieces(&m, opts), &PROMPT);
+        assert_eq!(whole, pieces, "tied head");
+    }
+    // A head of its own (the embedding with every value's sign flipped): read from the head
+    // buffers, the embedding from its own.
+    let mut flipped = m.tok_embd.data().to_vec();
+    for w in flipped.chunks_exact_mut(2) {
+        w[1] ^= 0x80;
+    }
+    let head = bitnet_kernels::RowMatrix::new(
+        m.tok_embd.row_type(),
+        m.tok_embd.rows(),
+        m.tok_embd.cols(),
+        std::borrow::Cow::Owned(flipped),
+    )
+    .unwrap();
+    let tied = all_logits(&GpuModel::new(&m, chunked).unwrap(), &PROMPT);
+    m.output = Some(head);
+    let whole = all_logits(&GpuModel::new(&m, chunked).unwrap(), &PROMPT);
+    let pieces = all_logits(&built_in_pieces(&m, chunked), &PROMPT);
+    assert_eq!(whole, pieces, "separate head");
+    let neg: Vec<f32> = tied.iter().map(|x| -x).collect();
+    assert_eq!(whole, neg, "the separate head is the one read");
+}
+
+#[test]
+fn a_builder_refuses_missing_extra_and_repeated_pieces() {
+    if !common::have_gpu() {
+        return;
+    }
+    let f = tiny();
+    let m = Model::load(&f).unwrap();
+    let start = || {
+        GpuModel::builder(
+            bitnet_gpu::Gpu::open(None).unwrap(),
+            &m.config,
+            bitnet_gpu::RowsSpec::of(&m.tok_embd),
+            None,
+            GpuOptions::default(),
+        )
+        .unwrap()
+    };
+    let embd = m.tok_embd.data();
+    // A block missing.
+    let mut b = start();
+    for (il, l) in m.layers.iter().enumerate().skip(1) {
+        b.layer(il, l).unwrap();
+    }
+    b.output_norm(&m.output_norm).unwrap();
+    b.write_embd(embd).unwrap();
+    let e = b.finish().unwrap_err();
+    assert!(e.to_string().contains("block 0 never came"), "{e}");
+    // A block twice, one past the last, an embedding byte short and one too many, a head
+    // for a tied model, a norm of the wrong width.
+    let mut b = start();
+    b.layer(0, &m.layers[0]).unwrap();
+    assert!(b.layer(0, &m.layers[0]).is_err());
+    assert!(b.layer(m.layers.len(), &m.layers[0]).is_err());
+    assert!(b.write_output(&[0; 4]).is_err());
+    assert!(b.output_norm(&m.output_norm[1..]).is_err());
+    b.write_embd(embd).unwrap();
+    assert!(matches!(b.write_embd(&[0]), Err(GpuError::Shape { .. })));
+    let mut b = start();
+    for (il, l) in m.layers.iter().enumerate() {
+        b.layer(il, l).unwrap();
+    }
+    b.output_norm(&m.output_norm).unwrap();
+    b.write_embd(&embd[..embd.len() - 1]).unwrap();
+    assert!(matches!(b.finish(), Err(GpuError::Shape { .. })));
+    // A head whose rows are not the vocabulary.
+    let spec = bitnet_gpu::RowsSpec {
+        rows: m.config.n_vocab - 1,
+        ..bitnet_gpu::RowsSpec::of(&m.tok_embd)
+    };
+    assert!(GpuModel::builder(
+        bitnet_gpu::Gpu::open(None).unwrap(),
+        &m.config,
+        spec,
+        None,
+        GpuOptions::default()
+    )
+    .is_err());
+}

@@ -374,6 +374,37 @@ fn bind_rows<'a>(
     )?)
 }
 
+impl<'a> Layer<'a> {
+    /// Bind block `il` of a model with `config` from `file` (which may be a window of the
+    /// file holding just this block's tensors, see [`bitnet_gguf::GgufHeader::window`]).
+    pub fn load(file: &'a GgufFile, config: &Config, il: usize) -> Result<Self> {
+        Self::bind(file, config, il, false)
+    }
+
+    fn bind(file: &'a GgufFile, c: &Config, il: usize, release: bool) -> Result<Self> {
+        let n = |t: LayerTensor| t.name(il);
+        let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
+        Ok(Layer {
+            attn_norm: bind_f32(file, &n(LayerTensor::AttnNorm), e)?,
+            wq: bind_ternary(file, &n(LayerTensor::AttnQ), e, e, release)?,
+            wk: bind_ternary(file, &n(LayerTensor::AttnK), e, kv, release)?,
+            wv: bind_ternary(file, &n(LayerTensor::AttnV), e, kv, release)?,
+            attn_sub_norm: bind_f32(file, &n(LayerTensor::AttnSubNorm), e)?,
+            wo: bind_ternary(file, &n(LayerTensor::AttnOutput), e, e, release)?,
+            ffn_norm: bind_f32(file, &n(LayerTensor::FfnNorm), e)?,
+            w_gate: bind_ternary(file, &n(LayerTensor::FfnGate), e, ff, release)?,
+            w_up: bind_ternary(file, &n(LayerTensor::FfnUp), e, ff, release)?,
+            ffn_sub_norm: bind_f32(file, &n(LayerTensor::FfnSubNorm), ff)?,
+            w_down: bind_ternary(file, &n(LayerTensor::FfnDown), ff, e, release)?,
+        })
+    }
+}
+
+/// An F32 vector of `len` values (a norm's weights) from `file`, checked as the model's are.
+pub fn load_f32(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+    bind_f32(file, name, len)
+}
+
 impl<'a> Model<'a> {
     /// Validate the config and bind every tensor (no weight is copied or dequantized, only
     /// the small F32 norm vectors are).
@@ -400,21 +431,7 @@ impl<'a> Model<'a> {
         let output_norm = bind_f32(file, names::OUTPUT_NORM, c.n_embd)?;
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
-            let n = |t: LayerTensor| t.name(il);
-            let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
-            layers.push(Layer {
-                attn_norm: bind_f32(file, &n(LayerTensor::AttnNorm), e)?,
-                wq: bind_ternary(file, &n(LayerTensor::AttnQ), e, e, release)?,
-                wk: bind_ternary(file, &n(LayerTensor::AttnK), e, kv, release)?,
-                wv: bind_ternary(file, &n(LayerTensor::AttnV), e, kv, release)?,
-                attn_sub_norm: bind_f32(file, &n(LayerTensor::AttnSubNorm), e)?,
-                wo: bind_ternary(file, &n(LayerTensor::AttnOutput), e, e, release)?,
-                ffn_norm: bind_f32(file, &n(LayerTensor::FfnNorm), e)?,
-                w_gate: bind_ternary(file, &n(LayerTensor::FfnGate), e, ff, release)?,
-                w_up: bind_ternary(file, &n(LayerTensor::FfnUp), e, ff, release)?,
-                ffn_sub_norm: bind_f32(file, &n(LayerTensor::FfnSubNorm), ff)?,
-                w_down: bind_ternary(file, &n(LayerTensor::FfnDown), ff, e, release)?,
-            });
+            layers.push(Layer::bind(file, c, il, release)?);
         }
         // A block beyond block_count means the metadata disagrees with the tensors.
         let extra = format!("blk.{}.", c.n_layer);
