@@ -40,7 +40,8 @@ pub use error::GgufError;
 pub use limits::Limits;
 pub use mapped::MappedFile;
 pub use reader::{
-    GgufFile, GgufHeader, TableEntry, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, HUGE_PAGE, KEY_ALIGNMENT,
+    GgufFile, GgufHeader, TableEntry, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, HUGE_PAGE,
+    KEY_ALIGNMENT,
 };
 pub use types::GgmlType;
 pub use value::{type_id as value_type, Array, Metadata, Value};

@@ -12,7 +12,9 @@ use bitnet_gguf::{GgufError, GgufFile, GgufHeader, GgufWriter, Limits, Value};
 /// A file with metadata long enough to span many prefixes and three tensors.
 fn sample() -> Vec<u8> {
     let a: Vec<u8> = (0..4 * 10).map(|i| (i * 5 % 251) as u8).collect(); // F32 [5, 2]
-    let s: Vec<u8> = (0..(128 * 2 / 4 + 32)).map(|i| (i * 3 % 251) as u8).collect(); // I2_S
+    let s: Vec<u8> = (0..(128 * 2 / 4 + 32))
+        .map(|i| (i * 3 % 251) as u8)
+        .collect(); // I2_S
     let b: Vec<u8> = (0..2 * 7).map(|i| (i + 100) as u8).collect(); // F16 [7, 1]
     let mut w = GgufWriter::new(Vec::new(), 32).unwrap();
     w.add_kv("general.architecture", "bitnet-b1.58".into())
@@ -43,7 +45,10 @@ fn every_prefix_either_waits_or_reads_the_whole_header() {
     for n in 0..=bytes.len() {
         let got = GgufHeader::parse_prefix(&bytes[..n], size, &Limits::default()).unwrap();
         match got {
-            None => assert!(first.is_none(), "prefix {n} waits after an earlier one parsed"),
+            None => assert!(
+                first.is_none(),
+                "prefix {n} waits after an earlier one parsed"
+            ),
             Some(h) => {
                 first.get_or_insert(n);
                 assert_eq!(h.metadata(), whole.metadata());
@@ -67,7 +72,10 @@ fn windows_give_the_tensors_inside_them_and_refuse_the_rest() {
         .unwrap();
     for t in whole.tensors() {
         let r = h.tensor_range(t);
-        let (s, e) = (usize::try_from(r.start).unwrap(), usize::try_from(r.end).unwrap());
+        let (s, e) = (
+            usize::try_from(r.start).unwrap(),
+            usize::try_from(r.end).unwrap(),
+        );
         // Just the tensor, then the tensor with a neighbour's bytes on either side.
         for (ws, we) in [(s, e), (s.saturating_sub(8), (e + 8).min(bytes.len()))] {
             let w = h.window(ws as u64, bytes[ws..we].to_vec()).unwrap();
@@ -123,11 +131,7 @@ fn hostile_prefixes_fail_as_the_whole_file_would() {
     let whole = GgufFile::from_bytes(bytes.clone(), &lim).unwrap();
     let short = whole.data_offset() + 8;
     assert!(matches!(
-        GgufHeader::parse_prefix(
-            &bytes[..usize::try_from(short).unwrap()],
-            short,
-            &lim
-        ),
+        GgufHeader::parse_prefix(&bytes[..usize::try_from(short).unwrap()], short, &lim),
         Err(GgufError::TensorOutOfBounds { .. })
     ));
 }

@@ -444,7 +444,7 @@ fn built_in_pieces(m: &Model<'_>, opts: GpuOptions) -> GpuModel {
         b.layer(il, l).unwrap();
     }
     let sizes = [1, 3, 5, 4096, 2, 7, 65_537, 1, 6];
-    let mut feed = |data: &[u8], out: bool, b: &mut bitnet_gpu::GpuBuilder| {
+    let feed = |data: &[u8], out: bool, b: &mut bitnet_gpu::GpuBuilder| {
         let mut at = 0;
         for &n in sizes.iter().cycle() {
             if at == data.len() {
