@@ -472,7 +472,7 @@ pub unsafe extern "C" fn bitnet_load(
         })?;
         let n_ctx = match (engine.plan(), usize::try_from(cfg.n_ctx)) {
             (Some(p), _) => p.n_ctx,
-            (None, Ok(0) | Err(_)) => engine.model().config.n_ctx_train.min(4096),
+            (None, Ok(0) | Err(_)) => engine.config().n_ctx_train.min(4096),
             (None, Ok(n)) => n,
         };
         let session = engine.new_session(n_ctx).map_err(engine_err)?;
@@ -519,7 +519,7 @@ pub unsafe extern "C" fn bitnet_info_get(
         let out = not_null(out, "out")?.cast_mut();
         // SAFETY: a live handle (the caller's contract).
         let g = unsafe { lock(engine) }?;
-        let c = &g.engine.model().config;
+        let c = g.engine.config();
         let tok = &g.engine.tokenizer;
         let id = |t: Option<u32>| t.map_or(-1, i64::from);
         let info = bitnet_info {
@@ -816,7 +816,7 @@ pub unsafe extern "C" fn bitnet_forward(
         let Inner {
             engine, session, ..
         } = &mut *g;
-        let n_vocab = engine.model().config.n_vocab;
+        let n_vocab = engine.config().n_vocab;
         if ids.is_empty() {
             return Err(invalid("`ids` is empty"));
         }
@@ -883,7 +883,7 @@ pub unsafe extern "C" fn bitnet_stats_get(
             last: g.last,
             peak_rss_bytes: ::bitnet_engine::sys::peak_rss_bytes().unwrap_or(0),
             kv_cache_bytes: u64_of(g.session.kv_bytes()),
-            model_file_bytes: g.engine.file().file_size(),
+            model_file_bytes: g.engine.file_size(),
         };
         // SAFETY: writable (the caller's contract).
         unsafe { out.write(s) };

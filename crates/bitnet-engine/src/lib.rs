@@ -34,6 +34,7 @@ mod pread;
 pub mod quality;
 pub mod skip;
 mod stop;
+mod stream;
 pub mod sys;
 
 use std::time::Duration;
@@ -43,7 +44,7 @@ use web_time::Instant;
 
 use bitnet_kernels::Pool;
 use bitnet_model::{
-    Exec, KvCache, KvType, Model, ModelError, Numerics, Outputs, OwnedModel, Scratch,
+    Config, Exec, KvCache, KvType, Model, ModelError, Numerics, Outputs, OwnedModel, Scratch,
 };
 use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
@@ -53,6 +54,7 @@ pub use load::{
     LmHeadFormat, LoadEvent, LoadOptions,
 };
 pub use stop::StopMatcher;
+pub use stream::GpuStream;
 
 /// Errors of a generation.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +67,8 @@ pub enum EngineError {
     Sampling(#[from] SamplingError),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("the model's weights are only on the GPU: this needs them on the host (load the file on the CPU)")]
+    WeightsOnDevice,
     #[error("the context is full: {n_past} of {n_ctx} positions used (raise --ctx-size or start a new session)")]
     ContextFull { n_past: usize, n_ctx: usize },
     #[error("exact numerics needs an f16 KV cache")]
@@ -249,7 +253,7 @@ impl Default for EngineOptions {
 /// `'static` and `Send`: it can be moved to a server thread or into a foreign handle.
 #[derive(Debug)]
 pub struct Engine {
-    model: OwnedModel,
+    model: Weights,
     pub tokenizer: Tokenizer,
     pool: std::sync::Arc<Pool>,
     /// The low-memory backend, when the engine runs under a RAM budget.
@@ -260,6 +264,14 @@ pub struct Engine {
     scratch: std::sync::Mutex<Scratch>,
     /// The model on a GPU, when the engine runs there (see [`Device`]).
     gpu: Option<bitnet_gpu::GpuModel>,
+}
+
+/// The model's weights: a file and the model bound over it, or only on a GPU (uploaded
+/// piece by piece, see [`load::Stream`]), with what the host needs of the model.
+#[derive(Debug)]
+enum Weights {
+    Host(OwnedModel),
+    Device { config: Config, file_size: u64 },
 }
 
 /// A session's KV cache: in memory, or on the GPU for an engine that runs there.
@@ -385,7 +397,7 @@ impl Engine {
         opts.validate()?;
         let pool = std::sync::Arc::new(Pool::new(opts.threads.max(1)));
         Ok(Engine {
-            model,
+            model: Weights::Host(model),
             tokenizer,
             pool,
             streamer: None,
@@ -393,6 +405,27 @@ impl Engine {
             opts,
             scratch: std::sync::Mutex::new(Scratch::default()),
             gpu: None,
+        })
+    }
+
+    /// An engine whose weights are only on `gpu` (see [`GpuStream`]).
+    pub(crate) fn on_device(
+        config: Config,
+        file_size: u64,
+        tokenizer: Tokenizer,
+        gpu: bitnet_gpu::GpuModel,
+        opts: EngineOptions,
+    ) -> Result<Self> {
+        opts.validate()?;
+        Ok(Engine {
+            model: Weights::Device { config, file_size },
+            tokenizer,
+            pool: std::sync::Arc::new(Pool::new(1)),
+            streamer: None,
+            plan: None,
+            opts,
+            scratch: std::sync::Mutex::new(Scratch::default()),
+            gpu: Some(gpu),
         })
     }
 
@@ -426,29 +459,28 @@ impl Engine {
         mode: budget::StreamMode,
         huge_pages: bool,
     ) -> Result<Self> {
-        let layers = budget::layer_ranges(self.model.model(), self.model.file())?;
+        let owned = self.host()?;
+        let layers = budget::layer_ranges(owned.model(), owned.file())?;
         let io = match mode {
-            budget::StreamMode::Pread if self.model.file().is_mapped() => {
-                Some(pread::PreadIo::new(self.model.file_arc()).map_err(|e| {
-                    EngineError::Budget {
-                        reason: format!("cannot start the low-memory reader's I/O thread: {e}"),
-                    }
-                })?)
-            }
+            budget::StreamMode::Pread if owned.file().is_mapped() => Some(
+                pread::PreadIo::new(owned.file_arc()).map_err(|e| EngineError::Budget {
+                    reason: format!("cannot start the low-memory reader's I/O thread: {e}"),
+                })?,
+            ),
             _ => None,
         };
         self.streamer = Some(budget::LayerStreamer {
             io,
             pool: std::sync::Arc::clone(&self.pool),
-            file: self.model.file_arc(),
+            file: owned.file_arc(),
             layers,
             read_ahead: plan.window_layers >= 2,
             huge_pages,
             pinned_layers: plan.pinned_layers,
             pinned: {
-                let head = self.model.model().lm_head();
+                let head = owned.model().lm_head();
                 let len = usize::try_from(plan.pinned_head_bytes).unwrap_or(0);
-                self.model
+                owned
                     .file()
                     .range_of(head.data())
                     .map_or(0..0, |r| r.start..r.start + len.min(r.len()))
@@ -465,7 +497,7 @@ impl Engine {
                 "skipping blocks changes the function; exact numerics cannot".into(),
             ));
         }
-        let n = self.model().config.n_layer;
+        let n = self.config().n_layer;
         let list = match which {
             skip::SkipLayers::List(l) => {
                 if let Some(&bad) = l.iter().find(|&&i| i >= n) {
@@ -487,7 +519,9 @@ impl Engine {
                         "the fraction {fraction} is not in (0, 1)"
                     )));
                 }
-                self.model.with_model_mut(|_, m| m.skip.clear());
+                if let Weights::Host(m) = &mut self.model {
+                    m.with_model_mut(|_, m| m.skip.clear());
+                }
                 let imp = skip::importance(self)?;
                 skip::choose(&imp, *fraction)
             }
@@ -499,7 +533,9 @@ impl Engine {
         if let Some(g) = &mut self.gpu {
             g.set_skip(mask.clone());
         }
-        self.model.with_model_mut(|_, m| m.skip = mask);
+        if let Weights::Host(m) = &mut self.model {
+            m.with_model_mut(|_, m| m.skip = mask);
+        }
         Ok(list)
     }
 
@@ -520,9 +556,32 @@ impl Engine {
         &self.opts
     }
 
-    /// The model.
-    pub fn model(&self) -> &Model<'_> {
-        self.model.model()
+    /// The model's config.
+    pub fn config(&self) -> &Config {
+        match &self.model {
+            Weights::Host(m) => &m.model().config,
+            Weights::Device { config, .. } => config,
+        }
+    }
+
+    /// The model (an engine whose weights are only on its GPU has none on the host).
+    pub fn model(&self) -> Result<&Model<'_>> {
+        Ok(self.host()?.model())
+    }
+
+    fn host(&self) -> Result<&OwnedModel> {
+        match &self.model {
+            Weights::Host(m) => Ok(m),
+            Weights::Device { .. } => Err(EngineError::WeightsOnDevice),
+        }
+    }
+
+    /// The size of the model's file in bytes.
+    pub fn file_size(&self) -> u64 {
+        match &self.model {
+            Weights::Host(m) => m.file().file_size(),
+            Weights::Device { file_size, .. } => *file_size,
+        }
     }
 
     /// The forward pass's reusable buffers (one forward pass at a time uses them).
@@ -531,9 +590,9 @@ impl Engine {
         self.scratch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The file the model reads.
-    pub fn file(&self) -> &bitnet_gguf::GgufFile {
-        self.model.file()
+    /// The file the model reads (none for an engine whose weights are only on its GPU).
+    pub fn file(&self) -> Result<&bitnet_gguf::GgufFile> {
+        Ok(self.host()?.file())
     }
 
     pub fn pool(&self) -> &Pool {
@@ -542,7 +601,7 @@ impl Engine {
 
     /// A new session with room for `n_ctx` positions (at most the training context).
     pub fn new_session(&self, n_ctx: usize) -> Result<Session> {
-        let n_ctx = n_ctx.min(self.model().config.n_ctx_train).max(1);
+        let n_ctx = n_ctx.min(self.config().n_ctx_train).max(1);
         let cache = match &self.gpu {
             Some(g) => Cache::Gpu(g.new_cache(
                 n_ctx,
@@ -552,7 +611,7 @@ impl Engine {
                     _ => bitnet_gpu::GpuKv::F16,
                 },
             )?),
-            None => Cache::Cpu(self.model().new_cache(
+            None => Cache::Cpu(self.model()?.new_cache(
                 n_ctx,
                 self.opts.kv_type,
                 self.opts.kv_budget_bytes,
@@ -619,7 +678,7 @@ impl Engine {
             } else {
                 Outputs::None
             };
-            let l = self.model().forward(chunk, cache, out, &mut exec)?;
+            let l = self.model()?.forward(chunk, cache, out, &mut exec)?;
             if outputs == Outputs::All {
                 logits.extend(l);
             } else {
@@ -745,7 +804,7 @@ impl Engine {
                 outputs: *o,
             });
         }
-        let logits = self.model().forward_seqs(&mut seqs, &mut exec)?;
+        let logits = self.model()?.forward_seqs(&mut seqs, &mut exec)?;
         drop(seqs);
         for (s, t, _) in work.iter_mut() {
             s.tokens.extend_from_slice(t);
@@ -767,7 +826,7 @@ impl Engine {
                 n_ctx: s.cache.n_ctx(),
             });
         }
-        s.shift(&self.model().config, self.gpu.as_ref(), keep, discard)
+        s.shift(self.config(), self.gpu.as_ref(), keep, discard)
     }
 
     /// Generate after `prompt` (the full token sequence of the conversation so far, or just
@@ -913,7 +972,7 @@ impl Generation {
             Next::Top(c) => self.sampler.sample_candidates(
                 c,
                 bitnet_gpu::TOP_CANDIDATES,
-                engine.model().config.n_vocab,
+                engine.config().n_vocab,
             )?,
         };
         self.sampler.accept(tok);

@@ -120,7 +120,7 @@ impl Default for LoadOptions {
 }
 
 impl LoadOptions {
-    fn engine_options(&self) -> EngineOptions {
+    pub(crate) fn engine_options(&self) -> EngineOptions {
         EngineOptions {
             threads: self.threads,
             numerics: self.numerics,
@@ -298,14 +298,9 @@ fn gpu_wanted(opts: &LoadOptions) -> bool {
     }
 }
 
-/// Upload the model to the GPU. `Ok(None)`: `auto` found no GPU that can run it (noted).
-async fn load_gpu(
-    model: &OwnedModel,
-    opts: &LoadOptions,
-    progress: &mut dyn FnMut(LoadEvent<'_>),
-) -> Result<Option<bitnet_gpu::GpuModel>> {
-    let t0 = Instant::now();
-    let gopts = bitnet_gpu::GpuOptions {
+/// The GPU backend's options for a load with `opts`.
+pub(crate) fn gpu_options(opts: &LoadOptions) -> bitnet_gpu::GpuOptions {
+    bitnet_gpu::GpuOptions {
         adapter: opts.gpu_adapter,
         max_batch: opts.n_batch.max(1),
         // The decode kernels are measured against each other with this set.
@@ -315,8 +310,17 @@ async fn load_gpu(
             _ => bitnet_gpu::DecodeKernels::default(),
         },
         ..Default::default()
-    };
-    match bitnet_gpu::GpuModel::new_async(model.model(), gopts).await {
+    }
+}
+
+/// Upload the model to the GPU. `Ok(None)`: `auto` found no GPU that can run it (noted).
+async fn load_gpu(
+    model: &OwnedModel,
+    opts: &LoadOptions,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<Option<bitnet_gpu::GpuModel>> {
+    let t0 = Instant::now();
+    match bitnet_gpu::GpuModel::new_async(model.model(), gpu_options(opts)).await {
         Ok(g) => {
             // The weights now live on the device: the mapped pages read while uploading go.
             let m = model.model();

@@ -61,7 +61,7 @@ pub fn log_softmax(row: &[f32], out: &mut [f32]) {
 pub fn chunk_log_probs(engine: &Engine, chunk: &[u32]) -> Result<Vec<f32>> {
     let n = chunk.len();
     let first = first_scored(n);
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.config().n_vocab;
     let mut s = engine.new_session(n)?;
     if s.n_ctx() < n {
         return Err(EngineError::ContextFull {

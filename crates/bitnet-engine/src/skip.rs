@@ -47,7 +47,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
 /// Each block's importance (`1 − cos(in, out)`, mean over the calibration positions); a
 /// block the engine skips now scores 0.
 pub fn importance(engine: &Engine) -> Result<Vec<f64>> {
-    let c = &engine.model().config;
+    let c = engine.config();
     let (n_layer, n_embd) = (c.n_layer, c.n_embd);
     let mut sum = vec![0.0f64; n_layer];
     let mut count = 0usize;
@@ -56,7 +56,7 @@ pub fn importance(engine: &Engine) -> Result<Vec<f64>> {
         let ids = tok.encode(text, tok.add_bos(), false)?;
         let mut cache =
             engine
-                .model()
+                .model()?
                 .new_cache(ids.len().max(1), engine.options().kv_type, u64::MAX)?;
         // The embedding, and each block's output (skipped blocks report none).
         let mut embd: Vec<f32> = Vec::new();
@@ -74,7 +74,7 @@ pub fn importance(engine: &Engine) -> Result<Vec<f64>> {
                 scratch: None,
             };
             engine
-                .model()
+                .model()?
                 .forward(&ids, &mut cache, Outputs::None, &mut exec)?;
         }
         if embd.len() != ids.len() * n_embd {

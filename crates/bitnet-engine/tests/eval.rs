@@ -35,7 +35,7 @@ fn all_outputs_span_every_prefill_batch() {
     let mut s2 = big.new_session(32).unwrap();
     let a = small.eval(&mut s1, &ids, Outputs::All).unwrap();
     let b = big.eval(&mut s2, &ids, Outputs::All).unwrap();
-    let n_vocab = small.model().config.n_vocab;
+    let n_vocab = small.config().n_vocab;
     assert_eq!(a.len(), ids.len() * n_vocab);
     assert_eq!(b.len(), a.len());
     let max = a

@@ -18,7 +18,7 @@ fn assert_send_static<T: Send + 'static>() {}
 fn an_engine_is_send_and_static_and_works_on_another_thread() {
     assert_send_static::<Engine>();
     let engine = load(&tiny(), &LoadOptions::default(), &mut |_| {}).unwrap();
-    assert_eq!(engine.model().config.n_vocab, 4256);
+    assert_eq!(engine.config().n_vocab, 4256);
     let ids = bitnet_testdata::read("tiny/p1_english.tokens.json");
     let meta: serde_json::Value = serde_json::from_slice(&ids).unwrap();
     let prompt: Vec<u32> = meta["prompt_tokens"]
@@ -121,7 +121,7 @@ fn a_quantized_head_is_built_and_reported() {
     assert_eq!(events, ["opened", "start", "done"]);
     let f16 = load(&tiny(), &LoadOptions::default(), &mut |_| {}).unwrap();
     assert_eq!(
-        q8.model().lm_head().row_type(),
+        q8.model().unwrap().lm_head().row_type(),
         bitnet_kernels::RowType::Q8_0
     );
     let ids = [4000u32, 791, 1864, 315];
@@ -162,8 +162,8 @@ fn repacked_weights_give_the_same_logits_bit_for_bit() {
                 }
             })
             .unwrap();
-            let layers = e.model().config.n_layer;
-            let bytes = e.model().layers[0].wq.repacked_bytes();
+            let layers = e.config().n_layer;
+            let bytes = e.model().unwrap().layers[0].wq.repacked_bytes();
             if repack && panels {
                 assert_eq!(reported, 7 * layers);
                 assert!(bytes > 0);

@@ -60,6 +60,7 @@ fn skipped_blocks_are_not_run_and_change_the_logits() {
             };
             let mut cache = e
                 .model()
+                .unwrap()
                 .new_cache(16, e.options().kv_type, u64::MAX)
                 .unwrap();
             let mut exec = Exec {
@@ -69,6 +70,7 @@ fn skipped_blocks_are_not_run_and_change_the_logits() {
                 scratch: None,
             };
             e.model()
+                .unwrap()
                 .forward(&ids, &mut cache, Outputs::Last, &mut exec)
                 .unwrap()
         };

@@ -182,7 +182,7 @@ impl NativeModel {
         let engine = py
             .detach(|| ::bitnet_engine::load(&path, &opts, &mut |_| {}))
             .map_err(engine_err)?;
-        let n_ctx_train = engine.model().config.n_ctx_train;
+        let n_ctx_train = engine.config().n_ctx_train;
         let n_ctx = match engine.plan() {
             Some(p) => p.n_ctx,
             None => n_ctx.unwrap_or(n_ctx_train.min(4096)).min(n_ctx_train),
@@ -190,7 +190,7 @@ impl NativeModel {
         let session = engine.new_session(n_ctx).map_err(engine_err)?;
         Ok(NativeModel {
             tokenizer: Arc::new(engine.tokenizer.clone()),
-            n_vocab: engine.model().config.n_vocab,
+            n_vocab: engine.config().n_vocab,
             n_ctx: session.n_ctx(),
             n_ctx_train,
             inner: Arc::new(Mutex::new(Inner { engine, session })),

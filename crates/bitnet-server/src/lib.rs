@@ -313,7 +313,7 @@ where
             return;
         }
     };
-    let n_ctx_train = engine.model().config.n_ctx_train;
+    let n_ctx_train = engine.config().n_ctx_train;
     // Under a RAM budget the memory plan chose the context (honouring an explicit one).
     let n_ctx = engine
         .plan()
@@ -323,7 +323,7 @@ where
         .min(n_ctx_train)
         .max(1);
     let tokenizer = Arc::new(engine.tokenizer.clone());
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.config().n_vocab;
     let cfg = scheduler::SchedConfig {
         parallel: shared.cfg.parallel,
         n_ctx,

@@ -340,7 +340,7 @@ impl WebModel {
         let engine = bitnet_engine::load_file_async(Arc::new(file), &opts, &mut |_| {})
             .await
             .map_err(|e| e.to_string())?;
-        let n_ctx_train = engine.model().config.n_ctx_train;
+        let n_ctx_train = engine.config().n_ctx_train;
         let n_ctx = o.ctx_size.unwrap_or(4096).min(n_ctx_train);
         let session = engine.new_session(n_ctx).map_err(|e| e.to_string())?;
         Ok(WebModel {
@@ -483,7 +483,7 @@ impl WebModel {
     /// device, isa, fileBytes, memoryBytes }`.
     pub fn info(&self) -> JsResult<JsValue> {
         let i = self.view()?;
-        let c = &i.engine.model().config;
+        let c = i.engine.config();
         to_js(&Info {
             arch: c.arch.clone(),
             n_vocab: c.n_vocab,
@@ -500,7 +500,7 @@ impl WebModel {
                 Some(name) => format!("webgpu ({name})"),
             },
             isa: bitnet_kernels::isa().name(),
-            file_bytes: i.engine.file().file_size() as f64,
+            file_bytes: i.engine.file_size() as f64,
             memory_bytes: memory_bytes(),
         })
         .map_err(err)

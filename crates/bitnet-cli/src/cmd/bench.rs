@@ -233,7 +233,7 @@ fn run_engine(a: &Args) -> Result<()> {
     if a.profile && engine.gpu().is_none() {
         bail!("--profile times GPU kernels: add --device gpu");
     }
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.config().n_vocab;
     let deepest = a.depth.iter().copied().max().unwrap_or(0);
     let longest = prompts.iter().copied().max().unwrap_or(0);
     let needed = deepest + longest + gens.iter().copied().max().unwrap_or(0) + 1;
@@ -246,7 +246,7 @@ fn run_engine(a: &Args) -> Result<()> {
     }
     let gpu = engine.gpu().is_some();
     // Bytes a decode step reads: every projection and the head (for the GPU's GB/s).
-    let step_bytes = engine.model().bytes_per_token() as f64;
+    let step_bytes = engine.model()?.bytes_per_token() as f64;
     if !a.json {
         if a.model.ram_budget.is_some() {
             println!(

@@ -440,7 +440,7 @@ pub fn load_engine_at(path: &std::path::Path, a: &ModelArgs) -> Result<bitnet_en
         eprintln!(
             "skipping {} of {} blocks: {list:?}",
             list.len(),
-            engine.model().config.n_layer
+            engine.config().n_layer
         );
     }
     Ok(engine)
@@ -453,7 +453,7 @@ pub fn ctx_size(a: &ModelArgs, engine: &bitnet_engine::Engine) -> usize {
         return p.n_ctx;
     }
     a.ctx_size
-        .unwrap_or_else(|| engine.model().config.n_ctx_train.min(4096))
+        .unwrap_or_else(|| engine.config().n_ctx_train.min(4096))
 }
 
 /// The `--kv-window N` flag of run and chat.
@@ -487,7 +487,7 @@ impl WindowArgs {
         }
         let limit = engine
             .plan()
-            .map_or(engine.model().config.n_ctx_train, |p| p.n_ctx);
+            .map_or(engine.config().n_ctx_train, |p| p.n_ctx);
         if n > limit {
             anyhow::bail!(
                 "--kv-window {n} is more than the {} positions {}",

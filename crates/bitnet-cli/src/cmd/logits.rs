@@ -57,14 +57,14 @@ pub fn run(a: Args) -> Result<()> {
         bail!("the prompt has no tokens");
     }
     let then = a.then.unwrap_or_default();
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.config().n_vocab;
     let n_ctx = ids.len() + then.len();
-    if n_ctx > engine.model().config.n_ctx_train {
+    if n_ctx > engine.config().n_ctx_train {
         bail!(
             "{} prompt and {} step tokens need {n_ctx} positions; the model's context is {}",
             ids.len(),
             then.len(),
-            engine.model().config.n_ctx_train
+            engine.config().n_ctx_train
         );
     }
     if let Some(&bad) = then

@@ -44,7 +44,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--chunks must be at least 1");
     }
     let engine = load_engine(&a.model)?;
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.config().n_vocab;
     if a.kl_divergence {
         let base = a
             .kl_divergence_base
@@ -117,7 +117,7 @@ fn compare(
     base: &std::path::Path,
     max: Option<usize>,
 ) -> Result<()> {
-    let n_vocab = engine.model().config.n_vocab;
+    let n_vocab = engine.config().n_vocab;
     let f = std::fs::File::open(base).with_context(|| format!("cannot open {}", base.display()))?;
     let mut r = BufReader::with_capacity(1 << 22, f);
     let h = KlHeader::read(&mut r)?;
