@@ -3,9 +3,12 @@
 export type Device = "cpu" | "auto" | "webgpu";
 
 export interface Progress {
-  /** "download" while bytes arrive, "build" while the model is built, "ready" at the end,
-   * "cache-failed" when the copy for the cache could not be written (loading goes on). */
-  phase: "download" | "build" | "ready" | "cache-failed";
+  /** "download" while bytes arrive (on WebGPU each block is uploaded as its bytes come),
+   * "build" while the model is built, "ready" at the end, "cache-failed" when the copy for
+   * the cache could not be written (loading goes on), "fallback" when `device: "auto"`
+   * found that WebGPU cannot run the model and loading starts again on the CPU (`error`
+   * says why). */
+  phase: "download" | "build" | "ready" | "cache-failed" | "fallback";
   loaded: number;
   /** 0 when the size is unknown. */
   total: number;
@@ -39,6 +42,9 @@ export interface ModelInfo {
   device: string;
   isa: string;
   fileBytes: number;
+  /** Whether the weights are in the WebAssembly memory (false on WebGPU: the file streamed
+   * onto the GPU as it arrived, and the page never held it). */
+  hostWeights: boolean;
   /** The WebAssembly memory in bytes: it only grows, so this is the peak so far. */
   memoryBytes: number;
 }

@@ -107,18 +107,21 @@ function isUrlLike(source) {
   return typeof source === "string" || (typeof URL !== "undefined" && source instanceof URL);
 }
 
-/** Fill a Loader from `source`. */
-async function readSource(Loader, source, opts) {
+/** Fill a loader from `source`; `open(size)` makes one (size 0: unknown). */
+async function readSource(open, source, opts) {
   const onProgress = opts.onProgress;
   if (source instanceof Uint8Array || source instanceof ArrayBuffer) {
     const bytes = source instanceof Uint8Array ? source : new Uint8Array(source);
-    const loader = new Loader(bytes.byteLength);
-    loader.push(bytes);
+    const loader = await open(bytes.byteLength);
+    // Pieces of 16 MiB: a streaming loader uploads each block as soon as it is in.
+    for (let at = 0; at < bytes.byteLength; at += 1 << 24) {
+      loader.push(bytes.subarray(at, Math.min(at + (1 << 24), bytes.byteLength)));
+    }
     if (onProgress) onProgress({ phase: "download", loaded: bytes.byteLength, total: bytes.byteLength });
     return loader;
   }
   if (typeof Blob !== "undefined" && source instanceof Blob) {
-    const loader = new Loader(source.size);
+    const loader = await open(source.size);
     await pump(source.stream().getReader(), loader, source.size, onProgress);
     return loader;
   }
@@ -130,7 +133,7 @@ async function readSource(Loader, source, opts) {
       const url = await import("node:url");
       const path = text.startsWith("file:") ? url.fileURLToPath(text) : text;
       const size = fs.statSync(path).size;
-      const loader = new Loader(size);
+      const loader = await open(size);
       const stream = fs.createReadStream(path, { highWaterMark: 1 << 22 });
       let loaded = 0;
       for await (const chunk of stream) {
@@ -140,13 +143,13 @@ async function readSource(Loader, source, opts) {
       }
       return loader;
     }
-    return fetchWithCache(Loader, text, opts);
+    return fetchWithCache(open, text, opts);
   }
   throw new Error("Model.load: the source must be a URL, a File/Blob, an ArrayBuffer or a Uint8Array");
 }
 
 /** Fetch a model with progress; with Cache Storage, keep it for the next visit. */
-async function fetchWithCache(Loader, url, opts) {
+async function fetchWithCache(open, url, opts) {
   const useCache = opts.cache !== false && typeof caches !== "undefined";
   let cache = null;
   let response = null;
@@ -174,11 +177,11 @@ async function fetchWithCache(Loader, url, opts) {
   }
   if (!response.body) {
     const bytes = new Uint8Array(await response.arrayBuffer());
-    const loader = new Loader(bytes.byteLength);
+    const loader = await open(bytes.byteLength);
     loader.push(bytes);
     return loader;
   }
-  const loader = new Loader(total);
+  const loader = await open(total);
   await pump(response.body.getReader(), loader, total, opts.onProgress);
   if (stored) await stored;
   return loader;
@@ -247,19 +250,38 @@ export class Model {
       throw new Error("Model.load: this runtime has no WebGPU (navigator.gpu); use device \"cpu\" or \"auto\"");
     }
     const glue = await initWasm(options.wasm ?? "auto");
-    const loader = await readSource(glue.Loader, source, options);
-    const size = loader.received;
-    if (options.onProgress) options.onProgress({ phase: "build", loaded: size, total: size });
-    let inner;
+    const engineOptions = {
+      ctxSize: options.ctxSize,
+      lmHead: options.lmHead,
+      numerics: options.numerics,
+    };
+    const toCpu = (size) => new glue.Loader(size);
+    // WebGPU: the file streams onto the device as it arrives (each block uploaded when its
+    // bytes are in), so the page never holds it; a source of unknown size is gathered first.
+    const toGpu = async (size) =>
+      size > 0 ? await glue.Loader.streamToGpu(size, { ...engineOptions, device: "webgpu" }) : toCpu(size);
+    const build = async (open, dev) => {
+      const loader = await readSource(open, source, options);
+      const size = loader.received;
+      if (options.onProgress) options.onProgress({ phase: "build", loaded: size, total: size });
+      return [await loader.finish({ ...engineOptions, device: dev }), size];
+    };
+    let inner, size;
     try {
-      inner = await loader.finish({
-        ctxSize: options.ctxSize,
-        lmHead: options.lmHead,
-        numerics: options.numerics,
-        // "auto" tries WebGPU only where the runtime has it; the engine falls back to the
-        // CPU when the adapter cannot run the model.
-        device: device === "auto" ? (hasGpu ? "auto" : "cpu") : device,
-      });
+      // What only the CPU runs (exact numerics, a re-encoded head) goes there under "auto".
+      const cpuOnly = (options.lmHead ?? "f16") !== "f16" || (options.numerics ?? "fast") !== "fast";
+      if (device === "cpu" || (device === "auto" && (!hasGpu || cpuOnly))) {
+        [inner, size] = await build(toCpu, "cpu");
+      } else {
+        try {
+          [inner, size] = await build(toGpu, "webgpu");
+        } catch (e) {
+          // "auto": the adapter cannot run this model (or WebGPU failed): the CPU runs it.
+          if (device !== "auto" || (e instanceof WebAssembly.RuntimeError)) throw e;
+          if (options.onProgress) options.onProgress({ phase: "fallback", loaded: 0, total: 0, error: String(e?.message ?? e) });
+          [inner, size] = await build(toCpu, "cpu");
+        }
+      }
     } catch (e) {
       throw asError(e, glue);
     }
@@ -274,8 +296,9 @@ export class Model {
     return this.#inner;
   }
 
-  /** `{ arch, nVocab, nCtx, nCtxTrain, nLayer, nEmbd, bos, eos, device, isa, fileBytes, memoryBytes }`
-   * (`device`: "cpu" or "webgpu (adapter)"). */
+  /** `{ arch, nVocab, nCtx, nCtxTrain, nLayer, nEmbd, bos, eos, device, isa, fileBytes,
+   * hostWeights, memoryBytes }` (`device`: "cpu" or "webgpu (adapter)"; `hostWeights`:
+   * false when the file streamed onto the GPU). */
   get info() {
     return this.#live().info();
   }

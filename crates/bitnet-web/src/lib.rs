@@ -47,11 +47,20 @@ fn js_uint(v: f64) -> Option<u64> {
     }
 }
 
-/// The model file, arriving in chunks.
+/// The model file, arriving in chunks: gathered in memory (the CPU runs it from there), or
+/// streamed onto WebGPU's device as it comes ([`Loader::stream_to_gpu`]).
 #[wasm_bindgen]
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Loader {
-    bytes: Vec<u8>,
+    kind: LoaderKind,
+}
+
+#[derive(Debug)]
+enum LoaderKind {
+    /// The whole file, in one buffer reserved up front.
+    Bytes(Vec<u8>),
+    /// Each block uploaded as soon as its bytes are in; the file is never held whole.
+    Gpu(Box<bitnet_engine::GpuStream>),
 }
 
 #[wasm_bindgen]
@@ -62,12 +71,10 @@ impl Loader {
     pub fn new(size: f64) -> JsResult<Loader> {
         let mut bytes = Vec::new();
         if size != 0.0 {
-            let n = js_uint(size)
-                .ok_or_else(|| err(format!("size {size}: give the file's size in bytes, or 0")))
-                .and_then(|n| {
-                    usize::try_from(n)
-                        .map_err(|_| err(format!("a model of {size} bytes does not fit in memory")))
-                })?;
+            let n = file_size(size).map_err(err).and_then(|n| {
+                usize::try_from(n)
+                    .map_err(|_| err(format!("a model of {size} bytes does not fit in memory")))
+            })?;
             bytes.try_reserve_exact(n).map_err(|_| {
                 err(format!(
                     "cannot reserve {} MiB for the model: out of memory",
@@ -75,36 +82,116 @@ impl Loader {
                 ))
             })?;
         }
-        Ok(Loader { bytes })
+        Ok(Loader {
+            kind: LoaderKind::Bytes(bytes),
+        })
+    }
+
+    /// A Promise of a loader that uploads a file of `size` bytes to WebGPU's device as its
+    /// bytes arrive, holding only the block being gathered (`options`: see
+    /// [`ModelOptions`]; the device is WebGPU's). Rejects when WebGPU cannot be opened or
+    /// the options ask for what the GPU does not run.
+    #[wasm_bindgen(js_name = streamToGpu)]
+    pub fn stream_to_gpu(size: f64, options: JsValue) -> js_sys::Promise {
+        promise(async move {
+            let n = file_size(size)?;
+            let o: ModelOptions = options_of(options)?;
+            let mut opts = load_options(&o)?;
+            opts.device = Device::Gpu;
+            let s = bitnet_engine::GpuStream::new_async(n, &opts)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(Loader {
+                kind: LoaderKind::Gpu(Box::new(s)),
+            }
+            .into())
+        })
     }
 
     /// Append the next chunk of the file.
     pub fn push(&mut self, chunk: &[u8]) -> JsResult<()> {
-        self.bytes.try_reserve(chunk.len()).map_err(|_| {
-            err(format!(
-                "out of memory after {} MiB of the model",
-                self.bytes.len() >> 20
-            ))
-        })?;
-        self.bytes.extend_from_slice(chunk);
-        Ok(())
+        match &mut self.kind {
+            LoaderKind::Bytes(bytes) => {
+                bytes.try_reserve(chunk.len()).map_err(|_| {
+                    err(format!(
+                        "out of memory after {} MiB of the model",
+                        bytes.len() >> 20
+                    ))
+                })?;
+                bytes.extend_from_slice(chunk);
+                Ok(())
+            }
+            LoaderKind::Gpu(s) => s.push(chunk).map_err(err),
+        }
     }
 
     /// Bytes received so far.
     #[wasm_bindgen(getter)]
     pub fn received(&self) -> f64 {
-        self.bytes.len() as f64
+        match &self.kind {
+            LoaderKind::Bytes(b) => b.len() as f64,
+            LoaderKind::Gpu(s) => s.received() as f64,
+        }
     }
 
-    /// Parse the file and build the model (`options`: see [`ModelOptions`]); a Promise of
+    /// Whether the file streams onto the GPU (else it is gathered in memory).
+    #[wasm_bindgen(getter)]
+    pub fn streaming(&self) -> bool {
+        matches!(self.kind, LoaderKind::Gpu(_))
+    }
+
+    /// Parse the file and build the model (`options`: see [`ModelOptions`]; a streaming
+    /// loader takes its context size from them, the rest it was opened with); a Promise of
     /// a [`WebModel`] (WebGPU's device is opened asynchronously).
     pub fn finish(self, options: JsValue) -> js_sys::Promise {
-        let bytes = self.bytes;
+        let kind = self.kind;
         promise(async move {
-            let opts: ModelOptions = options_of(options)?;
-            Ok(WebModel::from_bytes_async(bytes, &opts).await?.into())
+            let o: ModelOptions = options_of(options)?;
+            let m = match kind {
+                LoaderKind::Bytes(bytes) => WebModel::from_bytes_async(bytes, &o).await?,
+                LoaderKind::Gpu(s) => {
+                    let engine = s.finish().map_err(|e| e.to_string())?;
+                    WebModel::from_engine(engine, &o)?
+                }
+            };
+            Ok(m.into())
         })
     }
+}
+
+/// A file size from JavaScript (a whole number of bytes).
+fn file_size(size: f64) -> Result<u64, String> {
+    js_uint(size).ok_or_else(|| format!("size {size}: give the file's size in bytes, or 0"))
+}
+
+/// The engine's load options for `o`.
+fn load_options(o: &ModelOptions) -> Result<LoadOptions, String> {
+    let lm_head = match o.lm_head.as_deref() {
+        None | Some("f16") => LmHeadFormat::File,
+        Some("q8_0") => LmHeadFormat::Q8_0,
+        Some("q4_0") => LmHeadFormat::Q4_0,
+        Some(o) => return Err(format!("lmHead {o:?}: use \"f16\", \"q8_0\" or \"q4_0\"")),
+    };
+    let numerics: Numerics = match o.numerics.as_deref() {
+        None => Numerics::Fast,
+        Some(s) => s.parse()?,
+    };
+    let device = match o.device.as_deref() {
+        None | Some("cpu") => Device::Cpu,
+        Some("webgpu") => Device::Gpu,
+        Some("auto") => Device::Auto,
+        Some(o) => return Err(format!("device {o:?}: use \"cpu\", \"webgpu\" or \"auto\"")),
+    };
+    if o.ctx_size == Some(0) {
+        return Err("ctxSize 0: must be at least 1".into());
+    }
+    Ok(LoadOptions {
+        threads: 1,
+        numerics,
+        lm_head,
+        device,
+        ..LoadOptions::default()
+    })
 }
 
 /// What [`Loader::finish`] accepts (all optional).
@@ -194,6 +281,8 @@ struct Info {
     device: String,
     isa: &'static str,
     file_bytes: f64,
+    /// Whether the weights are in the module's memory (false: streamed onto the GPU).
+    host_weights: bool,
     /// The module's linear memory now (it only grows: the peak so far); 0 natively.
     memory_bytes: f64,
 }
@@ -310,38 +399,18 @@ impl WebModel {
 
     /// [`WebModel::from_bytes`], opening WebGPU's device where `o.device` asks for it.
     pub async fn from_bytes_async(bytes: Vec<u8>, o: &ModelOptions) -> Result<WebModel, String> {
-        let lm_head = match o.lm_head.as_deref() {
-            None | Some("f16") => LmHeadFormat::File,
-            Some("q8_0") => LmHeadFormat::Q8_0,
-            Some("q4_0") => LmHeadFormat::Q4_0,
-            Some(o) => return Err(format!("lmHead {o:?}: use \"f16\", \"q8_0\" or \"q4_0\"")),
-        };
-        let numerics: Numerics = match o.numerics.as_deref() {
-            None => Numerics::Fast,
-            Some(s) => s.parse()?,
-        };
-        let device = match o.device.as_deref() {
-            None | Some("cpu") => Device::Cpu,
-            Some("webgpu") => Device::Gpu,
-            Some("auto") => Device::Auto,
-            Some(o) => return Err(format!("device {o:?}: use \"cpu\", \"webgpu\" or \"auto\"")),
-        };
-        if o.ctx_size == Some(0) {
-            return Err("ctxSize 0: must be at least 1".into());
-        }
+        let opts = load_options(o)?;
         let file = GgufFile::from_bytes(bytes, &Limits::default()).map_err(|e| e.to_string())?;
-        let opts = LoadOptions {
-            threads: 1,
-            numerics,
-            lm_head,
-            device,
-            ..LoadOptions::default()
-        };
         let engine = bitnet_engine::load_file_async(Arc::new(file), &opts, &mut |_| {})
             .await
             .map_err(|e| e.to_string())?;
+        Self::from_engine(engine, o)
+    }
+
+    /// A model over a loaded engine, with its session.
+    fn from_engine(engine: Engine, o: &ModelOptions) -> Result<WebModel, String> {
         let n_ctx_train = engine.config().n_ctx_train;
-        let n_ctx = o.ctx_size.unwrap_or(4096).min(n_ctx_train);
+        let n_ctx = o.ctx_size.unwrap_or(4096).min(n_ctx_train).max(1);
         let session = engine.new_session(n_ctx).map_err(|e| e.to_string())?;
         Ok(WebModel {
             inner: Rc::new(RefCell::new(Inner {
@@ -501,6 +570,7 @@ impl WebModel {
             },
             isa: bitnet_kernels::isa().name(),
             file_bytes: i.engine.file_size() as f64,
+            host_weights: i.engine.model().is_ok(),
             memory_bytes: memory_bytes(),
         })
         .map_err(err)

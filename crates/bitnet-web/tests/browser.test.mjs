@@ -6,6 +6,8 @@
 // model from the browser's caches). Without Chromium the tests fail when CI is set and are
 // skipped, saying so, otherwise. Run by scripts/test-wasm.
 import assert from "node:assert/strict";
+import { mkdtempSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { resolve } from "node:path";
 import { after, before, test } from "node:test";
 import { Browser, findChromium, serve } from "./chromium.mjs";
@@ -88,6 +90,7 @@ test("WebGPU in Chromium (SwiftShader): logits pass the gates, greedy text equal
   })()`);
   assert.ok(!r.none, "Chromium gave no WebGPU adapter (it was started with SwiftShader's Vulkan)");
   assert.match(r.info.device, /^webgpu/);
+  assert.equal(r.info.hostWeights, false, "the file streamed onto the GPU");
   console.log(`# WebGPU adapter: ${r.adapter}`);
   PROMPTS.forEach((p, i) => {
     const g = gates(Float32Array.from(r.logits[i]), f32s(resolve(golden, `${p}.logits.f32`)), `webgpu ${p}`);
@@ -95,6 +98,46 @@ test("WebGPU in Chromium (SwiftShader): logits pass the gates, greedy text equal
   });
   const want = native(["run", "-m", modelPath, "-p", texts[0], "-n", "8", "--temp", "0", "--no-echo"]);
   sameGreedy(`webgpu ${PROMPTS[0]}`, r.texts[0].prompt, r.texts[0], want);
+});
+
+test("WebGPU streaming: a 25 MiB model loads with the page's memory below the file's size; on the CPU above it", { skip }, async () => {
+  // The small preset's shapes (6 blocks, 1024 wide) with the tiny vocabulary.
+  const dir = mkdtempSync(resolve(tmpdir(), "bitnet-stream-"));
+  const file = resolve(dir, "small.gguf");
+  native(["synth", "--preset", "small", "--quiet", "-o", file]);
+  const size = statSync(file).size;
+  const local = await serve(pkg, { m: dir });
+  try {
+    const url = `http://127.0.0.1:${local.address().port}`;
+    const load = async (device) => {
+      // A fresh page: a fresh WebAssembly memory.
+      await browser.goto(`${url}/index.html`);
+      return browser.eval(`(async () => {
+        if (!navigator.gpu || !(await navigator.gpu.requestAdapter())) return { none: true };
+        const { Model } = await import("/bitnet.js");
+        const phases = new Set();
+        const m = await Model.load("/m/small.gguf", { device: ${JSON.stringify(device)}, cache: false, onProgress: (p) => phases.add(p.phase) });
+        const l = await m.logits([1, 2, 3]);
+        const info = m.info;
+        m.free();
+        return { info, phases: [...phases], finite: l.every(Number.isFinite), n: l.length };
+      })()`);
+    };
+    const gpu = await load("webgpu");
+    assert.ok(!gpu.none, "Chromium gave no WebGPU adapter");
+    const cpu = await load("cpu");
+    const mib = (b) => (b / 2 ** 20).toFixed(1);
+    console.log(`# ${mib(size)} MiB file: wasm memory ${mib(gpu.info.memoryBytes)} MiB streamed onto WebGPU, ${mib(cpu.info.memoryBytes)} MiB on the CPU`);
+    assert.equal(gpu.info.hostWeights, false);
+    assert.equal(cpu.info.hostWeights, true);
+    assert.ok(gpu.finite && gpu.n === gpu.info.nVocab, "logits from the streamed model");
+    assert.ok(!gpu.phases.includes("fallback"), `phases ${gpu.phases}`);
+    assert.ok(gpu.info.memoryBytes < size / 2, `streamed: ${gpu.info.memoryBytes} bytes of memory for a ${size}-byte file`);
+    assert.ok(cpu.info.memoryBytes > size, `CPU: ${cpu.info.memoryBytes} bytes of memory for a ${size}-byte file`);
+  } finally {
+    local.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 test("the chat page: a message in, streamed text out, Stop, and offline after the first load", { skip }, async () => {
