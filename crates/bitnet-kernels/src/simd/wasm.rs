@@ -490,3 +490,54 @@ fn q8_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]
 fn q4_0_q8_multi(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]) {
     scalar::per_token(q4_0_q8, row, xq, xd, cols, out);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every one of the 65,536 halves, eight at a time in every lane position, beside an
+    /// infinity and not: the value `half` gives (NaNs as NaNs).
+    #[test]
+    fn every_half_converts_exactly() {
+        let check = |hs: [u16; 8]| {
+            let mut bytes = [0u8; 16];
+            for (i, h) in hs.iter().enumerate() {
+                bytes[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
+            }
+            let [lo, hi] = f16x8_to_f32(load(&bytes, 0));
+            let mut got = [0f32; 8];
+            got[..4].copy_from_slice(&[
+                f32x4_extract_lane::<0>(lo),
+                f32x4_extract_lane::<1>(lo),
+                f32x4_extract_lane::<2>(lo),
+                f32x4_extract_lane::<3>(lo),
+            ]);
+            got[4..].copy_from_slice(&[
+                f32x4_extract_lane::<0>(hi),
+                f32x4_extract_lane::<1>(hi),
+                f32x4_extract_lane::<2>(hi),
+                f32x4_extract_lane::<3>(hi),
+            ]);
+            for (h, g) in hs.iter().zip(got) {
+                let want = half::f16::from_bits(*h).to_f32();
+                if want.is_nan() {
+                    assert!(g.is_nan(), "{h:#06x}: {g}");
+                } else {
+                    assert_eq!(g.to_bits(), want.to_bits(), "{h:#06x}: {g} against {want}");
+                }
+            }
+        };
+        for base in (0..=u16::MAX).step_by(8) {
+            let hs: [u16; 8] =
+                std::array::from_fn(|i| base.wrapping_add(u16::try_from(i).unwrap_or(0)));
+            check(hs);
+            // The same halves beside an infinity, and rotated so each lies in every lane.
+            let mut with_inf = hs;
+            with_inf[usize::from(base / 8 % 8)] = 0x7c00;
+            check(with_inf);
+            let mut rot = hs;
+            rot.rotate_left(usize::from(base / 8 % 8));
+            check(rot);
+        }
+    }
+}
