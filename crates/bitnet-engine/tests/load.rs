@@ -184,3 +184,78 @@ fn repacked_weights_give_the_same_logits_bit_for_bit() {
         assert!(same && logits[0].len() == logits[1].len(), "{numerics:?}");
     }
 }
+
+/// TQ2_0 and TQ1_0 projections (one scale per tensor, as the converters write): with fast
+/// numerics they are repacked into the I2_S panels (on a tier that has them) and give the
+/// unrepacked logits within the fast gates, the same top-1 where the margin is clear; with
+/// exact numerics nothing is repacked and every bit stays.
+#[test]
+fn block_layouts_with_one_scale_are_repacked_for_fast_numerics() {
+    use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
+    let panels = bitnet_kernels::has_panel_kernel(bitnet_kernels::isa());
+    eprintln!("tier {} repacks: {panels}", bitnet_kernels::isa().name());
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u32> = (0..21u32).map(|i| (i * 733 + 17) % 4256).collect();
+    for layout in [WeightLayout::Tq2_0, WeightLayout::Tq1_0] {
+        let mut spec = SynthSpec::preset(Preset::Tiny);
+        spec.layout = layout;
+        let path = dir.path().join(format!("{layout:?}.gguf"));
+        let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
+        synth::write(
+            &spec,
+            &vocab,
+            std::fs::File::create(&path).unwrap(),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        for numerics in [Numerics::Fast, Numerics::Exact] {
+            let mut logits = Vec::new();
+            for repack in [false, true] {
+                let opts = LoadOptions {
+                    numerics,
+                    repack,
+                    threads: 2,
+                    ..Default::default()
+                };
+                let mut reported = 0;
+                let e = load(&path, &opts, &mut |ev| {
+                    if let LoadEvent::Repacked { matrices, .. } = ev {
+                        reported = matrices;
+                    }
+                })
+                .unwrap();
+                let layers = e.config().n_layer;
+                let bytes = e.model().unwrap().layers[0].w_down.repacked_bytes();
+                if repack && panels && numerics == Numerics::Fast {
+                    assert_eq!(reported, 7 * layers, "{layout:?}");
+                    assert!(bytes > 0);
+                } else {
+                    assert_eq!((reported, bytes), (0, 0), "{layout:?} {numerics:?}");
+                }
+                let mut s = e.new_session(64).unwrap();
+                let mut all = e.eval(&mut s, &ids[..17], Outputs::All).unwrap();
+                for &t in &ids[17..] {
+                    all.extend(e.eval(&mut s, &[t], Outputs::Last).unwrap());
+                }
+                logits.push(all);
+            }
+            assert_eq!(logits[0].len(), logits[1].len());
+            if numerics == Numerics::Exact || !panels {
+                let same = logits[0]
+                    .iter()
+                    .zip(&logits[1])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{layout:?} {numerics:?}");
+            } else {
+                let g = bitnet_testdata::compare_logits(&logits[1], &logits[0], 4256, 0.08);
+                eprintln!("{layout:?}: max |Δ| {}, cos {}", g.max_abs, g.min_cos);
+                // Only the float steps differ (one multiply by the scale, not one a block).
+                assert!(
+                    g.max_abs <= 1e-4 && g.min_cos >= 0.999_999,
+                    "{layout:?}: {g:?}"
+                );
+                assert_eq!(g.top1_misses_above_margin, 0, "{layout:?}");
+            }
+        }
+    }
+}

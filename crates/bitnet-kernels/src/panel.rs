@@ -402,6 +402,83 @@ mod tests {
         }
     }
 
+    /// A TQ2_0 or TQ1_0 matrix whose blocks share one scale, repacked for fast numerics
+    /// (`repack_fast_always`), computes what the I2_S matrix of the same codes with that
+    /// scale as β computes, bit for bit, on every tier with a panel kernel (and what it
+    /// computed before on the others): ragged row counts, token counts around the tiles, one
+    /// and two threads. Scales that differ, or a TQ2_0 code 3, leave it as it was.
+    #[test]
+    fn uniform_block_layouts_repack_to_the_i2s_panels() {
+        use crate::layout::{tq1_0, tq2_0};
+        let mut st = 0x7A11_5CA1_E5EE_D001u64;
+        let beta = 0.093_75f32; // exact in f16
+        for (n_out, k) in [(1usize, 256usize), (15, 256), (17, 512), (40, 768)] {
+            let values: Vec<i8> = (0..n_out * k)
+                .map(|_| i8::try_from(next(&mut st) % 3).unwrap_or(0) - 1)
+                .collect();
+            let i2s_bytes = i2s::pack_values(&values, beta).unwrap();
+            let i2s_m = TernaryMatrix::new(TernaryLayout::I2S, n_out, k, &i2s_bytes, None).unwrap();
+            let scales = vec![beta; n_out * k / 256];
+            let tq2 = tq2_0::pack(&values, &scales).unwrap();
+            let tq1 = tq1_0::pack(&values, &scales).unwrap();
+            let pool1 = Pool::new(1);
+            for (layout, bytes) in [(TernaryLayout::Tq2_0, &tq2), (TernaryLayout::Tq1_0, &tq1)] {
+                let plain = TernaryMatrix::new(layout, n_out, k, bytes, None).unwrap();
+                let mut packed = plain.clone();
+                assert_eq!(
+                    packed.repack_fast_always(&pool1).unwrap(),
+                    n_out.div_ceil(16) * k * 4,
+                    "{layout:?}"
+                );
+                for n_tok in [1usize, 2, 5, 16, 17, 70] {
+                    let x = random_acts(&mut st, n_tok * k, 2);
+                    let s: Vec<f32> = (0..n_tok).map(|i| 1.5 + i as f32 * 0.25).collect();
+                    let run = |m: &TernaryMatrix<'_>, isa, pool: &Pool| {
+                        let mut out = vec![f32::NAN; n_tok * n_out];
+                        m.matmul_on(isa, &x, &s, &mut out, pool).unwrap().unwrap();
+                        out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    };
+                    let want_i2s = run(&i2s_m, crate::Isa::Scalar, &pool1);
+                    for threads in [1usize, 2] {
+                        let pool = Pool::new(threads);
+                        for isa in supported_isas() {
+                            let want = if crate::has_panel_kernel(isa) {
+                                want_i2s.clone()
+                            } else {
+                                run(&plain, isa, &pool)
+                            };
+                            assert_eq!(
+                                run(&packed, isa, &pool),
+                                want,
+                                "{layout:?} {isa:?} {n_out}x{k} tokens {n_tok} threads {threads}"
+                            );
+                        }
+                    }
+                }
+            }
+            // One block's scale differs: nothing is repacked.
+            let mut mixed = scales.clone();
+            mixed[scales.len() - 1] = 2.0 * beta;
+            for (layout, bytes) in (scales.len() > 1)
+                .then_some([
+                    (TernaryLayout::Tq2_0, tq2_0::pack(&values, &mixed).unwrap()),
+                    (TernaryLayout::Tq1_0, tq1_0::pack(&values, &mixed).unwrap()),
+                ])
+                .into_iter()
+                .flatten()
+            {
+                let mut m = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
+                assert_eq!(m.repack_fast_always(&pool1).unwrap(), 0, "{layout:?}");
+                assert_eq!(m.repacked_bytes(), 0);
+            }
+            // A TQ2_0 code 3 (+2 there): nothing is repacked.
+            let mut three = tq2.clone();
+            three[5] |= 0b11 << 2;
+            let mut m = TernaryMatrix::new(TernaryLayout::Tq2_0, n_out, k, &three, None).unwrap();
+            assert_eq!(m.repack_fast_always(&pool1).unwrap(), 0);
+        }
+    }
+
     #[test]
     fn panel_codes_match_i2s_codes() {
         let mut st = 0x1234_5678_9abc_def1u64;

@@ -58,9 +58,13 @@ pub struct TernaryMatrix<'a> {
     nb: usize,
     /// I2_S only: the packed codes were checked to hold no code 11 (see [`Self::check_codes`]).
     codes_clean: bool,
-    /// I2_S only: the codes repacked into panels (`crate::panel`), used by the tiers that
-    /// have a panel kernel.
+    /// The codes repacked into panels (`crate::panel`), used by the tiers that have a panel
+    /// kernel: I2_S's, or those of a TQ2_0/TQ1_0 matrix whose blocks share one scale
+    /// ([`Self::repack_fast`]).
     panels: Option<Arc<Panels>>,
+    /// The one scale of every block of a TQ2_0/TQ1_0 matrix repacked into panels: the
+    /// panels' β.
+    uniform: Option<f32>,
 }
 
 impl<'a> TernaryMatrix<'a> {
@@ -143,6 +147,7 @@ impl<'a> TernaryMatrix<'a> {
             row_bytes,
             nb,
             codes_clean: false,
+            uniform: None,
             panels: None,
         })
     }
@@ -310,6 +315,7 @@ impl<'a> TernaryMatrix<'a> {
             data,
             scales: self.scales,
             panels: self.panels.clone(),
+            uniform: self.uniform,
             ..*self
         })
     }
@@ -337,6 +343,80 @@ impl<'a> TernaryMatrix<'a> {
         let n = p.nbytes();
         self.panels = Some(Arc::new(p));
         Ok(n)
+    }
+
+    /// [`Self::repack`], and for fast numerics also a TQ2_0 or TQ1_0 matrix whose blocks all
+    /// share one scale (as the converters write a BitNet model's per-tensor scale): its codes
+    /// go into the same panels, the scale is their β, and the panel kernels run it as they run
+    /// I2_S. The integer sums are the same; the float steps become I2_S's (one multiply by
+    /// the scale instead of one per block), so exact numerics must not call this. Returns
+    /// the bytes of the new copy, 0 when nothing was done (other layouts, scales that differ,
+    /// a code 3 the block layouts never write, a tier without the kernel).
+    pub fn repack_fast(&mut self, pool: &Pool) -> Result<usize, KernelError> {
+        if kernels().i2s_panel.is_none() {
+            return Ok(0);
+        }
+        self.repack_fast_always(pool)
+    }
+
+    /// [`Self::repack_fast`] whatever the selected tier (tests, benchmarks).
+    pub fn repack_fast_always(&mut self, pool: &Pool) -> Result<usize, KernelError> {
+        if self.layout == TernaryLayout::I2S {
+            return self.repack_always(pool);
+        }
+        if !matches!(self.layout, TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0) {
+            return Ok(0);
+        }
+        if let Some(p) = &self.panels {
+            return Ok(p.nbytes());
+        }
+        let d = self.block_scale(0, 0);
+        let uniform = (0..self.n_out)
+            .all(|r| (0..self.nb).all(|b| self.block_scale(r, b).to_bits() == d.to_bits()));
+        if !uniform || !d.is_finite() || !self.n_in.is_multiple_of(i2s::BLOCK_ELEMS) {
+            return Ok(0);
+        }
+        // The codes in I2_S's order, row by row; a code 3 (never written) leaves the matrix
+        // as it is.
+        let row_i2s = self.n_in / 4;
+        let total = self
+            .n_out
+            .checked_mul(row_i2s)
+            .ok_or(KernelError::Overflow {
+                what: "panel bytes",
+            })?;
+        let mut codes = vec![0u8; total];
+        let bad = std::sync::atomic::AtomicBool::new(false);
+        {
+            let dst = SharedMut::new(&mut codes);
+            let f = |rows: Range<usize>| {
+                for r in rows {
+                    // SAFETY: row ranges are disjoint between chunks and r < n_out, so the
+                    // range lies inside `codes` and no other chunk writes it.
+                    let out = unsafe { dst.slice_mut(r * row_i2s..(r + 1) * row_i2s) };
+                    if !block_codes_as_i2s(self.layout, self.row(r), out) {
+                        bad.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            };
+            pool.for_rows(self.n_out, ROW_GRAIN, &f);
+        }
+        if bad.into_inner() {
+            return Ok(0);
+        }
+        let p = Panels::from_i2s(&codes, self.n_out, self.n_in, pool)?;
+        let n = p.nbytes();
+        self.panels = Some(Arc::new(p));
+        self.uniform = Some(d);
+        Ok(n)
+    }
+
+    /// The panels' β: I2_S's tensor scale, or the one scale of a repacked block layout.
+    fn panel_beta(&self) -> Option<f32> {
+        match self.scales {
+            Scales::Tensor(beta) => Some(beta),
+            _ => self.uniform,
+        }
     }
 
     /// Bytes of the repacked copy, if any.
@@ -465,8 +545,8 @@ impl<'a> TernaryMatrix<'a> {
         if n_tok == 0 || self.n_out == 0 {
             return Ok(());
         }
-        if let (Some(lut), Some(panels), Scales::Tensor(beta)) =
-            (kern.i2s_lut, self.panels.as_deref(), self.scales)
+        if let (Some(lut), Some(panels), Some(beta)) =
+            (kern.i2s_lut, self.panels.as_deref(), self.panel_beta())
         {
             if n_tok >= lut.min_tokens {
                 self.lut_matmul(lut, panels, beta, xq, s, out, runner);
@@ -474,25 +554,31 @@ impl<'a> TernaryMatrix<'a> {
             }
         }
         let bsum = self.block_sums(xq, n_tok);
-        if let (Some(amx), Some(panels), Scales::Tensor(beta)) =
-            (kern.i2s_amx, self.panels.as_deref(), self.scales)
+        // The panel kernels take Σq over the whole row.
+        let bsum_k: std::borrow::Cow<'_, [i32]> = if self.nb == 1 || self.panels.is_none() {
+            std::borrow::Cow::Borrowed(&bsum)
+        } else {
+            std::borrow::Cow::Owned(bsum.chunks(self.nb).map(|b| b.iter().sum()).collect())
+        };
+        if let (Some(amx), Some(panels), Some(beta)) =
+            (kern.i2s_amx, self.panels.as_deref(), self.panel_beta())
         {
             if n_tok >= amx.min_tokens {
                 let outp = SharedMut::new(out);
                 let f = |ps: Range<usize>| {
-                    self.amx_rows(amx, panels, beta, xq, &bsum, s, ps, &outp);
+                    self.amx_rows(amx, panels, beta, xq, &bsum_k, s, ps, &outp);
                 };
                 runner(panels.n_panels(), 2, &f);
                 return Ok(());
             }
         }
-        if let (Some(pk), Some(panels), Scales::Tensor(beta)) =
-            (kern.i2s_panel, self.panels.as_deref(), self.scales)
+        if let (Some(pk), Some(panels), Some(beta)) =
+            (kern.i2s_panel, self.panels.as_deref(), self.panel_beta())
         {
             let outp = SharedMut::new(out);
             let tile = kern.panel_tokens.max(1);
             let f = |ps: Range<usize>| {
-                self.panel_rows(pk, tile, panels, beta, xq, &bsum, s, ps, &outp);
+                self.panel_rows(pk, tile, panels, beta, xq, &bsum_k, s, ps, &outp);
             };
             runner(panels.n_panels(), 2, &f);
             return Ok(());
@@ -826,6 +912,42 @@ impl<'a> TernaryMatrix<'a> {
             // (t, r) is written by exactly one chunk because row ranges are disjoint.
             unsafe { out.write(t * self.n_out + r, y) };
         }
+    }
+}
+
+/// One TQ2_0 or TQ1_0 row's codes written in I2_S's order (`out`: K/4 bytes); false when
+/// the row holds a code 3 (TQ2_0's unused code, +2 there, not I2_S's 0) or the layout is
+/// another.
+fn block_codes_as_i2s(layout: TernaryLayout, row: &[u8], out: &mut [u8]) -> bool {
+    match layout {
+        TernaryLayout::Tq2_0 => {
+            // A block's 64 code bytes hold element 128h + 32l + m at bits 2l of byte
+            // 32h + m; I2_S's byte m of block h holds it at bits 6 − 2l: the same bytes
+            // with their four pairs in reverse order.
+            for (blk, o) in row.chunks_exact(66).zip(out.chunks_exact_mut(64)) {
+                for (&b, ob) in blk[..64].iter().zip(o.iter_mut()) {
+                    if b & (b >> 1) & 0x55 != 0 {
+                        return false;
+                    }
+                    *ob = (b << 6) | ((b << 2) & 0x30) | ((b >> 2) & 0x0c) | (b >> 6);
+                }
+            }
+            true
+        }
+        TernaryLayout::Tq1_0 => {
+            out.fill(0);
+            for (blk, o) in row.chunks_exact(54).zip(out.chunks_exact_mut(64)) {
+                for e in 0..256 {
+                    let c = crate::layout::tq1_0::code(blk, e);
+                    if c > 2 {
+                        return false;
+                    }
+                    o[32 * (e / 128) + e % 32] |= c << (6 - 2 * ((e % 128) / 32));
+                }
+            }
+            true
+        }
+        _ => false,
     }
 }
 
