@@ -225,7 +225,7 @@ impl LoadProgress {
                 elapsed,
                 released,
             } => eprintln!(
-                "weights: {matrices} I2_S matrices repacked for the integer GEMM, {} in memory{}, \
+                "weights: {matrices} ternary matrices repacked for the integer GEMM, {} in memory{}, \
                  in {:.1} s",
                 human_bytes(bytes as u64),
                 if released {
