@@ -35,6 +35,16 @@ pub enum ModelError {
         expected: &'static str,
         found: String,
     },
+    /// bitnet.cpp's TL1/TL2: weights arranged at conversion for the kernels bitnet.cpp
+    /// generates for one model's shapes (TL1 for ARM, TL2 for x86); the arrangement is not
+    /// described in the file, so they are not read here.
+    #[error(
+        "tensor '{name}' is {found}, bitnet.cpp's lookup-table layout, arranged at conversion \
+         for kernels generated for this model's shapes: not readable here. Use the I2_S file \
+         (ggml-model-i2_s.gguf), or convert the Hugging Face checkpoint with \
+         `bitnet convert <checkpoint dir> -o model.gguf`"
+    )]
+    TiledLayout { name: String, found: String },
     #[error("tensor '{name}' holds a non-finite value at index {index}")]
     NonFinite { name: String, index: usize },
     #[error("unexpected tensor '{0}' (not part of this architecture)")]

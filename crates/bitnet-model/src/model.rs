@@ -318,6 +318,12 @@ fn bind_ternary<'a>(
             file.tensor_data(t)?,
             None,
         )?,
+        GgmlType::TL1 | GgmlType::TL2 => {
+            return Err(ModelError::TiledLayout {
+                name: name.to_string(),
+                found: t.ggml_type.name().to_string(),
+            })
+        }
         other => {
             return Err(ModelError::WrongType {
                 name: name.to_string(),

@@ -181,6 +181,30 @@ fn missing_tensor_wrong_shape_wrong_type() {
     );
 }
 
+/// bitnet.cpp's TL1 and TL2 projections: a typed error that names the tensor and the way to
+/// a file this engine reads.
+#[test]
+fn tiled_lookup_table_layouts_are_refused_with_the_way_out() {
+    for (id, ty) in [(38u32, "TL1"), (39, "TL2")] {
+        let e = load_edited(|_, t| {
+            let x = t
+                .iter_mut()
+                .find(|t| t.name == "blk.0.attn_q.weight")
+                .unwrap();
+            x.type_id = id;
+        });
+        assert!(
+            matches!(e, ModelError::TiledLayout { ref name, ref found } if name == "blk.0.attn_q.weight" && found == ty),
+            "{e}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains("bitnet convert") && msg.contains("I2_S"),
+            "{msg}"
+        );
+    }
+}
+
 #[test]
 fn non_finite_norm_weight() {
     let e = load_edited(|_, t| {
