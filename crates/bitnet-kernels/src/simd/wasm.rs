@@ -81,18 +81,22 @@ unsafe fn ld<T: Copy>(s: &[T], off: usize) -> v128 {
 /// I2_S code 11 → 01 in every pair (u = 0, 1, 2, 1 for c = 0..3).
 #[inline(always)]
 fn sanitize(w: v128) -> v128 {
-    let both = v128_and(v128_and(w, u8x16_shr(w, 1)), u8x16_splat(0x55));
-    v128_xor(w, i8x16_shl(both, 1))
+    // 16-bit shifts (see `planes`): the 0x55 mask drops the bit that crosses from the next
+    // byte, and `both` has no bit 7 to carry into it.
+    let both = v128_and(v128_and(w, u16x8_shr(w, 1)), u8x16_splat(0x55));
+    v128_xor(w, i16x8_shl(both, 1))
 }
 
 /// The four planes of 16 weight bytes in x order: I2_S (msb first) or TQ2_0 (lsb first).
+/// The shifts are 16-bit (one instruction on every SIMD ISA; an 8-bit shift is emulated on
+/// x86): the mask keeps each byte's own two bits, dropping what crossed from its neighbour.
 #[inline(always)]
 fn planes(w: v128, msb_first: bool) -> [v128; 4] {
     let m3 = u8x16_splat(3);
     let a = v128_and(w, m3);
-    let b = v128_and(u8x16_shr(w, 2), m3);
-    let c = v128_and(u8x16_shr(w, 4), m3);
-    let d = u8x16_shr(w, 6);
+    let b = v128_and(u16x8_shr(w, 2), m3);
+    let c = v128_and(u16x8_shr(w, 4), m3);
+    let d = v128_and(u16x8_shr(w, 6), m3);
     if msb_first {
         [d, c, b, a]
     } else {
@@ -476,7 +480,7 @@ fn q4_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
         let eight = i8x16_splat(8);
         [
             i8x16_sub(v128_and(q, u8x16_splat(15)), eight),
-            i8x16_sub(u8x16_shr(q, 4), eight),
+            i8x16_sub(v128_and(u16x8_shr(q, 4), u8x16_splat(15)), eight),
         ]
     })
 }
