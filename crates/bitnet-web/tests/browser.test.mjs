@@ -132,7 +132,8 @@ test("WebGPU streaming: a 25 MiB model loads with the page's memory below the fi
     assert.equal(cpu.info.hostWeights, true);
     assert.ok(gpu.finite && gpu.n === gpu.info.nVocab, "logits from the streamed model");
     assert.ok(!gpu.phases.includes("fallback"), `phases ${gpu.phases}`);
-    assert.ok(gpu.info.memoryBytes < size / 2, `streamed: ${gpu.info.memoryBytes} bytes of memory for a ${size}-byte file`);
+    // The whole file in the module would take its size on top of the module's own memory.
+    assert.ok(gpu.info.memoryBytes < size, `streamed: ${gpu.info.memoryBytes} bytes of memory for a ${size}-byte file`);
     assert.ok(cpu.info.memoryBytes > size, `CPU: ${cpu.info.memoryBytes} bytes of memory for a ${size}-byte file`);
   } finally {
     local.close();
