@@ -394,18 +394,7 @@ impl Engine {
     /// An engine over a loaded model (see [`load`] for the whole loading sequence from a
     /// path). The options are validated here.
     pub fn new(model: OwnedModel, tokenizer: Tokenizer, opts: EngineOptions) -> Result<Self> {
-        opts.validate()?;
-        let pool = std::sync::Arc::new(Pool::new(opts.threads.max(1)));
-        Ok(Engine {
-            model: Weights::Host(model),
-            tokenizer,
-            pool,
-            streamer: None,
-            plan: None,
-            opts,
-            scratch: std::sync::Mutex::new(Scratch::default()),
-            gpu: None,
-        })
+        Self::with_weights(Weights::Host(model), tokenizer, opts)
     }
 
     /// An engine whose weights are only on `gpu` (see [`GpuStream`]).
@@ -416,16 +405,21 @@ impl Engine {
         gpu: bitnet_gpu::GpuModel,
         opts: EngineOptions,
     ) -> Result<Self> {
+        Self::with_weights(Weights::Device { config, file_size }, tokenizer, opts)?.on_gpu(gpu)
+    }
+
+    fn with_weights(model: Weights, tokenizer: Tokenizer, opts: EngineOptions) -> Result<Self> {
         opts.validate()?;
+        let pool = std::sync::Arc::new(Pool::new(opts.threads.max(1)));
         Ok(Engine {
-            model: Weights::Device { config, file_size },
+            model,
             tokenizer,
-            pool: std::sync::Arc::new(Pool::new(1)),
+            pool,
             streamer: None,
             plan: None,
             opts,
             scratch: std::sync::Mutex::new(Scratch::default()),
-            gpu: Some(gpu),
+            gpu: None,
         })
     }
 

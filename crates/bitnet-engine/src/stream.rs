@@ -239,14 +239,14 @@ fn rows_spec(t: &TensorInfo, rows: usize, cols: usize) -> Result<bitnet_gpu::Row
 impl Body {
     fn new(header: GgufHeader, gpu: bitnet_gpu::Gpu, opts: &LoadOptions) -> Result<Self> {
         let meta = header.metadata();
-        let find = |name: &str| header.tensors().iter().find(|t| t.name == name);
-        let embd = find(names::TOKEN_EMBD)
+        let embd = header
+            .tensor(names::TOKEN_EMBD)
             .ok_or_else(|| ModelError::MissingTensor(names::TOKEN_EMBD.to_string()))?;
         let config = Config::from_metadata(meta, embd.dims.get(1).copied())?;
         let tokenizer = Tokenizer::from_gguf(meta, opts.pre_tokenizer)?;
         let (nv, e) = (config.n_vocab, config.n_embd);
         let embd_spec = rows_spec(embd, nv, e)?;
-        let output = find(names::OUTPUT);
+        let output = header.tensor(names::OUTPUT);
         let output_spec = output.map(|t| rows_spec(t, nv, e)).transpose()?;
         let builder =
             bitnet_gpu::GpuModel::builder(gpu, &config, embd_spec, output_spec, gpu_options(opts))?;

@@ -92,6 +92,16 @@ struct Parsed {
     bitnet_context: bool,
 }
 
+impl Parsed {
+    fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        let t = &self.tensors;
+        self.by_name
+            .binary_search_by(|&i| t[i].name.as_str().cmp(name))
+            .ok()
+            .map(|pos| &t[self.by_name[pos]])
+    }
+}
+
 #[derive(Debug)]
 enum Backing {
     Mmap(memmap2::Mmap),
@@ -197,6 +207,11 @@ impl GgufHeader {
     /// Tensor table in file order.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.parsed.tensors
+    }
+
+    /// Looks a tensor up by name (O(log n)).
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.parsed.tensor(name)
     }
 
     /// Absolute byte offset of the tensor data section.
@@ -666,12 +681,7 @@ impl GgufFile {
 
     /// Looks a tensor up by name (O(log n)).
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        let t = &self.parsed.tensors;
-        self.parsed
-            .by_name
-            .binary_search_by(|&i| t[i].name.as_str().cmp(name))
-            .ok()
-            .map(|pos| &t[self.parsed.by_name[pos]])
+        self.parsed.tensor(name)
     }
 
     /// `general.architecture`, if present and a string.

@@ -1648,16 +1648,6 @@ pub struct GpuBuilder {
 }
 
 impl GpuBuilder {
-    /// The model's config.
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    /// The adapter it uploads to.
-    pub fn gpu(&self) -> &Gpu {
-        &self.gpu
-    }
-
     /// Upload block `il`.
     pub fn layer(&mut self, il: usize, l: &Layer<'_>) -> Result<()> {
         let gpu = &self.gpu;
