@@ -29,8 +29,12 @@ fn tmp_dir() -> PathBuf {
 }
 
 fn ids(stem: &str, key: &str) -> Vec<u32> {
+    ids_in("tiny", stem, key)
+}
+
+fn ids_in(dir: &str, stem: &str, key: &str) -> Vec<u32> {
     let meta: serde_json::Value =
-        serde_json::from_slice(&read(&format!("tiny/{stem}.tokens.json"))).unwrap();
+        serde_json::from_slice(&read(&format!("{dir}/{stem}.tokens.json"))).unwrap();
     meta[key]
         .as_array()
         .unwrap()
@@ -46,13 +50,17 @@ fn csv(ids: &[u32]) -> String {
 /// Step logits for a golden prompt: the prompt, then the 31 generated tokens that produced
 /// rows 1..32 of `step_logits.f32`.
 fn step_logits(stem: &str, numerics: &str, threads: &str) -> Vec<f32> {
-    let prompt = ids(stem, "prompt_tokens");
-    let generated = ids(stem, "generated_tokens");
-    let out = tmp_dir().join(format!("{stem}-{numerics}-{threads}.f32"));
+    step_logits_of("tiny", "bitnet-tiny-i2_s.gguf", stem, numerics, threads)
+}
+
+fn step_logits_of(dir: &str, file: &str, stem: &str, numerics: &str, threads: &str) -> Vec<f32> {
+    let prompt = ids_in(dir, stem, "prompt_tokens");
+    let generated = ids_in(dir, stem, "generated_tokens");
+    let out = tmp_dir().join(format!("{dir}-{stem}-{numerics}-{threads}.f32"));
     let o = bitnet(&[
         "logits",
         "-m",
-        &golden_str("tiny/bitnet-tiny-i2_s.gguf"),
+        &golden_str(&format!("{dir}/{file}")),
         "--ids",
         &csv(&prompt),
         "--then",
@@ -86,6 +94,48 @@ fn exact_steps_are_byte_identical_to_bitnet_cpp() {
                     i % N_VOCAB
                 );
             }
+        }
+    }
+}
+
+/// Architecture `llama` (testdata/golden/llama-tiny, run by bitnet.cpp's fork): the prompt
+/// text through the CLI's tokenizer (`--pre default`: bitnet.cpp's fallback pre-tokenizer, as
+/// the file names none) gives bitnet.cpp's last-position logits, and the one-token steps its
+/// step logits, byte for byte.
+#[test]
+fn llama_architecture_is_byte_identical_to_bitnet_cpp() {
+    let model = golden_str("llama-tiny/llama-tiny-i2_s.gguf");
+    for stem in PROMPTS {
+        let text = String::from_utf8(read(&format!("llama-tiny/{stem}.txt"))).unwrap();
+        let out = tmp_dir().join(format!("llama-{stem}-last.f32"));
+        let o = bitnet(&[
+            "logits",
+            "-m",
+            &model,
+            "-p",
+            &text,
+            "--pre",
+            "default",
+            "--numerics",
+            "exact",
+            "-t",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            std::fs::read(&out).unwrap() == read(&format!("llama-tiny/{stem}.logits.f32")),
+            "{stem}: last-position logits differ from bitnet.cpp's"
+        );
+        let golden = read_f32(&format!("llama-tiny/{stem}.step_logits.f32"));
+        let ours = step_logits_of("llama-tiny", "llama-tiny-i2_s.gguf", stem, "exact", "1");
+        if let Some((i, x, y)) = first_bit_difference(&ours, &golden) {
+            panic!(
+                "llama {stem}: first step difference at row {} id {}: ours {x:e}, bitnet.cpp {y:e}",
+                i / N_VOCAB,
+                i % N_VOCAB
+            );
         }
     }
 }

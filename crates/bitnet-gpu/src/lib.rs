@@ -22,7 +22,7 @@ mod rec;
 pub use device::{adapters, block, AdapterInfo, Gpu};
 pub use error::{GpuError, Result};
 pub use model::{
-    DecodeKernels, GpuBuilder, GpuCache, GpuKv, GpuModel, GpuOptions, GpuOutputs, RowsSpec,
-    TOP_CANDIDATES,
+    check_architecture, DecodeKernels, GpuBuilder, GpuCache, GpuKv, GpuModel, GpuOptions,
+    GpuOutputs, RowsSpec, TOP_CANDIDATES,
 };
 pub use rec::KernelTime;

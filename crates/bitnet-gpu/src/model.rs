@@ -3,7 +3,7 @@
 
 use bitnet_kernels::{RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 use bitnet_model::numerics::{rope_neox_back, rope_row};
-use bitnet_model::{Activation, Config, Layer, Model, Outputs};
+use bitnet_model::{Activation, Config, Layer, Model, Outputs, RopeStyle};
 
 use crate::device::{attn_part_len, attn_split, Gpu};
 use crate::rec::{KernelTime, Profile, Rec, PROFILE_QUERIES};
@@ -320,15 +320,30 @@ pub(crate) fn ty_of(m: &RowMatrix<'_>, what: &str) -> Result<u32> {
     ty_of_type(m.row_type(), what)
 }
 
+/// The kernels build the `bitnet*` block (sub-norms, NEOX RoPE): any other architecture is
+/// refused before a device is opened, so `--device auto` can fall back to the CPU.
+pub fn check_architecture(c: &Config) -> Result<()> {
+    if !c.sub_norms || c.rope_style != RopeStyle::Neox {
+        return Err(GpuError::Unsupported(format!(
+            "architecture '{}' on the GPU (its blocks have no sub-norms and use normal RoPE): \
+             run it on the CPU",
+            c.arch
+        )));
+    }
+    Ok(())
+}
+
 impl GpuModel {
     /// Open the GPU and upload `model` (fast numerics; the cache is f32).
     pub fn new(model: &Model<'_>, opts: GpuOptions) -> Result<Self> {
+        check_architecture(&model.config)?;
         let gpu = Gpu::open(opts.adapter)?;
         Self::upload(gpu, model, opts)
     }
 
     /// [`GpuModel::new`], for callers that must not block (a browser's WebGPU).
     pub async fn new_async(model: &Model<'_>, opts: GpuOptions) -> Result<Self> {
+        check_architecture(&model.config)?;
         let gpu = Gpu::open_async(opts.adapter).await?;
         Self::upload(gpu, model, opts)
     }
@@ -366,6 +381,7 @@ impl GpuModel {
     ) -> Result<GpuBuilder> {
         let c = config.clone();
         let (e, kv, ff, nv) = (c.n_embd, c.n_embd_kv(), c.n_ff, c.n_vocab);
+        check_architecture(&c)?;
         if c.head_dim > MAX_HEAD_DIM
             || !c.n_rot.is_multiple_of(2)
             || !c.head_dim.is_multiple_of(2)
@@ -1670,9 +1686,18 @@ impl GpuBuilder {
             Ok::<_, GpuError>((bind, wb))
         };
         let (norm_attn, w_attn) = norm(&l.attn_norm, &self.dims_e, h, "attn_norm")?;
-        let (norm_sub, w_sub) = norm(&l.attn_sub_norm, &self.dims_e, o, "attn_sub_norm")?;
+        let missing = |name: &str| GpuError::Unsupported(format!("block {il} without {name}"));
+        let attn_sub = l
+            .attn_sub_norm
+            .as_deref()
+            .ok_or_else(|| missing("attn_sub_norm"))?;
+        let ffn_sub = l
+            .ffn_sub_norm
+            .as_deref()
+            .ok_or_else(|| missing("ffn_sub_norm"))?;
+        let (norm_sub, w_sub) = norm(attn_sub, &self.dims_e, o, "attn_sub_norm")?;
         let (norm_ffn, w_ffn) = norm(&l.ffn_norm, &self.dims_e, h, "ffn_norm")?;
-        let (norm_ffn_sub, w_ffn_sub) = norm(&l.ffn_sub_norm, &self.dims_ff, g, "ffn_sub_norm")?;
+        let (norm_ffn_sub, w_ffn_sub) = norm(ffn_sub, &self.dims_ff, g, "ffn_sub_norm")?;
         // Fused: each decode kernel norms its input rows (x, w_norm) itself; else the rows
         // norm_quant quantized (xq, xs) come in.
         let qkv = upload_segmented(

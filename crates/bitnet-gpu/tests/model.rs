@@ -563,3 +563,20 @@ fn a_builder_refuses_missing_extra_and_repeated_pieces() {
     )
     .is_err());
 }
+
+/// Architecture `llama` (no sub-norms, normal RoPE) is not what the kernels build: refused
+/// with a typed error before any device is opened (so `--device auto` falls back to the CPU).
+#[test]
+fn llama_architecture_is_refused_before_a_device_is_opened() {
+    let f = GgufFile::open(
+        &bitnet_testdata::golden("llama-tiny/llama-tiny-i2_s.gguf"),
+        &Limits::default(),
+    )
+    .unwrap();
+    let m = Model::load(&f).unwrap();
+    match GpuModel::new(&m, GpuOptions::default()) {
+        Err(GpuError::Unsupported(msg)) => assert!(msg.contains("'llama'"), "{msg}"),
+        Err(e) => panic!("expected Unsupported, got {e}"),
+        Ok(_) => panic!("a llama model was uploaded to the GPU"),
+    }
+}

@@ -21,6 +21,16 @@ pub enum Activation {
     Silu,
 }
 
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Dimension `i` with `i + n_rot/2` (GPT-NeoX; every `bitnet*` architecture).
+    Neox,
+    /// Dimension `2i` with `2i + 1` (llama.cpp's "normal" RoPE; architecture `llama`, whose
+    /// converter permutes the Q and K rows to match).
+    Norm,
+}
+
 /// Validated model hyperparameters (names sort together: `n_embd`, `n_head`, `n_head_kv`, ...).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -37,6 +47,11 @@ pub struct Config {
     pub rms_eps: f32,
     pub rope_freq_base: f32,
     pub activation: Activation,
+    /// RoPE's pairing of dimensions.
+    pub rope_style: RopeStyle,
+    /// Whether each block has `attn_sub_norm` and `ffn_sub_norm` (the `bitnet*`
+    /// architectures; not `llama`).
+    pub sub_norms: bool,
 }
 
 fn bad(key: &str, value: impl ToString, why: &'static str) -> ModelError {
@@ -85,9 +100,12 @@ impl Config {
             }
             Err(e) => return Err(e.into()),
         };
-        let default_act = match arch.as_str() {
-            "bitnet-b1.58" | "bitnet-25" => Activation::Relu2,
-            "bitnet" => Activation::Silu,
+        // bitnet.cpp's fork: the `bitnet*` graphs (ReLU² or SiLU, sub-norms, NEOX RoPE) and
+        // `llama` with ternary projections (SiLU, no sub-norms, normal RoPE).
+        let (default_act, rope_style, sub_norms) = match arch.as_str() {
+            "bitnet-b1.58" | "bitnet-25" => (Activation::Relu2, RopeStyle::Neox, true),
+            "bitnet" => (Activation::Silu, RopeStyle::Neox, true),
+            "llama" => (Activation::Silu, RopeStyle::Norm, false),
             _ => return Err(ModelError::UnsupportedArch(arch)),
         };
         let k = |s: &str| format!("{arch}.{s}");
@@ -160,6 +178,7 @@ impl Config {
         };
 
         let activation = activation_from_metadata(md, &arch)?.unwrap_or(default_act);
+        check_rope_scaling(md, &arch)?;
 
         Ok(Config {
             arch,
@@ -175,6 +194,8 @@ impl Config {
             rms_eps,
             rope_freq_base,
             activation,
+            rope_style,
+            sub_norms,
         })
     }
 
@@ -195,6 +216,25 @@ impl Config {
             .try_fold(1u64, |acc, &x| acc.checked_mul(u64::try_from(x).ok()?))
             .and_then(|values| ty.bytes_for(values))
             .ok_or(ModelError::Overflow("KV cache size"))
+    }
+}
+
+/// RoPE scaling is not implemented: a file that asks for it (other than the linear factor 1
+/// that bitnet.cpp's converter writes for `bitnet` models) is refused, not run unscaled.
+fn check_rope_scaling(md: &Metadata, arch: &str) -> Result<()> {
+    let ty_key = format!("{arch}.rope.scaling.type");
+    let factor_key = format!("{arch}.rope.scaling.factor");
+    let ty = match md.get(&ty_key) {
+        None => None,
+        Some(_) => Some(md.get_str(&ty_key)?.to_string()),
+    };
+    let factor = opt_f32(md, &factor_key)?;
+    match (ty.as_deref(), factor) {
+        (None | Some("none"), _) | (Some("linear"), None | Some(1.0)) => Ok(()),
+        (Some(t), f) => Err(ModelError::Unsupported(format!(
+            "RoPE scaling '{t}'{} ({ty_key})",
+            f.map(|f| format!(" with factor {f}")).unwrap_or_default()
+        ))),
     }
 }
 

@@ -9,7 +9,7 @@ pub enum ModelError {
     Gguf(#[from] bitnet_gguf::GgufError),
     #[error(transparent)]
     Kernel(#[from] bitnet_kernels::KernelError),
-    #[error("unsupported architecture '{0}' (supported: bitnet-b1.58, bitnet-25, bitnet)")]
+    #[error("unsupported architecture '{0}' (supported: bitnet-b1.58, bitnet-25, bitnet, llama)")]
     UnsupportedArch(String),
     #[error("metadata key '{0}' is missing (general.architecture is required)")]
     MissingArch(&'static str),
@@ -47,6 +47,8 @@ pub enum ModelError {
     TiledLayout { name: String, found: String },
     #[error("tensor '{name}' holds a non-finite value at index {index}")]
     NonFinite { name: String, index: usize },
+    #[error("not supported: {0}")]
+    Unsupported(String),
     #[error("unexpected tensor '{0}' (not part of this architecture)")]
     UnexpectedTensor(String),
     #[error(

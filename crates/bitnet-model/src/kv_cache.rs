@@ -266,6 +266,7 @@ impl KvCache {
             })?;
         let d = self.head_dim;
         let rope = crate::numerics::rope_row(discard, config.n_rot, config.rope_freq_base);
+        let back = crate::numerics::rope_back_for(config.rope_style);
         let mut row = vec![0.0f32; d];
         for layer in 0..self.k.len() {
             for g in 0..self.n_head_kv {
@@ -273,7 +274,7 @@ impl KvCache {
                     let src = (g * self.n_ctx + p) * d;
                     let dst = (g * self.n_ctx + p - discard) * d;
                     self.k[layer].read(src, &mut row);
-                    crate::numerics::rope_neox_back(&mut row, &rope);
+                    back(&mut row, &rope);
                     self.k[layer].write(dst, &row);
                     self.v[layer].read(src, &mut row);
                     self.v[layer].write(dst, &row);
@@ -359,11 +360,15 @@ impl KvCache {
 #[allow(clippy::unwrap_used, clippy::cast_precision_loss)]
 mod tests {
     use super::*;
-    use crate::numerics::{rope_neox, rope_row, Numerics};
+    use crate::numerics::{rope_for, rope_row, Numerics};
 
     fn config() -> Config {
+        config_of("tiny/bitnet-tiny-i2_s.gguf")
+    }
+
+    fn config_of(rel: &str) -> Config {
         let f = bitnet_gguf::GgufFile::open(
-            &bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf"),
+            &bitnet_testdata::golden(rel),
             &bitnet_gguf::Limits::default(),
         )
         .unwrap();
@@ -377,9 +382,19 @@ mod tests {
             .collect()
     }
 
+    /// NEOX RoPE (`tiny`) and normal RoPE (`llama-tiny`).
     #[test]
     fn a_shift_moves_values_and_turns_keys_to_their_new_positions() {
-        let c = config();
+        for rel in [
+            "tiny/bitnet-tiny-i2_s.gguf",
+            "llama-tiny/llama-tiny-i2_s.gguf",
+        ] {
+            shift_on(&config_of(rel));
+        }
+    }
+
+    fn shift_on(c: &Config) {
+        let rope = rope_for(c.rope_style);
         let (d, hk, n_ctx) = (c.head_dim, c.n_head_kv, 48);
         for (ty, tol) in [
             (KvType::F32, 1e-5),
@@ -389,7 +404,7 @@ mod tests {
             // end; the shift stores the keys again (a second rounding).
             (KvType::Q4_0, 0.26),
         ] {
-            let mut cache = KvCache::new(&c, n_ctx, ty, u64::MAX).unwrap();
+            let mut cache = KvCache::new(c, n_ctx, ty, u64::MAX).unwrap();
             let n = 40;
             for layer in 0..c.n_layer {
                 for p in 0..n {
@@ -397,7 +412,7 @@ mod tests {
                     let mut v = Vec::new();
                     for g in 0..hk {
                         let mut kr = raw(p, g, d, layer as f32);
-                        rope_neox(
+                        rope(
                             &mut kr,
                             &rope_row(p, c.n_rot, c.rope_freq_base),
                             Numerics::Fast,
@@ -410,7 +425,7 @@ mod tests {
             }
             cache.len = n;
             let (keep, discard) = (4, 18);
-            cache.shift(&c, keep, discard).unwrap();
+            cache.shift(c, keep, discard).unwrap();
             assert_eq!(cache.len(), n - discard);
             for layer in 0..c.n_layer {
                 let (mut k, mut v) = (Vec::new(), Vec::new());
@@ -420,7 +435,7 @@ mod tests {
                     let p = if q < keep { q } else { q + discard };
                     for g in 0..hk {
                         let mut want_k = raw(p, g, d, layer as f32);
-                        rope_neox(
+                        rope(
                             &mut want_k,
                             &rope_row(q, c.n_rot, c.rope_freq_base),
                             Numerics::Fast,
@@ -428,7 +443,11 @@ mod tests {
                         let want_v = raw(p, g, d, 10.0 + layer as f32);
                         let at = q * hk * d + g * d;
                         for i in 0..d {
-                            assert!((k[at + i] - want_k[i]).abs() < tol, "{ty:?} k q{q} i{i}");
+                            assert!(
+                                (k[at + i] - want_k[i]).abs() < tol,
+                                "{} {ty:?} k q{q} i{i}",
+                                c.arch
+                            );
                             assert!((v[at + i] - want_v[i]).abs() < tol, "{ty:?} v q{q} i{i}");
                         }
                     }

@@ -16,7 +16,7 @@ mod owned;
 
 pub use approx::{ApproxHead, ApproxOptions, RowReader};
 pub use backend::Backend;
-pub use config::{Activation, Config};
+pub use config::{Activation, Config, RopeStyle};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, KvType};
 pub use model::{Exec, Layer, Model, Outputs, Scratch, Seq, TraceEvent};

@@ -24,8 +24,8 @@ pub struct Layer<'a> {
     pub wk: TernaryMatrix<'a>,
     /// [n_embd_kv][n_embd]
     pub wv: TernaryMatrix<'a>,
-    /// [n_embd]
-    pub attn_sub_norm: Vec<f32>,
+    /// [n_embd]; `None` where the architecture has no sub-norms (`llama`)
+    pub attn_sub_norm: Option<Vec<f32>>,
     /// [n_embd][n_embd]
     pub wo: TernaryMatrix<'a>,
     /// [n_embd]
@@ -34,8 +34,8 @@ pub struct Layer<'a> {
     pub w_gate: TernaryMatrix<'a>,
     /// [n_ff][n_embd]
     pub w_up: TernaryMatrix<'a>,
-    /// [n_ff]
-    pub ffn_sub_norm: Vec<f32>,
+    /// [n_ff]; `None` where the architecture has no sub-norms (`llama`)
+    pub ffn_sub_norm: Option<Vec<f32>>,
     /// [n_embd][n_ff]
     pub w_down: TernaryMatrix<'a>,
 }
@@ -390,17 +390,27 @@ impl<'a> Layer<'a> {
     fn bind(file: &'a GgufFile, c: &Config, il: usize, release: bool) -> Result<Self> {
         let n = |t: LayerTensor| t.name(il);
         let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
+        let sub_norm = |t: LayerTensor, len: usize| -> Result<Option<Vec<f32>>> {
+            if c.sub_norms {
+                return bind_f32(file, &n(t), len).map(Some);
+            }
+            // A sub-norm in a file whose graph has none would be silently ignored.
+            match file.tensor(&n(t)) {
+                Some(_) => Err(ModelError::UnexpectedTensor(n(t))),
+                None => Ok(None),
+            }
+        };
         Ok(Layer {
             attn_norm: bind_f32(file, &n(LayerTensor::AttnNorm), e)?,
             wq: bind_ternary(file, &n(LayerTensor::AttnQ), e, e, release)?,
             wk: bind_ternary(file, &n(LayerTensor::AttnK), e, kv, release)?,
             wv: bind_ternary(file, &n(LayerTensor::AttnV), e, kv, release)?,
-            attn_sub_norm: bind_f32(file, &n(LayerTensor::AttnSubNorm), e)?,
+            attn_sub_norm: sub_norm(LayerTensor::AttnSubNorm, e)?,
             wo: bind_ternary(file, &n(LayerTensor::AttnOutput), e, e, release)?,
             ffn_norm: bind_f32(file, &n(LayerTensor::FfnNorm), e)?,
             w_gate: bind_ternary(file, &n(LayerTensor::FfnGate), e, ff, release)?,
             w_up: bind_ternary(file, &n(LayerTensor::FfnUp), e, ff, release)?,
-            ffn_sub_norm: bind_f32(file, &n(LayerTensor::FfnSubNorm), ff)?,
+            ffn_sub_norm: sub_norm(LayerTensor::FfnSubNorm, ff)?,
             w_down: bind_ternary(file, &n(LayerTensor::FfnDown), ff, e, release)?,
         })
     }
@@ -435,6 +445,13 @@ impl<'a> Model<'a> {
             None => None,
         };
         let output_norm = bind_f32(file, names::OUTPUT_NORM, c.n_embd)?;
+        // Llama 3.1-style RoPE frequency factors are not implemented: refuse, never ignore.
+        if file.tensor(names::ROPE_FREQS).is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "RoPE frequency factors ({})",
+                names::ROPE_FREQS
+            )));
+        }
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             layers.push(Layer::bind(file, c, il, release)?);
@@ -653,8 +670,9 @@ impl<'a> Model<'a> {
         exec.emit("Qcur", li, &sc.q, n);
         exec.emit("Kcur", li, &sc.k, n);
         exec.emit("Vcur", li, &sc.v, n);
-        // 3. Q, K = RoPE_NEOX(Q, pos), RoPE_NEOX(K, pos)
+        // 3. Q, K = RoPE(Q, pos), RoPE(K, pos) (NEOX, or normal for `llama`)
         let (hd, n_rot, nm) = (c.head_dim, c.n_rot, exec.numerics);
+        let rope_head = numerics::rope_for(c.rope_style);
         each_row2(
             exec,
             &mut sc.q[..n * e],
@@ -665,7 +683,7 @@ impl<'a> Model<'a> {
                 let rows = qs.chunks_exact_mut(e).zip(ks.chunks_exact_mut(kv));
                 for (rope, (qr, kr)) in ropes[r].iter().zip(rows) {
                     for head in qr.chunks_exact_mut(hd).chain(kr.chunks_exact_mut(hd)) {
-                        numerics::rope_neox(&mut head[..n_rot], rope, nm);
+                        rope_head(&mut head[..n_rot], rope, nm);
                     }
                 }
             },
@@ -697,11 +715,17 @@ impl<'a> Model<'a> {
             first += len;
         }
         exec.emit("kqv_out", li, &sc.o, n);
-        // 5. O = RMS(O, attn_sub_norm)
-        self.norm_rows(&sc.o, &l.attn_sub_norm, e, &mut sc.a, exec)?;
-        exec.emit("attn_sub_norm", li, &sc.a, n);
+        // 5. O = RMS(O, attn_sub_norm), where the architecture has it
+        let o_in = match &l.attn_sub_norm {
+            Some(w) => {
+                self.norm_rows(&sc.o, w, e, &mut sc.a, exec)?;
+                exec.emit("attn_sub_norm", li, &sc.a, n);
+                &sc.a
+            }
+            None => &sc.o,
+        };
         // 6. h = h + Lin(Wo, O)
-        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
+        quantize_rows(o_in, e, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.wo, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
         add_in_place(h, &sc.t, e, exec)?;
         exec.emit("ffn_inp", li, h, n);
@@ -720,17 +744,26 @@ impl<'a> Model<'a> {
                     let r = g.max(0.0);
                     *g = (r * r) * u;
                 }),
-                Activation::Silu => gs.iter_mut().zip(us).for_each(|(g, &u)| {
-                    *g = (*g / (1.0 + (-*g).exp())) * u;
-                }),
+                Activation::Silu => {
+                    for (grow, urow) in gs.chunks_exact_mut(ff).zip(us.chunks_exact(ff)) {
+                        numerics::silu_row(grow);
+                        grow.iter_mut().zip(urow).for_each(|(g, &u)| *g *= u);
+                    }
+                }
             }
         })?;
         exec.emit("ffn_act", li, &sc.g, n);
-        // 9. g = RMS(g, ffn_sub_norm)
-        self.norm_rows(&sc.g, &l.ffn_sub_norm, ff, &mut sc.a, exec)?;
-        exec.emit("ffn_sub_norm", li, &sc.a, n);
+        // 9. g = RMS(g, ffn_sub_norm), where the architecture has it
+        let g_in = match &l.ffn_sub_norm {
+            Some(w) => {
+                self.norm_rows(&sc.g, w, ff, &mut sc.a, exec)?;
+                exec.emit("ffn_sub_norm", li, &sc.a, n);
+                &sc.a
+            }
+            None => &sc.g,
+        };
         // 10. h = h + Lin(Wdown, g)
-        quantize_rows(&sc.a, ff, &mut sc.xq, &mut sc.s, exec)?;
+        quantize_rows(g_in, ff, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.w_down, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
         add_in_place(h, &sc.t, e, exec)?;
         exec.emit("l_out", li, h, n);

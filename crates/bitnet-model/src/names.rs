@@ -4,6 +4,8 @@
 pub const TOKEN_EMBD: &str = "token_embd.weight";
 pub const OUTPUT_NORM: &str = "output_norm.weight";
 pub const OUTPUT: &str = "output.weight";
+/// Llama 3.1-style RoPE frequency factors (not supported; a file with them is refused).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Per-layer tensors, by role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,6 +11,8 @@
 //! 2,560 dependent additions; the sums differ only in f64 rounding). Shared by both modes: RoPE
 //! tables from libm `powf`/`cosf`/`sinf` of an iterated f32 angle.
 
+use crate::config::RopeStyle;
+
 /// Which float paths the forward pass follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Numerics {
@@ -126,6 +128,67 @@ pub fn rope_neox(head: &mut [f32], rope: &RopeRow, numerics: Numerics) {
                 hi[i] = x0 * s + x1 * c;
             }
         }
+    }
+}
+
+/// Normal RoPE on one head (llama.cpp's mode 0: dim 2i pairs with 2i + 1; dims past n_rot
+/// pass through). Exact: the same FMA contraction as [`rope_neox`] (ggml computes both modes
+/// with the same expressions).
+pub fn rope_norm(head: &mut [f32], rope: &RopeRow, numerics: Numerics) {
+    for (pair, (&c, &s)) in head.chunks_exact_mut(2).zip(rope.cos.iter().zip(&rope.sin)) {
+        let (x0, x1) = (pair[0], pair[1]);
+        match numerics {
+            Numerics::Exact => {
+                pair[0] = x0.mul_add(c, -(x1 * s));
+                pair[1] = x0.mul_add(s, x1 * c);
+            }
+            Numerics::Fast => {
+                pair[0] = x0 * c - x1 * s;
+                pair[1] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+/// The RoPE of a style, applied to one head's first `n_rot` dimensions.
+pub fn rope_for(style: RopeStyle) -> fn(&mut [f32], &RopeRow, Numerics) {
+    match style {
+        RopeStyle::Neox => rope_neox,
+        RopeStyle::Norm => rope_norm,
+    }
+}
+
+/// [`rope_norm`] turned back (fast numerics): pairs (2i, 2i + 1) of `head` (a whole head;
+/// dims past n_rot pass through) rotated by minus the angles of `rope`.
+pub fn rope_norm_back(head: &mut [f32], rope: &RopeRow) {
+    for (pair, (&c, &s)) in head.chunks_exact_mut(2).zip(rope.cos.iter().zip(&rope.sin)) {
+        let (x0, x1) = (pair[0], pair[1]);
+        pair[0] = x0 * c + x1 * s;
+        pair[1] = x1 * c - x0 * s;
+    }
+}
+
+/// The turned-back RoPE of a style, for the context shift.
+pub fn rope_back_for(style: RopeStyle) -> fn(&mut [f32], &RopeRow) {
+    match style {
+        RopeStyle::Neox => rope_neox_back,
+        RopeStyle::Norm => rope_norm_back,
+    }
+}
+
+/// SiLU of one row in place, as ggml's `ggml_vec_silu_f32` (AVX2 + FMA build) computes it:
+/// whole groups of eight from the row's start as `x / (1 + ggml_v_expf(0 − x))`, the ragged
+/// tail as `x / (1 + expf(−x))` with libm's `expf`. Both numerics use it (the polynomial is
+/// as cheap as any other exp).
+pub fn silu_row(x: &mut [f32]) {
+    let mut groups = x.chunks_exact_mut(8);
+    for g in &mut groups {
+        for v in g.iter_mut() {
+            *v /= 1.0 + v_expf(0.0 - *v);
+        }
+    }
+    for v in groups.into_remainder() {
+        *v /= 1.0 + (-*v).exp();
     }
 }
 

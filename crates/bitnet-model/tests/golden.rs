@@ -1,5 +1,7 @@
-//! Parity with bitnet.cpp on the tiny golden model (testdata/golden/tiny, produced by
-//! bitnet.cpp itself): teacher-forced, every prompt, last position, 32 steps, all positions.
+//! Parity with bitnet.cpp on the golden models produced by bitnet.cpp itself: `tiny`
+//! (architecture `bitnet-b1.58`) and `llama-tiny` (`llama` with I2_S projections, made by
+//! bitnet.cpp's llama-quantize and run by its llama.cpp fork; testdata/golden/README.md):
+//! teacher-forced, every prompt, last position, 32 steps, all positions.
 //!
 //! - exact numerics: bit-identical (max |Δ| = 0), at 1 and 2 threads;
 //! - fast numerics: max |Δ| ≤ 0.2, cosine ≥ 0.996 per row, top-1 identical wherever the
@@ -31,11 +33,17 @@ struct Prompt {
     all: Vec<f32>,
 }
 
-fn prompts() -> Vec<Prompt> {
+/// (directory, model file) of each golden model.
+const MODELS: [(&str, &str); 2] = [
+    ("tiny", "bitnet-tiny-i2_s.gguf"),
+    ("llama-tiny", "llama-tiny-i2_s.gguf"),
+];
+
+fn prompts(dir: &str) -> Vec<Prompt> {
     let mut out = Vec::new();
     for stem in bitnet_testdata::PROMPTS {
         let meta: serde_json::Value =
-            serde_json::from_slice(&bitnet_testdata::read(&format!("tiny/{stem}.tokens.json")))
+            serde_json::from_slice(&bitnet_testdata::read(&format!("{dir}/{stem}.tokens.json")))
                 .unwrap();
         let ids = |k: &str| -> Vec<u32> {
             meta[k]
@@ -49,17 +57,17 @@ fn prompts() -> Vec<Prompt> {
             stem: stem.to_string(),
             prompt: ids("prompt_tokens"),
             generated: ids("generated_tokens"),
-            last: read_f32(&format!("tiny/{stem}.logits.f32")),
-            steps: read_f32(&format!("tiny/{stem}.step_logits.f32")),
-            all: read_f32(&format!("tiny/{stem}.all_logits.f32")),
+            last: read_f32(&format!("{dir}/{stem}.logits.f32")),
+            steps: read_f32(&format!("{dir}/{stem}.step_logits.f32")),
+            all: read_f32(&format!("{dir}/{stem}.all_logits.f32")),
         });
     }
     out
 }
 
-fn open() -> GgufFile {
+fn open(dir: &str, file: &str) -> GgufFile {
     GgufFile::open(
-        &bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf"),
+        &bitnet_testdata::golden(&format!("{dir}/{file}")),
         &Limits::default(),
     )
     .unwrap()
@@ -101,11 +109,17 @@ fn run(
 
 #[test]
 fn exact_numerics_are_bit_identical_to_bitnet_cpp() {
-    let file = open();
+    for (dir, name) in MODELS {
+        exact_on(dir, name);
+    }
+}
+
+fn exact_on(dir: &str, name: &str) {
+    let file = open(dir, name);
     let model = Model::load(&file).unwrap();
     let n_vocab = model.config.n_vocab;
     for threads in [1, 2] {
-        for p in prompts() {
+        for p in prompts(dir) {
             let (last, steps, all) = run(&model, &p, Numerics::Exact, threads);
             assert_eq!(last.len(), n_vocab);
             assert_eq!(steps.len(), p.steps.len(), "{}", p.stem);
@@ -117,7 +131,7 @@ fn exact_numerics_are_bit_identical_to_bitnet_cpp() {
             ] {
                 if let Some((i, x, y)) = first_bit_difference(mine, golden) {
                     panic!(
-                        "{} {what} ({threads} threads): first difference at row {} id {}: ours {x:e}, bitnet.cpp {y:e}",
+                        "{dir} {} {what} ({threads} threads): first difference at row {} id {}: ours {x:e}, bitnet.cpp {y:e}",
                         p.stem,
                         i / n_vocab,
                         i % n_vocab
@@ -130,10 +144,16 @@ fn exact_numerics_are_bit_identical_to_bitnet_cpp() {
 
 #[test]
 fn fast_numerics_within_statistical_gates() {
-    let file = open();
+    for (dir, name) in MODELS {
+        fast_on(dir, name);
+    }
+}
+
+fn fast_on(dir: &str, name: &str) {
+    let file = open(dir, name);
     let model = Model::load(&file).unwrap();
     let n_vocab = model.config.n_vocab;
-    for p in prompts() {
+    for p in prompts(dir) {
         let (last, steps, all) = run(&model, &p, Numerics::Fast, 2);
         for (what, mine, golden) in [
             ("last", &last, &p.last),
@@ -159,7 +179,7 @@ fn fast_numerics_within_statistical_gates() {
                 p.stem
             );
             eprintln!(
-                "{} {what}: max |Δ| {:.4}, min cos {:.6}",
+                "{dir} {} {what}: max |Δ| {:.4}, min cos {:.6}",
                 p.stem, g.max_abs, g.min_cos
             );
         }

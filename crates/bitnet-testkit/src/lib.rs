@@ -8,7 +8,7 @@ pub mod rewrite;
 pub mod synth;
 
 pub use rewrite::{rewrite, RawTensor};
-pub use synth::{Preset, SynthError, SynthSpec, WeightLayout};
+pub use synth::{Preset, SynthArch, SynthError, SynthSpec, WeightLayout};
 
 /// A tiny synthetic I2_S model (the golden model's shapes) as bytes.
 pub fn tiny_model_bytes(seed: u64) -> Result<Vec<u8>, SynthError> {

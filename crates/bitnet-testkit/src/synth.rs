@@ -53,6 +53,10 @@ pub enum WeightLayout {
     /// written, so synthetic QK256 weights are `β·{−1, +1}`; per-block scales in a sibling
     /// `<name>.scale` F32 tensor.
     Qk256,
+    /// Plain F32 values `β·{−1, 0, +1}`, the embedding and LM head F32 too: what bitnet.cpp's
+    /// converter writes with `--outtype f32`, the input of its `llama-quantize … I2_S`. Not a
+    /// layout this engine runs.
+    F32,
 }
 
 impl std::str::FromStr for WeightLayout {
@@ -65,12 +69,44 @@ impl std::str::FromStr for WeightLayout {
             "bitnet32f16" => WeightLayout::BitNet32F16,
             "split32" | "split32withsibling" => WeightLayout::Split32WithSibling,
             "qk256" | "ggmlqk256noscale" => WeightLayout::Qk256,
+            "f32" => WeightLayout::F32,
             _ => {
                 return Err(format!(
-                    "unknown layout '{s}' (i2_s, tq2_0, tq1_0, bitnet32f16, split32, qk256)"
+                    "unknown layout '{s}' (i2_s, tq2_0, tq1_0, bitnet32f16, split32, qk256, f32)"
                 ))
             }
         })
+    }
+}
+
+/// The graph a synthetic model is written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthArch {
+    /// `bitnet-b1.58` (2B-4T): sub-norms, ReLU² (or SiLU with `silu`), tied LM head.
+    BitnetB158,
+    /// `llama` with ternary projections, as bitnet.cpp's converter writes Llama3-8B-1.58 and
+    /// Falcon3: no sub-norms, SiLU, normal RoPE, an untied F16 `output.weight`.
+    Llama,
+}
+
+impl SynthArch {
+    /// The `general.architecture` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            SynthArch::BitnetB158 => "bitnet-b1.58",
+            SynthArch::Llama => "llama",
+        }
+    }
+}
+
+impl std::str::FromStr for SynthArch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "bitnet-b1.58" => Ok(SynthArch::BitnetB158),
+            "llama" => Ok(SynthArch::Llama),
+            _ => Err(format!("unknown architecture '{s}' (bitnet-b1.58, llama)")),
+        }
     }
 }
 
@@ -113,6 +149,8 @@ pub struct SynthSpec {
     pub beta_c: f32,
     /// A SiLU-gated FFN (`{arch}.hidden_act = silu`) instead of 2B-4T's ReLU².
     pub silu: bool,
+    /// The graph (and with it the tensor set and metadata keys).
+    pub arch: SynthArch,
 }
 
 impl SynthSpec {
@@ -134,6 +172,7 @@ impl SynthSpec {
             seed: 42,
             beta_c: 1.0,
             silu: false,
+            arch: SynthArch::BitnetB158,
         }
     }
 
@@ -157,7 +196,7 @@ impl SynthSpec {
             return bad("n_embd must be a multiple of n_head, and n_head of n_head_kv");
         }
         let blk = match self.layout {
-            WeightLayout::I2S => 128,
+            WeightLayout::I2S | WeightLayout::F32 => 128,
             WeightLayout::Tq2_0 | WeightLayout::Tq1_0 | WeightLayout::Qk256 => 256,
             WeightLayout::BitNet32F16 | WeightLayout::Split32WithSibling => 32,
         };
@@ -175,8 +214,6 @@ impl SynthSpec {
     }
 }
 
-const ARCH: &str = "bitnet-b1.58";
-
 /// Largest dimension a synthetic model may have.
 const MAX_DIM: usize = 1 << 20;
 
@@ -190,6 +227,7 @@ struct Planned {
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
+    /// the token embedding, or an untied LM head (values drawn the same way)
     Embedding,
     Norm,
     /// ternary projection, n_out x n_in
@@ -244,23 +282,36 @@ fn plan(spec: &SynthSpec, n_vocab: usize) -> Vec<Planned> {
         proj(&mut v, "attn_k", e, kv);
         proj(&mut v, "attn_v", e, kv);
         proj(&mut v, "attn_output", e, e);
-        v.push(norm("attn_sub_norm", e));
+        let sub_norms = spec.arch == SynthArch::BitnetB158;
+        if sub_norms {
+            v.push(norm("attn_sub_norm", e));
+        }
         v.push(norm("ffn_norm", e));
         proj(&mut v, "ffn_gate", e, ff);
         proj(&mut v, "ffn_up", e, ff);
         proj(&mut v, "ffn_down", ff, e);
-        v.push(norm("ffn_sub_norm", ff));
+        if sub_norms {
+            v.push(norm("ffn_sub_norm", ff));
+        }
     }
     v.push(Planned {
         name: "output_norm.weight".into(),
         dims: vec![u(e)],
         kind: Kind::Norm,
     });
+    if spec.arch == SynthArch::Llama {
+        v.push(Planned {
+            name: "output.weight".into(),
+            dims: vec![u(e), u(n_vocab)],
+            kind: Kind::Embedding,
+        });
+    }
     v
 }
 
 fn layout_type_id(l: WeightLayout) -> u32 {
     match l {
+        WeightLayout::F32 => 0,
         WeightLayout::Tq2_0 => 35,
         WeightLayout::Tq1_0 => 34,
         _ => 36,
@@ -271,6 +322,7 @@ fn tensor_type_and_size(spec: &SynthSpec, p: &Planned) -> Result<(u32, u64), Syn
     let n: usize = p.dims.iter().map(|&d| d as usize).product();
     let size = |x: usize| x as u64;
     Ok(match p.kind {
+        Kind::Embedding if spec.layout == WeightLayout::F32 => (0, size(n * 4)),
         Kind::Embedding => (1, size(n * 2)),
         Kind::Norm | Kind::Scales => (0, size(n * 4)),
         Kind::Projection { n_out, n_in } => {
@@ -281,6 +333,7 @@ fn tensor_type_and_size(spec: &SynthSpec, p: &Planned) -> Result<(u32, u64), Syn
                 WeightLayout::BitNet32F16 => n / 32 * 10,
                 WeightLayout::Split32WithSibling => n / 32 * 8,
                 WeightLayout::Qk256 => n_out * n_in.div_ceil(256) * 64,
+                WeightLayout::F32 => n * 4,
             };
             (layout_type_id(spec.layout), size(bytes))
         }
@@ -340,20 +393,33 @@ pub(crate) fn norm_values(seed: u64, tensor: u64, n: usize) -> Vec<u8> {
 
 /// 0.02·N(0, 1) as F16 (Box–Muller).
 pub(crate) fn embedding_values(seed: u64, tensor: u64, n: usize) -> Vec<u8> {
-    let mut out = vec![0u8; n * 2];
-    out.par_chunks_mut(CHUNK * 2)
+    embedding_values_as(seed, tensor, n, 2, &|x, out| {
+        out.copy_from_slice(&half::f16::from_f32(x).to_le_bytes());
+    })
+}
+
+/// [`embedding_values`]' values, `width` bytes each as `put` writes them.
+fn embedding_values_as(
+    seed: u64,
+    tensor: u64,
+    n: usize,
+    width: usize,
+    put: &(dyn Fn(f32, &mut [u8]) + Sync),
+) -> Vec<u8> {
+    let mut out = vec![0u8; n * width];
+    out.par_chunks_mut(CHUNK * width)
         .enumerate()
         .for_each(|(ci, chunk)| {
             let mut rng = rng_for(seed, tensor, ci);
-            for pair in chunk.chunks_mut(4) {
+            for pair in chunk.chunks_mut(2 * width) {
                 let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
                 let u2: f64 = rng.random::<f64>();
                 let r = (-2.0 * u1.ln()).sqrt();
                 let t = 2.0 * std::f64::consts::PI * u2;
                 let (a, b) = ((0.02 * r * t.cos()) as f32, (0.02 * r * t.sin()) as f32);
-                pair[..2].copy_from_slice(&half::f16::from_f32(a).to_le_bytes());
-                if pair.len() == 4 {
-                    pair[2..].copy_from_slice(&half::f16::from_f32(b).to_le_bytes());
+                put(a, &mut pair[..width]);
+                if pair.len() == 2 * width {
+                    put(b, &mut pair[width..]);
                 }
             }
         });
@@ -371,6 +437,13 @@ fn pack_projection(
     let f32_bytes = |s: &[f32]| s.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     Ok(match layout {
         WeightLayout::I2S => (i2s::pack_values(values, beta)?, None),
+        WeightLayout::F32 => (
+            values
+                .iter()
+                .flat_map(|&v| (beta * f32::from(v)).to_le_bytes())
+                .collect(),
+            None,
+        ),
         WeightLayout::Tq2_0 => (tq2_0::pack(values, &vec![beta; n / 256])?, None),
         WeightLayout::Tq1_0 => (tq1_0::pack(values, &vec![beta; n / 256])?, None),
         WeightLayout::BitNet32F16 => (seq32::pack_inline(values, &vec![beta; n / 32])?, None),
@@ -466,21 +539,22 @@ pub(crate) fn write_with<W: Write>(
     let u32v = |x: usize| Value::U32(x as u32);
 
     let mut gw = GgufWriter::new(w, 32)?;
+    let arch = spec.arch.name();
     // Key order of the official 2B-4T file.
-    gw.add_kv("general.architecture", Value::String(ARCH.into()))?;
+    gw.add_kv("general.architecture", Value::String(arch.into()))?;
     gw.add_kv("general.name", Value::String(spec.name.clone()))?;
-    gw.add_kv(&format!("{ARCH}.vocab_size"), u32v(n_vocab))?;
-    gw.add_kv(&format!("{ARCH}.context_length"), u32v(spec.n_ctx))?;
-    gw.add_kv(&format!("{ARCH}.embedding_length"), u32v(spec.n_embd))?;
-    gw.add_kv(&format!("{ARCH}.block_count"), u32v(spec.n_layer))?;
-    gw.add_kv(&format!("{ARCH}.feed_forward_length"), u32v(spec.n_ff))?;
+    gw.add_kv(&format!("{arch}.vocab_size"), u32v(n_vocab))?;
+    gw.add_kv(&format!("{arch}.context_length"), u32v(spec.n_ctx))?;
+    gw.add_kv(&format!("{arch}.embedding_length"), u32v(spec.n_embd))?;
+    gw.add_kv(&format!("{arch}.block_count"), u32v(spec.n_layer))?;
+    gw.add_kv(&format!("{arch}.feed_forward_length"), u32v(spec.n_ff))?;
     gw.add_kv(
-        &format!("{ARCH}.rope.dimension_count"),
+        &format!("{arch}.rope.dimension_count"),
         u32v(spec.head_dim()),
     )?;
-    gw.add_kv(&format!("{ARCH}.attention.head_count"), u32v(spec.n_head))?;
+    gw.add_kv(&format!("{arch}.attention.head_count"), u32v(spec.n_head))?;
     gw.add_kv(
-        &format!("{ARCH}.attention.head_count_kv"),
+        &format!("{arch}.attention.head_count_kv"),
         u32v(spec.n_head_kv),
     )?;
     gw.add_kv(
@@ -488,13 +562,19 @@ pub(crate) fn write_with<W: Write>(
         get("tokenizer.ggml.add_bos_token").unwrap_or(Value::Bool(true)),
     )?;
     gw.add_kv(
-        &format!("{ARCH}.attention.layer_norm_rms_epsilon"),
+        &format!("{arch}.attention.layer_norm_rms_epsilon"),
         Value::F32(1e-5),
     )?;
-    gw.add_kv(&format!("{ARCH}.rope.freq_base"), Value::F32(500_000.0))?;
-    gw.add_kv("general.file_type", Value::U32(40))?;
-    if spec.silu {
-        gw.add_kv(&format!("{ARCH}.hidden_act"), Value::String("silu".into()))?;
+    gw.add_kv(&format!("{arch}.rope.freq_base"), Value::F32(500_000.0))?;
+    // llama.cpp's file types: ALL_F32 0; bitnet.cpp's MOSTLY_I2_S 40 (the official file's).
+    let file_type = if spec.layout == WeightLayout::F32 {
+        0
+    } else {
+        40
+    };
+    gw.add_kv("general.file_type", Value::U32(file_type))?;
+    if spec.silu && spec.arch != SynthArch::Llama {
+        gw.add_kv(&format!("{arch}.hidden_act"), Value::String("silu".into()))?;
     }
     for key in [
         "tokenizer.ggml.model",
@@ -550,6 +630,11 @@ pub(crate) fn write_with<W: Write>(
         };
         let bytes = match p.kind {
             _ if supplied.is_some() => supplied.unwrap_or_default(),
+            Kind::Embedding if spec.layout == WeightLayout::F32 => {
+                embedding_values_as(spec.seed, ti, n, 4, &|x, out| {
+                    out.copy_from_slice(&x.to_le_bytes());
+                })
+            }
             Kind::Embedding => embedding_values(spec.seed, ti, n),
             Kind::Norm => norm_values(spec.seed, ti, n),
             Kind::Projection { n_in, .. } => {

@@ -8,7 +8,7 @@
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_kernels::Pool;
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
-use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
+use bitnet_testkit::{synth, Preset, SynthArch, SynthSpec, WeightLayout};
 
 fn write(spec: &SynthSpec) -> Vec<u8> {
     let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
@@ -142,5 +142,49 @@ fn every_layout_loads_and_runs() {
                 .fold(0.0f32, f32::max);
             assert!(max < 0.05, "{layout:?}: max |Δ| {max} vs I2_S");
         }
+    }
+}
+
+/// `--arch llama` in I2_S writes, tensor for tensor, what bitnet.cpp's llama-quantize made of
+/// the same model's F32 file (testdata/golden/llama-tiny): the same names, types, shapes and
+/// bytes (I2_S codes and scale, F16 embedding and head, F32 norms). The 28 bytes after an
+/// I2_S scale are padding that llama-quantize leaves uninitialized: not compared.
+#[test]
+fn llama_preset_in_i2s_equals_bitnet_cpp_quantizing_its_f32_file() {
+    let mut spec = tiny(WeightLayout::I2S);
+    spec.arch = SynthArch::Llama;
+    (spec.n_head, spec.n_head_kv, spec.n_ff) = (4, 2, 768);
+    let ours = GgufFile::from_bytes(write(&spec), &Limits::default()).unwrap();
+    let theirs = GgufFile::open(
+        &bitnet_testdata::golden("llama-tiny/llama-tiny-i2_s.gguf"),
+        &Limits::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        ours.metadata().get_str("general.architecture").unwrap(),
+        "llama"
+    );
+    let names = |f: &GgufFile| {
+        let mut v: Vec<String> = f.tensors().iter().map(|t| t.name.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&ours), names(&theirs));
+    for t in theirs.tensors() {
+        let o = ours.tensor(&t.name).unwrap();
+        assert_eq!((o.type_id, &o.dims), (t.type_id, &t.dims), "{}", t.name);
+        let (a, b) = (ours.tensor_data(o).unwrap(), theirs.tensor_data(t).unwrap());
+        assert_eq!(a.len(), b.len(), "{}", t.name);
+        let meaningful = if t.type_id == 36 {
+            let n: u64 = t.dims.iter().product();
+            usize::try_from(n / 4 + 4).unwrap()
+        } else {
+            b.len()
+        };
+        assert!(
+            a[..meaningful] == b[..meaningful],
+            "{}: bytes differ",
+            t.name
+        );
     }
 }

@@ -4,7 +4,7 @@ use std::io::BufWriter;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
+use bitnet_testkit::{synth, Preset, SynthArch, SynthSpec, WeightLayout};
 
 use super::common::{bytes_bar, human_bytes, open_gguf};
 use crate::output::AtomicFile;
@@ -18,9 +18,14 @@ pub struct Args {
     /// master weights, or the packed release's U8 weights with a weight_scale.
     #[arg(long, value_parser = ["bf16", "packed"])]
     hf: Option<String>,
-    /// FFN activation: relu2 (2B-4T) or silu (written as `<arch>.hidden_act`).
-    #[arg(long, default_value = "relu2", value_parser = ["relu2", "silu"])]
-    activation: String,
+    /// Architecture: bitnet-b1.58 (2B-4T's graph) or llama (ternary Llama/Falcon3 as
+    /// bitnet.cpp converts them: SiLU, no sub-norms, normal RoPE, untied LM head).
+    #[arg(long, default_value = "bitnet-b1.58")]
+    arch: SynthArch,
+    /// FFN activation of bitnet-b1.58: relu2 (2B-4T) or silu (written as `<arch>.hidden_act`).
+    /// (llama: silu only). Default relu2 for bitnet-b1.58.
+    #[arg(long, value_parser = ["relu2", "silu"])]
+    activation: Option<String>,
     /// Shape preset: tiny, small or 2b (the full 2B-4T shapes).
     #[arg(long, default_value = "tiny")]
     preset: Preset,
@@ -28,7 +33,8 @@ pub struct Args {
     /// Default: the tiny golden model's 4256-token vocabulary, built in.
     #[arg(long)]
     vocab: Option<PathBuf>,
-    /// Ternary weight layout: i2_s, tq2_0, tq1_0, bitnet32f16, split32, qk256.
+    /// Ternary weight layout: i2_s, tq2_0, tq1_0, bitnet32f16, split32, qk256, or f32 (plain
+    /// F32 values, the input of bitnet.cpp's llama-quantize; not runnable here).
     #[arg(long, default_value = "i2_s")]
     layout: WeightLayout,
     #[arg(long, default_value_t = 42)]
@@ -55,7 +61,11 @@ pub fn run(a: Args) -> Result<()> {
     let mut spec = SynthSpec::preset(a.preset);
     spec.layout = a.layout;
     spec.seed = a.seed;
-    spec.silu = a.activation == "silu";
+    spec.silu = a.activation.as_deref() == Some("silu");
+    spec.arch = a.arch;
+    if a.arch == SynthArch::Llama && a.activation.as_deref() == Some("relu2") {
+        anyhow::bail!("llama's FFN is SiLU-gated: --activation relu2 is for bitnet-b1.58");
+    }
     for (dst, src) in [
         (&mut spec.n_embd, a.n_embd),
         (&mut spec.n_layer, a.n_layer),
@@ -73,6 +83,9 @@ pub fn run(a: Args) -> Result<()> {
         None => synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF)?,
     };
     if let Some(kind) = &a.hf {
+        if a.arch != SynthArch::BitnetB158 || a.layout != WeightLayout::I2S {
+            anyhow::bail!("--hf writes bitnet-b1.58 checkpoints with the i2_s layout only");
+        }
         let weights = if kind == "packed" {
             bitnet_testkit::hf::HfWeights::Packed
         } else {
