@@ -119,6 +119,9 @@ pub enum Preset {
     Small,
     /// The full 2B-4T shapes: 30 layers, embedding 2560, 20 / 5 heads, FFN 6912, context 4096.
     B2,
+    /// Llama3-8B-1.58's shapes: 32 layers, embedding 4096, 32 / 8 heads, FFN 14336, context
+    /// 8192 (with `--arch llama` and the LLaMA-3 vocabulary, its whole structure).
+    L8B,
 }
 
 impl std::str::FromStr for Preset {
@@ -128,7 +131,8 @@ impl std::str::FromStr for Preset {
             "tiny" => Ok(Preset::Tiny),
             "small" => Ok(Preset::Small),
             "2b" => Ok(Preset::B2),
-            _ => Err(format!("unknown preset '{s}' (tiny, small, 2b)")),
+            "8b" => Ok(Preset::L8B),
+            _ => Err(format!("unknown preset '{s}' (tiny, small, 2b, 8b)")),
         }
     }
 }
@@ -159,6 +163,7 @@ impl SynthSpec {
             Preset::Tiny => ("bitnet-synth-tiny", 256, 2, 512, 2, 1, 512),
             Preset::Small => ("bitnet-synth-small", 1024, 6, 2816, 8, 2, 2048),
             Preset::B2 => ("bitnet-synth-2b", 2560, 30, 6912, 20, 5, 4096),
+            Preset::L8B => ("bitnet-synth-8b", 4096, 32, 14336, 32, 8, 8192),
         };
         SynthSpec {
             name: name.into(),

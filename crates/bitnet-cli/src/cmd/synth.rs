@@ -26,7 +26,7 @@ pub struct Args {
     /// (llama: silu only). Default relu2 for bitnet-b1.58.
     #[arg(long, value_parser = ["relu2", "silu"])]
     activation: Option<String>,
-    /// Shape preset: tiny, small or 2b (the full 2B-4T shapes).
+    /// Shape preset: tiny, small, 2b (the full 2B-4T shapes) or 8b (Llama3-8B-1.58's shapes).
     #[arg(long, default_value = "tiny")]
     preset: Preset,
     /// Take the tokenizer metadata from this GGUF (e.g. a vocab-only LLaMA-3 file).
