@@ -34,6 +34,9 @@ pub enum PreTokenizer {
     Default,
     /// The plain GPT-2 regex (llama.cpp `gpt-2`).
     Gpt2,
+    /// Falcon3's (and Falcon-E's; llama.cpp `falcon3`, `falcon_e`): punctuation runs (with
+    /// the backtick), then the GPT-2 regex, then every digit alone.
+    Falcon3,
 }
 
 /// The LLaMA-3 split regex (docs/MODEL.md).
@@ -42,6 +45,9 @@ pub const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][
 /// The GPT-2 split regex.
 pub const GPT2_REGEX: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+
+/// Falcon3's pre-tokenizer regexes (bitnet.cpp's fork, `LLAMA_VOCAB_PRE_TYPE_FALCON_3`).
+pub const FALCON3_REGEXES: [&str; 3] = [r"[\p{P}\$\+<=>\^~\|`]+", GPT2_REGEX, r"[0-9]"];
 
 /// llama.cpp's default BPE pre-tokenizer regexes, applied in this order.
 pub const DEFAULT_REGEXES: [&str; 4] = [
@@ -59,6 +65,7 @@ impl PreTokenizer {
             "llama-bpe" | "llama3" | "llama-v3" => Ok(Self::Llama3),
             "default" => Ok(Self::Default),
             "gpt-2" | "gpt2" => Ok(Self::Gpt2),
+            "falcon3" | "falcon_e" => Ok(Self::Falcon3),
             other => Err(TokenizerError::UnknownPreTokenizer(truncate(other, 64))),
         }
     }
@@ -69,6 +76,7 @@ impl PreTokenizer {
             Self::Llama3 => std::slice::from_ref(&LLAMA3_REGEX),
             Self::Default => &DEFAULT_REGEXES,
             Self::Gpt2 => std::slice::from_ref(&GPT2_REGEX),
+            Self::Falcon3 => &FALCON3_REGEXES,
         }
     }
 
@@ -217,10 +225,11 @@ mod tests {
     use proptest::prelude::Strategy;
     use proptest::prelude::*;
 
-    const ALL: [PreTokenizer; 3] = [
+    const ALL: [PreTokenizer; 4] = [
         PreTokenizer::Llama3,
         PreTokenizer::Default,
         PreTokenizer::Gpt2,
+        PreTokenizer::Falcon3,
     ];
 
     fn index(pre: PreTokenizer) -> usize {
@@ -229,8 +238,8 @@ mod tests {
 
     /// Compiled once per test binary: the Unicode classes make compilation slow.
     fn splitter(pre: PreTokenizer) -> &'static Splitter {
-        static CELLS: [std::sync::OnceLock<Splitter>; 3] =
-            [const { std::sync::OnceLock::new() }; 3];
+        static CELLS: [std::sync::OnceLock<Splitter>; 4] =
+            [const { std::sync::OnceLock::new() }; 4];
         CELLS[index(pre)].get_or_init(|| Splitter::new(pre).unwrap())
     }
 
@@ -299,7 +308,13 @@ mod tests {
             }
         );
         assert_eq!(format!("{}(?!\\S)", g2), GPT2_REGEX);
-        for r in [DEFAULT_REGEXES[0], DEFAULT_REGEXES[2], DEFAULT_REGEXES[3]] {
+        for r in [
+            DEFAULT_REGEXES[0],
+            DEFAULT_REGEXES[2],
+            DEFAULT_REGEXES[3],
+            FALCON3_REGEXES[0],
+            FALCON3_REGEXES[2],
+        ] {
             assert_eq!(rewrite(r), (r.to_owned(), Tail::Plain));
         }
     }
@@ -307,8 +322,8 @@ mod tests {
     /// The original patterns on a backtracking engine, with HF `Split`/`Isolated`
     /// semantics: the oracle for the rewrite.
     fn oracle(pre: PreTokenizer, text: &str) -> Vec<String> {
-        static CELLS: [std::sync::OnceLock<Vec<fancy_regex::Regex>>; 3] =
-            [const { std::sync::OnceLock::new() }; 3];
+        static CELLS: [std::sync::OnceLock<Vec<fancy_regex::Regex>>; 4] =
+            [const { std::sync::OnceLock::new() }; 4];
         let regexes = CELLS[index(pre)].get_or_init(|| {
             pre.regexes()
                 .iter()
@@ -374,11 +389,7 @@ mod tests {
     #[test]
     fn pieces_concatenate_to_input() {
         let text = "Tabs\tand\nnewlines\r\n\n\nand    spaces ¿Qué? 👨\u{200d}👩 1e10 --- ";
-        for pre in [
-            PreTokenizer::Llama3,
-            PreTokenizer::Default,
-            PreTokenizer::Gpt2,
-        ] {
+        for pre in ALL {
             assert_eq!(split(pre, text).concat(), text);
         }
     }

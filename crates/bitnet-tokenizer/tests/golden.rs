@@ -168,3 +168,33 @@ fn tiny_vocab_counts_as_llama3() {
     assert_eq!(t.encode("The the", false, false).unwrap(), vec![791, 279]);
     assert_eq!(t.encode("<|eot_id|>", false, true).unwrap(), vec![4009]);
 }
+
+/// Falcon3's pre-tokenizer, named by the file (`tokenizer.ggml.pre = falcon3`), over the
+/// LLaMA-3 merges gives bitnet.cpp's `llama-tokenize` ids (testdata/golden/tokenizer/
+/// falcon3-cases.json; special-token text parsed, no BOS), and decodes back to the text.
+#[test]
+fn falcon3_pre_tokenizer_matches_bitnetcpp() {
+    let f = metadata("tokenizer/llama3-vocab.gguf");
+    let bytes = bitnet_testkit::rewrite(&f, |kv, _| {
+        kv.push((
+            "tokenizer.ggml.pre".into(),
+            bitnet_gguf::Value::String("falcon3".into()),
+        ));
+    })
+    .unwrap();
+    let f = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
+    let t = Tokenizer::from_gguf(f.metadata(), None).unwrap();
+    assert_eq!(t.pre(), PreTokenizer::Falcon3);
+    assert_eq!(t.pre_source(), PreTokenizerSource::Metadata);
+    let s = std::fs::read_to_string(bitnet_testdata::golden_str("tokenizer/falcon3-cases.json"))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    let cases = v.as_array().unwrap();
+    assert!(cases.len() >= 14);
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let want = ids(&c["bitnetcpp_falcon3_ids"]);
+        assert_eq!(t.encode(text, false, true).unwrap(), want, "{text:?}");
+        assert_eq!(t.decode(&want).unwrap(), text);
+    }
+}

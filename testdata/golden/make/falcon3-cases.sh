@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Remakes testdata/golden/tokenizer/falcon3-cases.json: every text of cases.json tokenized by
+# bitnet.cpp's llama-tokenize (the build of llama-tiny.sh) with the LLaMA-3 vocabulary named
+# `tokenizer.ggml.pre = falcon3` (set_pre.py): Falcon3's pre-tokenizer over LLaMA-3's merges;
+# then two texts of backticks, digits and symbols, where Falcon3's split differs most.
+#   REF=<the build folder of llama-tiny.sh> testdata/golden/make/falcon3-cases.sh
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+tok=$here/../tokenizer
+bin=${REF:?set REF as for llama-tiny.sh}/bitnet.cpp/build-avx2/bin/llama-tokenize
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 "$here/set_pre.py" "$tok/llama3-vocab.gguf" "$tmp/vocab.gguf" falcon3
+python3 - "$bin" "$tmp" "$tok/cases.json" "$tok/falcon3-cases.json" <<'PY'
+import json, subprocess, sys
+bin_, tmp, src, dst = sys.argv[1:5]
+out = []
+extra = ["Run `make -j4` then ```rust\nlet x = 42;\n``` (v2.0.1-beta, 2024)",
+         "$5+$10=$15 <a|b> ^~ 3.14159e-10 x^2 ~= 1,000,000"]
+for case in json.load(open(src)) + [{"text": t} for t in extra]:
+    path = f"{tmp}/text.txt"
+    open(path, "w", encoding="utf-8", newline="").write(case["text"])
+    r = subprocess.run([bin_, "-m", f"{tmp}/vocab.gguf", "-f", path, "--ids", "--no-bos",
+                        "--log-disable"], capture_output=True, text=True, check=True)
+    ids = json.loads(r.stdout.strip().splitlines()[-1]) if case["text"] else []
+    out.append({"text": case["text"], "bitnetcpp_falcon3_ids": ids})
+json.dump(out, open(dst, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
+open(dst, "a").write("\n")
+PY
+echo "wrote $tok/falcon3-cases.json"
