@@ -1,13 +1,16 @@
-//! The chat format BitNet b1.58 2B-4T was tuned on.
+//! Chat formats: the one BitNet b1.58 2B-4T was tuned on, and those of the ternary `llama`
+//! models bitnet.cpp runs (Llama3-8B-1.58: LLaMA-3's; Falcon3: its own).
 //!
-//! `<|begin_of_text|>` then, per message, `Role: content<|eot_id|>` with roles
-//! `System`, `User`, `Assistant`, then `Assistant: ` to prompt a reply:
+//! [`ChatFormat::Bitnet`]: `<|begin_of_text|>` then, per message, `Role: content<|eot_id|>`
+//! with roles `System`, `User`, `Assistant`, then `Assistant: ` to prompt a reply:
 //!
 //! ```text
 //! <|begin_of_text|>System: You are a helpful assistant.<|eot_id|>User: Hi<|eot_id|>Assistant:
 //! ```
 //!
-//! The `tokenizer.chat_template` stored in GGUF files is never evaluated.
+//! The `tokenizer.chat_template` stored in GGUF files is never evaluated: it only picks the
+//! format of a `llama` file, by the markers llama.cpp's `llama_chat_apply_template` looks
+//! for ([`ChatFormat::detect`]). The `bitnet*` architectures always use the 2B-4T format.
 
 use std::fmt;
 use std::str::FromStr;
@@ -79,7 +82,148 @@ impl ChatMessage {
     }
 }
 
-/// Formats a conversation as text, starting with the BOS text.
+/// How a conversation becomes a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ChatFormat {
+    /// BitNet b1.58 2B-4T's `Role: content<|eot_id|>` (the module docs).
+    #[default]
+    Bitnet,
+    /// LLaMA-3's: `<|start_header_id|>role<|end_header_id|>\n\n` + trimmed content +
+    /// `<|eot_id|>`, the reply opened with the assistant's header (llama.cpp `llama3`).
+    Llama3,
+    /// Falcon3's: `<|role|>\n` + content + `\n`, the reply opened with `<|assistant|>\n`
+    /// (llama.cpp `falcon3`).
+    Falcon3,
+}
+
+impl ChatFormat {
+    /// The format of a file: `bitnet*` architectures (and files without one) use
+    /// [`ChatFormat::Bitnet`]; a `llama` file's `tokenizer.chat_template` is recognised by
+    /// llama.cpp's markers (`<|start_header_id|>` and `<|end_header_id|>`: LLaMA-3;
+    /// `<|assistant|>` and `<|user|>`: Falcon3; `Assistant: `: 2B-4T's); without one it
+    /// recognises, the vocabulary decides (LLaMA-3's header tokens, else Falcon3's role
+    /// tokens, else 2B-4T's format).
+    pub fn detect(arch: Option<&str>, template: Option<&str>, tok: &Tokenizer) -> Self {
+        if arch != Some("llama") {
+            return Self::Bitnet;
+        }
+        if let Some(t) = template {
+            if t.contains("<|start_header_id|>") && t.contains("<|end_header_id|>") {
+                return Self::Llama3;
+            }
+            if t.contains("<|assistant|>") && t.contains("<|user|>") {
+                return Self::Falcon3;
+            }
+            if t.contains("Assistant: ") {
+                return Self::Bitnet;
+            }
+        }
+        if tok.token_id("<|start_header_id|>").is_some()
+            && tok.token_id("<|end_header_id|>").is_some()
+        {
+            Self::Llama3
+        } else if tok.token_id("<|assistant|>").is_some() && tok.token_id("<|user|>").is_some() {
+            Self::Falcon3
+        } else {
+            Self::Bitnet
+        }
+    }
+
+    /// The name used on command lines and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bitnet => "bitnet",
+            Self::Llama3 => "llama3",
+            Self::Falcon3 => "falcon3",
+        }
+    }
+}
+
+impl FromStr for ChatFormat {
+    type Err = TokenizerError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "bitnet" => Ok(Self::Bitnet),
+            "llama3" => Ok(Self::Llama3),
+            "falcon3" => Ok(Self::Falcon3),
+            other => Err(TokenizerError::UnknownChatFormat(crate::pretok::truncate(
+                other, 64,
+            ))),
+        }
+    }
+}
+
+impl ChatRole {
+    /// The lower-case role name of the LLaMA-3 and Falcon3 formats.
+    fn lower(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::User => "user",
+            Self::Assistant => "assistant",
+        }
+    }
+}
+
+/// A conversation as prompt text in `format`: [`format_chat`] for the 2B-4T format (which
+/// starts with the BOS text); for LLaMA-3 and Falcon3, llama.cpp's `llama_chat_apply_template`
+/// text (without BOS, which tokenization adds).
+pub fn format_chat_as(
+    format: ChatFormat,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+) -> String {
+    match marked(format) {
+        None => format_chat(messages, add_generation_prompt),
+        Some(m) => {
+            let mut s = String::new();
+            for msg in messages {
+                s.push_str(&(m.open)(msg.role));
+                s.push_str(m.content(&msg.content));
+                s.push_str(m.close);
+            }
+            if add_generation_prompt {
+                s.push_str(&(m.open)(ChatRole::Assistant));
+            }
+            s
+        }
+    }
+}
+
+/// The markers of a marker-based format (LLaMA-3, Falcon3).
+struct Marked {
+    open: fn(ChatRole) -> String,
+    close: &'static str,
+    /// LLaMA-3's template trims each content.
+    trim: bool,
+}
+
+impl Marked {
+    fn content<'c>(&self, c: &'c str) -> &'c str {
+        if self.trim {
+            c.trim()
+        } else {
+            c
+        }
+    }
+}
+
+fn marked(format: ChatFormat) -> Option<Marked> {
+    match format {
+        ChatFormat::Bitnet => None,
+        ChatFormat::Llama3 => Some(Marked {
+            open: |r| format!("<|start_header_id|>{}<|end_header_id|>\n\n", r.lower()),
+            close: "<|eot_id|>",
+            trim: true,
+        }),
+        ChatFormat::Falcon3 => Some(Marked {
+            open: |r| format!("<|{}|>\n", r.lower()),
+            close: "\n",
+            trim: false,
+        }),
+    }
+}
+
+/// Formats a conversation as text in the 2B-4T format, starting with the BOS text.
 ///
 /// To tokenize it, encode with `add_bos = false, parse_special = true` — but then
 /// special-token text inside message contents is parsed too. [`Tokenizer::encode_chat`]
@@ -100,10 +244,40 @@ pub fn format_chat(messages: &[ChatMessage], add_generation_prompt: bool) -> Str
 }
 
 impl Tokenizer {
-    /// Token ids of [`format_chat`]'s text, with BOS and `<|eot_id|>` as tokens and
-    /// message contents encoded as plain text (special-token text inside a message
-    /// stays literal, so it cannot end a turn early).
+    /// Token ids of a conversation in this tokenizer's [`ChatFormat`]: the format's markers
+    /// as special tokens, message contents encoded as plain text (special-token text inside
+    /// a message stays literal, so it cannot end a turn early). For the 2B-4T format, the
+    /// ids of [`format_chat`]'s text.
     pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let Some(m) = marked(self.chat_format()) else {
+            return self.encode_chat_bitnet(messages, add_generation_prompt);
+        };
+        // BOS when the vocabulary adds one, then [`format_chat_as`]'s text tokenized at once,
+        // special tokens parsed in the markers only (contents stay literal).
+        let mut ids = Vec::new();
+        if self.add_bos() {
+            ids.push(self.bos().ok_or(TokenizerError::NoBosToken)?);
+        }
+        let opens: Vec<String> = messages.iter().map(|msg| (m.open)(msg.role)).collect();
+        let reply = (m.open)(ChatRole::Assistant);
+        let mut segments: Vec<(&str, bool)> = Vec::with_capacity(3 * messages.len() + 1);
+        for (msg, open) in messages.iter().zip(&opens) {
+            segments.push((open, true));
+            segments.push((m.content(&msg.content), false));
+            segments.push((m.close, true));
+        }
+        if add_generation_prompt {
+            segments.push((&reply, true));
+        }
+        self.encode_segments(&segments, &mut ids)?;
+        Ok(ids)
+    }
+
+    fn encode_chat_bitnet(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,

@@ -101,4 +101,7 @@ pub enum TokenizerError {
     /// A chat role other than system, user or assistant.
     #[error("unknown chat role {0:?} (expected system, user or assistant)")]
     UnknownRole(String),
+    /// A chat format name other than bitnet, llama3 or falcon3.
+    #[error("unknown chat format {0:?} (expected bitnet, llama3 or falcon3)")]
+    UnknownChatFormat(String),
 }

@@ -28,9 +28,9 @@ mod stream;
 mod tokenizer;
 mod vocab;
 
-pub use chat::{format_chat, ChatMessage, ChatRole, BOS_TEXT};
+pub use chat::{format_chat, format_chat_as, ChatFormat, ChatMessage, ChatRole, BOS_TEXT};
 pub use error::TokenizerError;
-pub use pretok::{PreTokenizer, DEFAULT_REGEXES, GPT2_REGEX, LLAMA3_REGEX};
+pub use pretok::{PreTokenizer, DEFAULT_REGEXES, FALCON3_REGEXES, GPT2_REGEX, LLAMA3_REGEX};
 pub use stream::StreamDecoder;
 pub use tokenizer::{PreTokenizerSource, Tokenizer, EOM_TEXT, EOT_TEXT};
 pub use vocab::{keys, TokenKind, VocabData};

@@ -112,6 +112,7 @@ pub struct Tokenizer {
     /// End-of-generation ids, sorted, no duplicates.
     eog: Vec<u32>,
     llama3_vocab: bool,
+    chat_format: crate::ChatFormat,
 }
 
 fn check_id(
@@ -144,7 +145,25 @@ impl Tokenizer {
         md: &bitnet_gguf::Metadata,
         pre: Option<PreTokenizer>,
     ) -> Result<Self, TokenizerError> {
-        Self::from_vocab(VocabData::from_metadata(md)?, pre)
+        let mut t = Self::from_vocab(VocabData::from_metadata(md)?, pre)?;
+        let text = |key: &str| md.get(key).and_then(|_| md.get_str(key).ok());
+        t.chat_format = crate::ChatFormat::detect(
+            text("general.architecture"),
+            text("tokenizer.chat_template"),
+            &t,
+        );
+        Ok(t)
+    }
+
+    /// How [`Tokenizer::encode_chat`] lays out a conversation (from the file's
+    /// architecture and chat template, see [`crate::ChatFormat::detect`]).
+    pub fn chat_format(&self) -> crate::ChatFormat {
+        self.chat_format
+    }
+
+    /// Choose the chat format (overrides what the file implied).
+    pub fn set_chat_format(&mut self, f: crate::ChatFormat) {
+        self.chat_format = f;
     }
 
     /// Builds the tokenizer from plain vocabulary data (see [`Tokenizer::from_gguf`]).
@@ -262,6 +281,7 @@ impl Tokenizer {
             add_bos,
             eog,
             llama3_vocab,
+            chat_format: crate::ChatFormat::Bitnet,
         })
     }
 
@@ -422,6 +442,42 @@ impl Tokenizer {
             self.encode_fragment(&text[prev..hit.start()], ids, &mut scratch)?;
             ids.push(m.ids[hit.pattern().as_usize()]);
             prev = hit.end();
+        }
+        self.encode_fragment(&text[prev..], ids, &mut scratch)
+    }
+
+    /// Encodes the concatenation of `segments` as one text, parsing special-token text only
+    /// inside the segments marked `true` (user-defined tokens everywhere, as
+    /// [`Tokenizer::encode_into`] without parsing): the text between two special tokens is
+    /// pre-tokenized whole, across segment boundaries, as if the text were tokenized at once.
+    pub(crate) fn encode_segments(
+        &self,
+        segments: &[(&str, bool)],
+        ids: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
+        let mut text = String::new();
+        let mut hits: Vec<(usize, usize, u32)> = Vec::new();
+        for &(seg, parse_special) in segments {
+            let base = text.len();
+            text.push_str(seg);
+            let matcher = if parse_special {
+                &self.specials_all
+            } else {
+                &self.specials_user
+            };
+            if let Some(m) = matcher {
+                for hit in m.automaton.find_iter(seg) {
+                    let id = m.ids[hit.pattern().as_usize()];
+                    hits.push((base + hit.start(), base + hit.end(), id));
+                }
+            }
+        }
+        let mut scratch = String::new();
+        let mut prev = 0;
+        for (start, end, id) in hits {
+            self.encode_fragment(&text[prev..start], ids, &mut scratch)?;
+            ids.push(id);
+            prev = end;
         }
         self.encode_fragment(&text[prev..], ids, &mut scratch)
     }

@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# Remakes testdata/golden/tokenizer/falcon3-cases.json: every text of cases.json tokenized by
+# Remakes testdata/golden/tokenizer/falcon3-cases.json and chat-formats.json.
+#
+# falcon3-cases.json: every text of cases.json tokenized by
 # bitnet.cpp's llama-tokenize (the build of llama-tiny.sh) with the LLaMA-3 vocabulary named
 # `tokenizer.ggml.pre = falcon3` (set_pre.py): Falcon3's pre-tokenizer over LLaMA-3's merges;
 # then two texts of backticks, digits and symbols, where Falcon3's split differs most.
-#   REF=<the build folder of llama-tiny.sh> testdata/golden/make/falcon3-cases.sh
+# chat-formats.json: dump_chat.cpp, linked against the same build: llama_chat_apply_template's
+# prompts for the `llama3` and `falcon3` formats, with and without the assistant's opening.
+#   REF=<the build folder of llama-tiny.sh> testdata/golden/make/tokenizer.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 tok=$here/../tokenizer
-bin=${REF:?set REF as for llama-tiny.sh}/bitnet.cpp/build-avx2/bin/llama-tokenize
+src=${REF:?set REF as for llama-tiny.sh}/bitnet.cpp
+b=$src/build-avx2
+bin=$b/bin/llama-tokenize
+cmake --build "$b" -j "${JOBS:-2}" --target llama-tokenize >"$b.tokenize.log" 2>&1
+ll=$src/3rdparty/llama.cpp
+libs=$(dirname "$(find "$b" -name 'libllama.so' | head -1)")
+gglibs=$(dirname "$(find "$b" -name 'libggml.so' | head -1)")
+clang++ -O2 -std=c++17 "$here/dump_chat.cpp" -I"$ll/include" -I"$ll/ggml/include" \
+  -L"$libs" -L"$gglibs" -lllama -lggml -Wl,-rpath,"$libs:$gglibs" -o "$b/dump_chat"
+"$b/dump_chat" >"$tok/chat-formats.json"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 python3 "$here/set_pre.py" "$tok/llama3-vocab.gguf" "$tmp/vocab.gguf" falcon3
@@ -27,4 +40,4 @@ for case in json.load(open(src)) + [{"text": t} for t in extra]:
 json.dump(out, open(dst, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
 open(dst, "a").write("\n")
 PY
-echo "wrote $tok/falcon3-cases.json"
+echo "wrote $tok/falcon3-cases.json and $tok/chat-formats.json"
