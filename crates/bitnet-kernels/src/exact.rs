@@ -183,7 +183,10 @@ pub struct ExactShape {
 /// `pos0 .. pos0+n` over `k` and `v` (`[pos0+n][n_head_kv·head_dim]`, f16 values as f32), into
 /// `out` (same shape as `q`):
 ///
-/// Q rounded to f16; `kq_j = dot_f16_ggml(q, k_j)`; the KV length padded to a multiple of 32
+/// Q rounded to f16; `kq_j = dot_f16_ggml(q, k_j)` — except for one query head and a batch of
+/// more rows (ggml's permuted Q is then contiguous and llamafile's tinyBLAS takes the product
+/// with Q in f32: `kq_j = dot_tinyblas(k_j, q)`, when head_dim is a multiple of 8); the KV
+/// length padded to a multiple of 32
 /// with a `-inf` mask; `w = kq · (1/sqrtf(head_dim)) + mask`; [`softmax_exact`]; then for a
 /// one-row batch P is rounded to f16 and `out_i = dot_f16_ggml(p, v_col_i)`, for a larger batch
 /// P stays f32 and `out_i = dot_tinyblas(v_col_i, p)`. Query head `h` reads KV head
@@ -250,6 +253,7 @@ pub fn attend_on(
     let job = Job {
         d,
         gqa,
+        kq_tinyblas: shape.n_head == 1 && n > 1 && d % 8 == 0,
         n_head: shape.n_head,
         kv_w,
         pos0,
@@ -276,6 +280,8 @@ pub fn attend_on(
 struct Job<'a> {
     d: usize,
     gqa: usize,
+    /// K·Q by tinyBLAS with Q in f32 (see [`attend`]).
+    kq_tinyblas: bool,
     n_head: usize,
     kv_w: usize,
     pos0: usize,
@@ -333,12 +339,17 @@ fn item_impl(job: &Job<'_>, t: usize, h: usize, sc: &mut ItemScratch, o: &mut [f
     let n_embd = job.n_head * d;
     let qsrc = &job.q[t * n_embd + h * d..][..d];
     for (dst, &x) in sc.qh.iter_mut().zip(qsrc) {
-        *dst = round_f16(x);
+        *dst = if job.kq_tinyblas { x } else { round_f16(x) };
     }
     for (j, wj) in sc.w.iter_mut().enumerate() {
         *wj = if j <= qpos {
             let kj = &job.k[j * job.kv_w + g * d..][..d];
-            dot_f16_ggml(&sc.qh, kj) * scale + 0.0
+            let kq = if job.kq_tinyblas {
+                dot_tinyblas(kj, &sc.qh)
+            } else {
+                dot_f16_ggml(&sc.qh, kj)
+            };
+            kq * scale + 0.0
         } else {
             f32::NEG_INFINITY
         };
@@ -412,19 +423,25 @@ mod tests {
         let n_pad = n_kv.div_ceil(32) * 32;
         let scale = 1.0f32 / (d as f32).sqrt();
         let mut out = vec![0.0f32; n * n_embd];
+        // One query head and several rows: ggml hands K·Q to tinyBLAS with Q in f32.
+        let tinyblas_kq = s.n_head == 1 && n > 1 && d % 8 == 0;
         for t in 0..n {
             for h in 0..s.n_head {
                 let g = h / gqa;
                 let qh: Vec<f32> = q[t * n_embd + h * d..][..d]
                     .iter()
-                    .map(|&x| round_f16(x))
+                    .map(|&x| if tinyblas_kq { x } else { round_f16(x) })
                     .collect();
                 let mut w: Vec<f32> = (0..n_pad)
                     .map(|j| {
-                        if j <= pos0 + t {
-                            dot_f16_ggml(&qh, &k[j * kv_w + g * d..][..d]) * scale + 0.0
+                        if j > pos0 + t {
+                            return f32::NEG_INFINITY;
+                        }
+                        let kj = &k[j * kv_w + g * d..][..d];
+                        if tinyblas_kq {
+                            dot_tinyblas(kj, &qh) * scale + 0.0
                         } else {
-                            f32::NEG_INFINITY
+                            dot_f16_ggml(&qh, kj) * scale + 0.0
                         }
                     })
                     .collect();
@@ -472,6 +489,8 @@ mod tests {
             (8, 2, 40),
             (4, 1, 128),
             (5, 5, 16),
+            (1, 1, 256),
+            (1, 1, 36),
         ] {
             let shape = ExactShape {
                 n_head,
@@ -480,7 +499,12 @@ mod tests {
             };
             for (pos0, n) in [(0usize, 1usize), (0, 7), (33, 1), (70, 5), (5, 40)] {
                 let n_kv = pos0 + n;
-                let q = halfs(&mut st, n * n_head * d, 3.0);
+                // Q in f32 (the kernel rounds it to f16 where ggml does).
+                let q: Vec<f32> = halfs(&mut st, n * n_head * d, 3.0)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| x * (1.0 + 1e-4 * (i % 7) as f32))
+                    .collect();
                 let k = halfs(&mut st, n_kv * n_head_kv * d, 2.0);
                 let v = halfs(&mut st, n_kv * n_head_kv * d, 1.5);
                 let want = reference(&shape, &q, &k, &v, pos0, n);
