@@ -98,44 +98,50 @@ fn exact_steps_are_byte_identical_to_bitnet_cpp() {
     }
 }
 
-/// Architecture `llama` (testdata/golden/llama-tiny, run by bitnet.cpp's fork): the prompt
-/// text through the CLI's tokenizer (`--pre default`: bitnet.cpp's fallback pre-tokenizer, as
-/// the file names none) gives bitnet.cpp's last-position logits, and the one-token steps its
-/// step logits, byte for byte.
+/// Architecture `llama` (testdata/golden/llama-tiny and falcon3-tiny, run by bitnet.cpp's
+/// fork): the prompt text through the CLI's tokenizer gives bitnet.cpp's last-position logits,
+/// and the one-token steps its step logits, byte for byte. llama-tiny names no pre-tokenizer
+/// (`--pre default`: bitnet.cpp's fallback); falcon3-tiny names Falcon3's, which is used.
 #[test]
 fn llama_architecture_is_byte_identical_to_bitnet_cpp() {
-    let model = golden_str("llama-tiny/llama-tiny-i2_s.gguf");
-    for stem in PROMPTS {
-        let text = String::from_utf8(read(&format!("llama-tiny/{stem}.txt"))).unwrap();
-        let out = tmp_dir().join(format!("llama-{stem}-last.f32"));
-        let o = bitnet(&[
-            "logits",
-            "-m",
-            &model,
-            "-p",
-            &text,
-            "--pre",
-            "default",
-            "--numerics",
-            "exact",
-            "-t",
-            "2",
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert!(
-            std::fs::read(&out).unwrap() == read(&format!("llama-tiny/{stem}.logits.f32")),
-            "{stem}: last-position logits differ from bitnet.cpp's"
-        );
-        let golden = read_f32(&format!("llama-tiny/{stem}.step_logits.f32"));
-        let ours = step_logits_of("llama-tiny", "llama-tiny-i2_s.gguf", stem, "exact", "1");
-        if let Some((i, x, y)) = first_bit_difference(&ours, &golden) {
-            panic!(
-                "llama {stem}: first step difference at row {} id {}: ours {x:e}, bitnet.cpp {y:e}",
-                i / N_VOCAB,
-                i % N_VOCAB
+    for (dir, pre) in [("llama-tiny", Some("default")), ("falcon3-tiny", None)] {
+        let file = format!("{dir}-i2_s.gguf");
+        let model = golden_str(&format!("{dir}/{file}"));
+        for stem in PROMPTS {
+            let text = String::from_utf8(read(&format!("{dir}/{stem}.txt"))).unwrap();
+            let out = tmp_dir().join(format!("{dir}-{stem}-last.f32"));
+            let mut args = vec![
+                "logits",
+                "-m",
+                &model,
+                "-p",
+                &text,
+                "--numerics",
+                "exact",
+                "-t",
+                "2",
+                "--out",
+            ];
+            let out_s = out.to_str().unwrap().to_string();
+            args.push(&out_s);
+            if let Some(p) = pre {
+                args.extend(["--pre", p]);
+            }
+            let o = bitnet(&args);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                std::fs::read(&out).unwrap() == read(&format!("{dir}/{stem}.logits.f32")),
+                "{dir} {stem}: last-position logits differ from bitnet.cpp's"
             );
+            let golden = read_f32(&format!("{dir}/{stem}.step_logits.f32"));
+            let ours = step_logits_of(dir, &file, stem, "exact", "1");
+            if let Some((i, x, y)) = first_bit_difference(&ours, &golden) {
+                panic!(
+                    "{dir} {stem}: first step difference at row {} id {}: ours {x:e}, bitnet.cpp {y:e}",
+                    i / N_VOCAB,
+                    i % N_VOCAB
+                );
+            }
         }
     }
 }

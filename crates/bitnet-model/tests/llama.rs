@@ -54,6 +54,20 @@ fn the_golden_llama_file_binds_as_bitnet_cpp_reads_it() {
     }
 }
 
+/// Falcon3's hyperparameters come from the file: heads of 256, RoPE base 1000042, ε 1e-6.
+#[test]
+fn the_golden_falcon3_file_binds_its_hyperparameters() {
+    let f = GgufFile::open(
+        &bitnet_testdata::golden("falcon3-tiny/falcon3-tiny-i2_s.gguf"),
+        &Limits::default(),
+    )
+    .unwrap();
+    let c = Model::load(&f).unwrap().config;
+    assert_eq!((c.arch.as_str(), c.head_dim, c.n_rot), ("llama", 256, 256));
+    assert_eq!((c.rope_freq_base, c.rms_eps), (1_000_042.0, 1e-6));
+    assert_eq!(c.rope_style, RopeStyle::Norm);
+}
+
 #[test]
 fn a_bitnet_file_relabelled_llama_is_refused_for_its_sub_norms() {
     // The 2B-4T graph's sub-norms have no place in llama's: running without them would be

@@ -122,6 +122,12 @@ pub enum Preset {
     /// Llama3-8B-1.58's shapes: 32 layers, embedding 4096, 32 / 8 heads, FFN 14336, context
     /// 8192 (with `--arch llama` and the LLaMA-3 vocabulary, its whole structure).
     L8B,
+    /// Falcon3-1B-1.58bit's shapes: 18 layers, embedding 2048, 8 / 4 heads of 256, FFN 8192,
+    /// context 8192, RoPE base 1000042, RMS ε 1e-6, Falcon3's pre-tokenizer named.
+    Falcon3_1B,
+    /// Falcon3-7B-1.58bit's: 28 layers, embedding 3072, 12 / 4 heads of 256, FFN 23040, and
+    /// the rest as [`Preset::Falcon3_1B`].
+    Falcon3_7B,
 }
 
 impl std::str::FromStr for Preset {
@@ -132,7 +138,11 @@ impl std::str::FromStr for Preset {
             "small" => Ok(Preset::Small),
             "2b" => Ok(Preset::B2),
             "8b" => Ok(Preset::L8B),
-            _ => Err(format!("unknown preset '{s}' (tiny, small, 2b, 8b)")),
+            "falcon3-1b" => Ok(Preset::Falcon3_1B),
+            "falcon3-7b" => Ok(Preset::Falcon3_7B),
+            _ => Err(format!(
+                "unknown preset '{s}' (tiny, small, 2b, 8b, falcon3-1b, falcon3-7b)"
+            )),
         }
     }
 }
@@ -155,6 +165,12 @@ pub struct SynthSpec {
     pub silu: bool,
     /// The graph (and with it the tensor set and metadata keys).
     pub arch: SynthArch,
+    /// `{arch}.rope.freq_base`.
+    pub rope_base: f32,
+    /// `{arch}.attention.layer_norm_rms_epsilon`.
+    pub rms_eps: f32,
+    /// `tokenizer.ggml.pre` to write (replacing the vocabulary's, if it has one).
+    pub pre: Option<String>,
 }
 
 impl SynthSpec {
@@ -164,7 +180,10 @@ impl SynthSpec {
             Preset::Small => ("bitnet-synth-small", 1024, 6, 2816, 8, 2, 2048),
             Preset::B2 => ("bitnet-synth-2b", 2560, 30, 6912, 20, 5, 4096),
             Preset::L8B => ("bitnet-synth-8b", 4096, 32, 14336, 32, 8, 8192),
+            Preset::Falcon3_1B => ("bitnet-synth-falcon3-1b", 2048, 18, 8192, 8, 4, 8192),
+            Preset::Falcon3_7B => ("bitnet-synth-falcon3-7b", 3072, 28, 23040, 12, 4, 8192),
         };
+        let falcon3 = matches!(p, Preset::Falcon3_1B | Preset::Falcon3_7B);
         SynthSpec {
             name: name.into(),
             n_embd,
@@ -177,7 +196,14 @@ impl SynthSpec {
             seed: 42,
             beta_c: 1.0,
             silu: false,
-            arch: SynthArch::BitnetB158,
+            arch: if falcon3 || p == Preset::L8B {
+                SynthArch::Llama
+            } else {
+                SynthArch::BitnetB158
+            },
+            rope_base: if falcon3 { 1_000_042.0 } else { 500_000.0 },
+            rms_eps: if falcon3 { 1e-6 } else { 1e-5 },
+            pre: falcon3.then(|| "falcon3".to_string()),
         }
     }
 
@@ -568,9 +594,12 @@ pub(crate) fn write_with<W: Write>(
     )?;
     gw.add_kv(
         &format!("{arch}.attention.layer_norm_rms_epsilon"),
-        Value::F32(1e-5),
+        Value::F32(spec.rms_eps),
     )?;
-    gw.add_kv(&format!("{arch}.rope.freq_base"), Value::F32(500_000.0))?;
+    gw.add_kv(
+        &format!("{arch}.rope.freq_base"),
+        Value::F32(spec.rope_base),
+    )?;
     // llama.cpp's file types: ALL_F32 0; bitnet.cpp's MOSTLY_I2_S 40 (the official file's).
     let file_type = if spec.layout == WeightLayout::F32 {
         0
@@ -610,9 +639,12 @@ pub(crate) fn write_with<W: Write>(
             "tokenizer.ggml.padding_token_id",
             "tokenizer.chat_template",
         ];
-        if !known.contains(&k.as_str()) {
+        if !known.contains(&k.as_str()) && !(spec.pre.is_some() && k == "tokenizer.ggml.pre") {
             gw.add_kv(k, v.clone())?;
         }
+    }
+    if let Some(pre) = &spec.pre {
+        gw.add_kv("tokenizer.ggml.pre", Value::String(pre.clone()))?;
     }
     gw.add_kv("general.quantization_version", Value::U32(2))?;
 

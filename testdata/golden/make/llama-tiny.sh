@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Remakes testdata/golden/llama-tiny with bitnet.cpp itself (see ../README.md, "llama-tiny/").
+# Remakes testdata/golden/llama-tiny and falcon3-tiny with bitnet.cpp itself (see ../README.md,
+# "llama-tiny/" and "falcon3-tiny/").
 #
 #   REF=<build folder outside the repository> MIRROR=<fetched repositories> \
 #     testdata/golden/make/llama-tiny.sh
@@ -11,7 +12,7 @@
 #    shared libraries, and dump_logits.cpp is linked against it. The compiler matters: gcc
 #    contracts `x * s + 0x1.8p23` in the activation quantizer's rounding into one FMA, which
 #    rounds some ties differently (clang does not contract across statements).
-# 3. `bitnet synth --arch llama --layout f32` writes the model as bitnet.cpp's converter
+# 3. `bitnet synth --arch llama --layout f32` writes each model as bitnet.cpp's converter
 #    writes a Llama checkpoint with `--outtype f32` (projections β·{−1, 0, +1} in F32);
 #    bitnet.cpp's llama-quantize turns it into I2_S as its setup_env.py does
 #    (`llama-quantize F32 I2_S I2_S 1`: projections I2_S, embedding and LM head F16).
@@ -19,7 +20,6 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
-out=$root/testdata/golden/llama-tiny
 REF=${REF:?set REF to a folder outside every repository}
 MIRROR=${MIRROR:?set MIRROR to the folder with the fetched repositories}
 tools=${TOOLS:-$root/../shared/tools}
@@ -45,14 +45,22 @@ bitnet=${BITNET:-$root/target/release/bitnet}
 [[ -x $bitnet ]] || (cd "$root" && cargo build --release -p bitnet-cli)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$bitnet" synth --arch llama --preset tiny --n-head 4 --n-head-kv 2 --n-ff 768 \
-  --layout f32 --quiet -o "$tmp/llama-tiny-f32.gguf"
-mkdir -p "$out"
-"$b/bin/llama-quantize" "$tmp/llama-tiny-f32.gguf" "$out/llama-tiny-i2_s.gguf" I2_S 1 \
-  >"$tmp/quantize.log" 2>&1 || { cat "$tmp/quantize.log"; exit 1; }
-for p in p1_english p2_unicode p3_digits_punct p4_code_ws; do
-  cp "$root/testdata/golden/tiny/$p.txt" "$out/$p.txt"
-  "$b/dump_logits" "$out/llama-tiny-i2_s.gguf" "$out/$p.txt" "$out/$p" 32 1 2>"$tmp/$p.log" ||
-    { tail -20 "$tmp/$p.log"; exit 1; }
-done
-echo "wrote $out"
+
+# model NAME SYNTH-ARGS...: testdata/golden/NAME from `bitnet synth SYNTH-ARGS --layout f32`.
+model() {
+  local name=$1 out=$root/testdata/golden/$1
+  shift
+  "$bitnet" synth "$@" --layout f32 --quiet -o "$tmp/$name-f32.gguf"
+  mkdir -p "$out"
+  "$b/bin/llama-quantize" "$tmp/$name-f32.gguf" "$out/$name-i2_s.gguf" I2_S 1 \
+    >"$tmp/quantize.log" 2>&1 || { cat "$tmp/quantize.log"; exit 1; }
+  for p in p1_english p2_unicode p3_digits_punct p4_code_ws; do
+    cp "$root/testdata/golden/tiny/$p.txt" "$out/$p.txt"
+    "$b/dump_logits" "$out/$name-i2_s.gguf" "$out/$p.txt" "$out/$p" 32 1 2>"$tmp/$p.log" ||
+      { tail -20 "$tmp/$p.log"; exit 1; }
+  done
+  echo "wrote $out"
+}
+model llama-tiny --arch llama --preset tiny --n-head 4 --n-head-kv 2 --n-ff 768
+model falcon3-tiny --preset falcon3-1b --n-layer 2 --n-embd 256 --n-head 1 --n-head-kv 1 \
+  --n-ff 768 --n-ctx 512

@@ -20,15 +20,20 @@ pub struct Args {
     hf: Option<String>,
     /// Architecture: bitnet-b1.58 (2B-4T's graph) or llama (ternary Llama/Falcon3 as
     /// bitnet.cpp converts them: SiLU, no sub-norms, normal RoPE, untied LM head).
-    #[arg(long, default_value = "bitnet-b1.58")]
-    arch: SynthArch,
+    /// (Default: llama for the 8b and falcon3-* presets, else bitnet-b1.58.)
+    #[arg(long)]
+    arch: Option<SynthArch>,
     /// FFN activation of bitnet-b1.58: relu2 (2B-4T) or silu (written as `<arch>.hidden_act`).
     /// (llama: silu only). Default relu2 for bitnet-b1.58.
     #[arg(long, value_parser = ["relu2", "silu"])]
     activation: Option<String>,
-    /// Shape preset: tiny, small, 2b (the full 2B-4T shapes) or 8b (Llama3-8B-1.58's shapes).
+    /// Shape preset: tiny, small, 2b (the full 2B-4T shapes), 8b (Llama3-8B-1.58's shapes),
+    /// falcon3-1b or falcon3-7b (Falcon3-*-1.58bit's shapes, RoPE base, ε and pre-tokenizer).
     #[arg(long, default_value = "tiny")]
     preset: Preset,
+    /// Name this pre-tokenizer (`tokenizer.ggml.pre`, e.g. falcon3 or llama-bpe) in the file.
+    #[arg(long)]
+    pre: Option<String>,
     /// Take the tokenizer metadata from this GGUF (e.g. a vocab-only LLaMA-3 file).
     /// Default: the tiny golden model's 4256-token vocabulary, built in.
     #[arg(long)]
@@ -62,8 +67,13 @@ pub fn run(a: Args) -> Result<()> {
     spec.layout = a.layout;
     spec.seed = a.seed;
     spec.silu = a.activation.as_deref() == Some("silu");
-    spec.arch = a.arch;
-    if a.arch == SynthArch::Llama && a.activation.as_deref() == Some("relu2") {
+    if let Some(arch) = a.arch {
+        spec.arch = arch;
+    }
+    if a.pre.is_some() {
+        spec.pre = a.pre.clone();
+    }
+    if spec.arch == SynthArch::Llama && a.activation.as_deref() == Some("relu2") {
         anyhow::bail!("llama's FFN is SiLU-gated: --activation relu2 is for bitnet-b1.58");
     }
     for (dst, src) in [
@@ -83,7 +93,7 @@ pub fn run(a: Args) -> Result<()> {
         None => synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF)?,
     };
     if let Some(kind) = &a.hf {
-        if a.arch != SynthArch::BitnetB158 || a.layout != WeightLayout::I2S {
+        if spec.arch != SynthArch::BitnetB158 || a.layout != WeightLayout::I2S {
             anyhow::bail!("--hf writes bitnet-b1.58 checkpoints with the i2_s layout only");
         }
         let weights = if kind == "packed" {
