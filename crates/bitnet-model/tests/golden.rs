@@ -1,7 +1,8 @@
 //! Parity with bitnet.cpp on the golden models produced by bitnet.cpp itself: `tiny`
 //! (architecture `bitnet-b1.58`), `llama-tiny` and `falcon3-tiny` (`llama` with I2_S
 //! projections, made by bitnet.cpp's llama-quantize and run by its llama.cpp fork; Falcon3's
-//! heads of 256, RoPE base and ε; testdata/golden/README.md):
+//! heads of 256, RoPE base and ε) and `1bitllm-tiny` (`bitnet`, 1bitLLM's graph: SiLU with
+//! sub-norms; testdata/golden/README.md):
 //! teacher-forced, every prompt, last position, 32 steps, all positions.
 //!
 //! - exact numerics: bit-identical (max |Δ| = 0), at 1 and 2 threads;
@@ -35,10 +36,11 @@ struct Prompt {
 }
 
 /// (directory, model file) of each golden model.
-const MODELS: [(&str, &str); 3] = [
+const MODELS: [(&str, &str); 4] = [
     ("tiny", "bitnet-tiny-i2_s.gguf"),
     ("llama-tiny", "llama-tiny-i2_s.gguf"),
     ("falcon3-tiny", "falcon3-tiny-i2_s.gguf"),
+    ("1bitllm-tiny", "1bitllm-tiny-i2_s.gguf"),
 ];
 
 fn prompts(dir: &str) -> Vec<Prompt> {

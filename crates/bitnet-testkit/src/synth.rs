@@ -87,6 +87,9 @@ pub enum SynthArch {
     /// `llama` with ternary projections, as bitnet.cpp's converter writes Llama3-8B-1.58 and
     /// Falcon3: no sub-norms, SiLU, normal RoPE, an untied F16 `output.weight`.
     Llama,
+    /// `bitnet`, 1bitLLM's bitnet_b1_58 models as bitnet.cpp converts them: sub-norms, SiLU,
+    /// NEOX RoPE, tied LM head.
+    Bitnet,
 }
 
 impl SynthArch {
@@ -95,6 +98,7 @@ impl SynthArch {
         match self {
             SynthArch::BitnetB158 => "bitnet-b1.58",
             SynthArch::Llama => "llama",
+            SynthArch::Bitnet => "bitnet",
         }
     }
 }
@@ -105,7 +109,10 @@ impl std::str::FromStr for SynthArch {
         match s {
             "bitnet-b1.58" => Ok(SynthArch::BitnetB158),
             "llama" => Ok(SynthArch::Llama),
-            _ => Err(format!("unknown architecture '{s}' (bitnet-b1.58, llama)")),
+            "bitnet" => Ok(SynthArch::Bitnet),
+            _ => Err(format!(
+                "unknown architecture '{s}' (bitnet-b1.58, llama, bitnet)"
+            )),
         }
     }
 }
@@ -313,7 +320,7 @@ fn plan(spec: &SynthSpec, n_vocab: usize) -> Vec<Planned> {
         proj(&mut v, "attn_k", e, kv);
         proj(&mut v, "attn_v", e, kv);
         proj(&mut v, "attn_output", e, e);
-        let sub_norms = spec.arch == SynthArch::BitnetB158;
+        let sub_norms = spec.arch != SynthArch::Llama;
         if sub_norms {
             v.push(norm("attn_sub_norm", e));
         }
@@ -607,7 +614,7 @@ pub(crate) fn write_with<W: Write>(
         40
     };
     gw.add_kv("general.file_type", Value::U32(file_type))?;
-    if spec.silu && spec.arch != SynthArch::Llama {
+    if spec.silu && spec.arch == SynthArch::BitnetB158 {
         gw.add_kv(&format!("{arch}.hidden_act"), Value::String("silu".into()))?;
     }
     for key in [

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Remakes testdata/golden/llama-tiny and falcon3-tiny with bitnet.cpp itself (see ../README.md,
-# "llama-tiny/" and "falcon3-tiny/").
+# Remakes testdata/golden/llama-tiny, falcon3-tiny and 1bitllm-tiny with bitnet.cpp itself (see
+# ../README.md, "llama-tiny/", "falcon3-tiny/" and "1bitllm-tiny/").
 #
 #   REF=<build folder outside the repository> MIRROR=<fetched repositories> \
 #     testdata/golden/make/llama-tiny.sh
@@ -64,3 +64,4 @@ model() {
 model llama-tiny --arch llama --preset tiny --n-head 4 --n-head-kv 2 --n-ff 768
 model falcon3-tiny --preset falcon3-1b --n-layer 2 --n-embd 256 --n-head 1 --n-head-kv 1 \
   --n-ff 768 --n-ctx 512
+model 1bitllm-tiny --arch bitnet --preset tiny --n-head 4 --n-head-kv 4 --n-ff 768

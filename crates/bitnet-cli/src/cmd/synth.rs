@@ -18,8 +18,9 @@ pub struct Args {
     /// master weights, or the packed release's U8 weights with a weight_scale.
     #[arg(long, value_parser = ["bf16", "packed"])]
     hf: Option<String>,
-    /// Architecture: bitnet-b1.58 (2B-4T's graph) or llama (ternary Llama/Falcon3 as
-    /// bitnet.cpp converts them: SiLU, no sub-norms, normal RoPE, untied LM head).
+    /// Architecture: bitnet-b1.58 (2B-4T's graph), llama (ternary Llama/Falcon3 as bitnet.cpp
+    /// converts them: SiLU, no sub-norms, normal RoPE, untied LM head) or bitnet (1bitLLM's
+    /// bitnet_b1_58: SiLU, sub-norms, NEOX RoPE, tied head).
     /// (Default: llama for the 8b and falcon3-* presets, else bitnet-b1.58.)
     #[arg(long)]
     arch: Option<SynthArch>,
@@ -73,8 +74,10 @@ pub fn run(a: Args) -> Result<()> {
     if a.pre.is_some() {
         spec.pre = a.pre.clone();
     }
-    if spec.arch == SynthArch::Llama && a.activation.as_deref() == Some("relu2") {
-        anyhow::bail!("llama's FFN is SiLU-gated: --activation relu2 is for bitnet-b1.58");
+    if spec.arch != SynthArch::BitnetB158 && a.activation.as_deref() == Some("relu2") {
+        anyhow::bail!(
+            "this architecture's FFN is SiLU-gated: --activation relu2 is for bitnet-b1.58"
+        );
     }
     for (dst, src) in [
         (&mut spec.n_embd, a.n_embd),
