@@ -33,6 +33,8 @@ pub use ternary::{Scale, Target, Ternary};
 
 /// The architecture name of bitnet.cpp's 2B-4T files.
 pub const ARCH_B158: &str = "bitnet-b1.58";
+/// The architecture bitnet.cpp's converter writes for ternary Llama and Falcon3 checkpoints.
+pub const ARCH_LLAMA: &str = "llama";
 /// Upstream llama.cpp's architecture for BitNet models.
 pub const ARCH_UPSTREAM: &str = "bitnet";
 
@@ -90,11 +92,14 @@ pub struct Summary {
 enum Source {
     /// A float tensor of the checkpoint, written as F16 or F32.
     HfFloat { hf: String, to: GgmlType },
-    /// A projection of the checkpoint (bf16 master or packed), `[n_out, n_in]`.
+    /// A projection of the checkpoint (bf16 master or packed), `[n_out, n_in]`; `permute`:
+    /// the number of heads whose rows are reordered for llama.cpp's normal RoPE (Q and K of a
+    /// `LlamaForCausalLM` checkpoint).
     HfTernary {
         hf: String,
         n_out: usize,
         n_in: usize,
+        permute: Option<usize>,
     },
     /// A tensor of the input GGUF copied as it is.
     Copy { name: String },
@@ -433,8 +438,19 @@ fn produce_from(
                 _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             })
         }
-        (Source::HfTernary { hf, n_out, n_in }, Input::Hf(d)) => {
-            let t = hf_ternary(d, hf, *n_out, *n_in)?;
+        (
+            Source::HfTernary {
+                hf,
+                n_out,
+                n_in,
+                permute,
+            },
+            Input::Hf(d),
+        ) => {
+            let mut t = hf_ternary(d, hf, *n_out, *n_in)?;
+            if let Some(heads) = permute {
+                t.permute_for_normal_rope(name, *n_in, *heads)?;
+            }
             ternary::encode(name, &t, target)
         }
         (Source::Copy { name }, Input::Gguf(f)) => {
@@ -669,17 +685,26 @@ fn cfg_u32(key: &str, v: usize) -> Result<Value, ConvertError> {
         .map_err(|_| cfg_err(key, format!("{v} does not fit in 32 bits")))
 }
 
-/// Metadata and tensor plan for a Hugging Face checkpoint.
+/// Metadata and tensor plan for a Hugging Face checkpoint: `BitNetForCausalLM` (2B-4T,
+/// architecture `bitnet-b1.58`) or a ternary `LlamaForCausalLM` (Llama3-8B-1.58, Falcon3:
+/// architecture `llama` as bitnet.cpp's converter writes it: no sub-norms, Q and K rows
+/// permuted for normal RoPE).
 fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
     let c = &d.config;
-    if let Some(a) = c.architectures.first() {
-        if !matches!(a.as_str(), "BitNetForCausalLM" | "BitnetForCausalLM") {
+    let llama = match c.architectures.first().map(String::as_str) {
+        None | Some("BitNetForCausalLM" | "BitnetForCausalLM") => false,
+        Some("LlamaForCausalLM") => true,
+        Some(a) => {
             return Err(cfg_err(
                 "architectures",
-                format!("{a:?}: the converter reads BitNetForCausalLM checkpoints"),
-            ));
+                format!(
+                    "{a:?}: the converter reads BitNetForCausalLM and ternary LlamaForCausalLM \
+                     checkpoints"
+                ),
+            ))
         }
-    }
+    };
+    let arch = if llama { ARCH_LLAMA } else { ARCH_B158 };
     if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(cfg_err("rope_scaling", "RoPE scaling is not supported"));
     }
@@ -726,14 +751,21 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
         .map(str::to_ascii_lowercase)
         .as_deref()
     {
+        None if llama => Activation::Silu,
         None | Some("relu2" | "relu_squared" | "squared_relu") => Activation::Relu2,
         Some("silu" | "swish") => Activation::Silu,
         Some(other) => return Err(cfg_err("hidden_act", format!("{other:?} is not supported"))),
     };
+    if llama && activation != Activation::Silu {
+        return Err(cfg_err(
+            "hidden_act",
+            "a LlamaForCausalLM checkpoint's FFN is SiLU-gated",
+        ));
+    }
     let eps = positive_f32("rms_norm_eps", c.rms_norm_eps)?;
     let theta = positive_f32("rope_theta", c.rope_theta.unwrap_or(10_000.0))?;
     let n_kv = n_head_kv * head_dim;
-    let k = |s: &str| format!("{ARCH_B158}.{s}");
+    let k = |s: &str| format!("{arch}.{s}");
     let name = c
         .name_or_path
         .clone()
@@ -750,10 +782,7 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
 
     // Key order of the official 2B-4T file.
     let mut kv: Vec<(String, Value)> = vec![
-        (
-            "general.architecture".into(),
-            Value::String(ARCH_B158.into()),
-        ),
+        ("general.architecture".into(), Value::String(arch.into())),
         ("general.name".into(), Value::String(name)),
         (k("vocab_size"), cfg_u32("vocab_size", n_vocab)?),
         (
@@ -783,7 +812,7 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
         (k("rope.freq_base"), Value::F32(theta)),
         ("general.file_type".into(), Value::U32(target.file_type())),
     ];
-    if activation == Activation::Silu {
+    if activation == Activation::Silu && !llama {
         // The 2B-4T default (ReLU²) needs no key; bitnet-rs honours this one.
         kv.push((k("hidden_act"), Value::String("silu".into())));
     }
@@ -808,7 +837,11 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
         },
     }];
     for il in 0..n_layer {
-        for role in FILE_ORDER {
+        // llama's blocks have no sub-norms.
+        let roles = FILE_ORDER.iter().copied().filter(|r| {
+            !(llama && matches!(r, LayerTensor::AttnSubNorm | LayerTensor::FfnSubNorm))
+        });
+        for role in roles {
             let hf = hf_layer_name(role, il);
             let name = role.name(il);
             let (n_in, n_out) = match role {
@@ -829,12 +862,25 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
                         found: t.shape.clone(),
                     });
                 }
+                // bitnet.cpp's converter permutes Q's rows by the query heads and K's by
+                // the KV heads, so that llama.cpp's normal RoPE pairs the dimensions the
+                // checkpoint's NEOX-style rotation paired.
+                let permute = match role {
+                    LayerTensor::AttnQ if llama => Some(n_head),
+                    LayerTensor::AttnK if llama => Some(n_head_kv),
+                    _ => None,
+                };
                 plan.push(ternary_entry(
                     name,
                     n_out,
                     n_in,
                     target,
-                    Source::HfTernary { hf, n_out, n_in },
+                    Source::HfTernary {
+                        hf,
+                        n_out,
+                        n_in,
+                        permute,
+                    },
                 )?);
             } else {
                 hf::check_shape(&hf, &d.require(&hf)?.shape, &[n_in])?;
@@ -863,8 +909,8 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
             to: GgmlType::F32,
         },
     });
-    // An untied head of its own (tie_word_embeddings false).
-    if c.tie_word_embeddings == Some(false) {
+    // An untied head of its own (tie_word_embeddings false; Llama's default).
+    if !c.tie_word_embeddings.unwrap_or(!llama) {
         let head = "lm_head.weight";
         hf::check_shape(head, &d.require(head)?.shape, &[n_vocab, n_embd])?;
         plan.push(Planned {

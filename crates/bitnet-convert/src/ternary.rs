@@ -96,6 +96,52 @@ pub struct Ternary {
     pub scale: Scale,
 }
 
+impl Ternary {
+    /// Reorder the rows of each of `heads` equal row groups as bitnet.cpp's (and llama.cpp's)
+    /// converter does for Q and K of a Llama checkpoint, so that llama.cpp's normal RoPE
+    /// (pairs 2i, 2i+1) rotates the pairs the checkpoint's rotation (pairs i, i + d/2) does:
+    /// within a head of d rows, new row `2j + i` is old row `i·d/2 + j` (i in 0..2, j < d/2).
+    pub fn permute_for_normal_rope(
+        &mut self,
+        name: &str,
+        n_in: usize,
+        heads: usize,
+    ) -> Result<(), ConvertError> {
+        let n_out = self.values.len().checked_div(n_in).unwrap_or(0);
+        let bad = |what: String| ConvertError::Unsupported {
+            name: name.to_string(),
+            what,
+        };
+        if !matches!(self.scale, Scale::Tensor(_)) {
+            return Err(bad("a RoPE permutation of per-block scales".into()));
+        }
+        if heads == 0
+            || n_out == 0
+            || !n_out.is_multiple_of(heads)
+            || !(n_out / heads).is_multiple_of(2)
+        {
+            return Err(bad(format!(
+                "{n_out} rows cannot be split into {heads} heads of an even size"
+            )));
+        }
+        let d = n_out / heads;
+        let half = d / 2;
+        let old = std::mem::take(&mut self.values);
+        let mut new = vec![0i8; old.len()];
+        for h in 0..heads {
+            for i in 0..2 {
+                for j in 0..half {
+                    let src = (h * d + i * half + j) * n_in;
+                    let dst = (h * d + 2 * j + i) * n_in;
+                    new[dst..dst + n_in].copy_from_slice(&old[src..src + n_in]);
+                }
+            }
+        }
+        self.values = new;
+        Ok(())
+    }
+}
+
 /// The reference's epsilon in the absmean rule.
 const ABSMEAN_EPS: f32 = 1e-5;
 

@@ -11,7 +11,9 @@
 //! - `add_bos_token` from tokenizer_config.json, else true (LLaMA-3 adds BOS in its
 //!   post-processor);
 //! - the chat template string of tokenizer_config.json;
-//! - `tokenizer.ggml.pre = llama-bpe` when the pre-tokenizer's split regex is LLaMA-3's.
+//! - `tokenizer.ggml.pre = llama-bpe` when the pre-tokenizer's split regex is LLaMA-3's;
+//!   `falcon3` when it is a sequence with a `Punctuation` split and single `Digits` (Falcon3's
+//!   tokenizer, which bitnet.cpp's converter names `falcon3`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -251,13 +253,33 @@ pub fn tokenizer_kv(
     if let Some(t) = template {
         kv.push(("tokenizer.chat_template".into(), Value::String(t)));
     }
+    let falcon3 = tj.pre_tokenizer.as_ref().is_some_and(is_falcon3);
     if llama3 {
         kv.push((
             "tokenizer.ggml.pre".into(),
             Value::String("llama-bpe".into()),
         ));
+    } else if falcon3 {
+        kv.push(("tokenizer.ggml.pre".into(), Value::String("falcon3".into())));
     }
     Ok(kv)
+}
+
+/// Whether a pre-tokenizer is Falcon3's: a `Sequence` with a `Punctuation` split and a
+/// `Digits` split into single digits.
+fn is_falcon3(p: &serde_json::Value) -> bool {
+    let Some(list) = p.get("pretokenizers").and_then(|s| s.as_array()) else {
+        return false;
+    };
+    let has = |ty: &str| {
+        list.iter()
+            .any(|q| q.get("type").and_then(|t| t.as_str()) == Some(ty))
+    };
+    let single_digits = list.iter().any(|q| {
+        q.get("type").and_then(|t| t.as_str()) == Some("Digits")
+            && q.get("individual_digits").and_then(|v| v.as_bool()) == Some(true)
+    });
+    has("Punctuation") && single_digits
 }
 
 /// Whether a pre-tokenizer (a `Split`, or a `Sequence` holding one) splits with `regex`.

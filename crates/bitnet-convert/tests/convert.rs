@@ -617,3 +617,111 @@ fn a_stored_quantized_head_gives_the_logits_of_the_head_built_at_load() {
         }
     }
 }
+
+/// Ternary `LlamaForCausalLM` checkpoints (Llama3-8B-1.58's and Falcon3's form): the converter
+/// writes architecture `llama` as bitnet.cpp's does (no sub-norms, the untied head, Q and K
+/// rows permuted for normal RoPE, the pre-tokenizer named), tensor for tensor the GGUF the
+/// same weights give written directly, with the same logits in both numerics.
+#[test]
+fn llama_checkpoints_convert_to_architecture_llama() {
+    let mut llama = tiny_spec(WeightLayout::I2S);
+    llama.arch = bitnet_testkit::SynthArch::Llama;
+    (llama.n_head, llama.n_head_kv, llama.n_ff) = (4, 2, 768);
+    let mut falcon3 = SynthSpec::preset(bitnet_testkit::Preset::Falcon3_1B);
+    (falcon3.n_layer, falcon3.n_embd, falcon3.n_ff) = (2, 512, 768);
+    (falcon3.n_head, falcon3.n_head_kv, falcon3.n_ctx) = (2, 1, 512);
+    for (spec, weights, pre) in [
+        (&llama, HfWeights::Packed, "llama-bpe"),
+        (&llama, HfWeights::Bf16, "llama-bpe"),
+        (&falcon3, HfWeights::Packed, "falcon3"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let expected = parse(write_dir(spec, &vocab(), weights, 1, dir.path()).unwrap());
+        let got = parse(run(dir.path(), &Options::default()).unwrap());
+        let what = format!("{} {weights:?}", spec.name);
+        assert_eq!(got.tensors().len(), expected.tensors().len(), "{what}");
+        for (g, e) in got.tensors().iter().zip(expected.tensors()) {
+            assert_eq!(
+                (&g.name, g.ggml_type, &g.dims),
+                (&e.name, e.ggml_type, &e.dims),
+                "{what}"
+            );
+            assert!(
+                got.tensor_data(g).unwrap() == expected.tensor_data(e).unwrap(),
+                "{what}: {} differs",
+                g.name
+            );
+        }
+        assert!(got.tensor("output.weight").is_some(), "{what}");
+        assert!(
+            got.tensors().iter().all(|t| !t.name.contains("sub_norm")),
+            "{what}"
+        );
+        for numerics in [Numerics::Exact, Numerics::Fast] {
+            assert_bits_equal(
+                &logits(&got, numerics),
+                &logits(&expected, numerics),
+                &format!("{what}, {numerics:?}"),
+            );
+        }
+        let md = got.metadata();
+        assert_eq!(
+            md.get_str("general.architecture").unwrap(),
+            "llama",
+            "{what}"
+        );
+        assert_eq!(md.get_str("tokenizer.ggml.pre").unwrap(), pre, "{what}");
+        for key in [
+            "llama.rope.freq_base",
+            "llama.attention.layer_norm_rms_epsilon",
+            "llama.attention.head_count_kv",
+            "llama.feed_forward_length",
+        ] {
+            assert_eq!(md.get(key), expected.metadata().get(key), "{what}: {key}");
+        }
+        assert!(md.get("llama.hidden_act").is_none(), "{what}");
+    }
+}
+
+/// The permutation the converter applies to Q and K rows turns the checkpoint's rotation
+/// (NEOX pairs i, i + d/2) into llama.cpp's normal RoPE (pairs 2i, 2i+1): normal RoPE of the
+/// permuted rows is the permuted NEOX RoPE of the original rows, at every position.
+#[test]
+fn the_rope_permutation_pairs_the_checkpoints_dimensions() {
+    use bitnet_convert::ternary::{Scale, Ternary};
+    use bitnet_model::numerics::{rope_neox, rope_norm, rope_row};
+    let (heads, d) = (3usize, 8usize);
+    let rows: Vec<i8> = (0..heads * d)
+        .map(|r| i8::try_from(r % 3).unwrap() - 1)
+        .collect();
+    let mut t = Ternary {
+        values: rows.clone(),
+        scale: Scale::Tensor(1.0),
+    };
+    t.permute_for_normal_rope("q", 1, heads).unwrap();
+    let y: Vec<f32> = (0..heads * d).map(|i| (i as f32 * 0.37).sin()).collect();
+    // y as the checkpoint's projection output; yp as the permuted projection's (row r of
+    // the permuted matrix is the checkpoint's row perm[r]).
+    let perm: Vec<usize> = (0..heads * d)
+        .map(|r| {
+            let (h, g) = (r / d, r % d);
+            h * d + (g % 2) * (d / 2) + g / 2
+        })
+        .collect();
+    for (r, &p) in perm.iter().enumerate() {
+        assert_eq!(t.values[r], rows[p], "row {r}");
+    }
+    for pos in [0usize, 1, 7, 300] {
+        let rope = rope_row(pos, d, 10_000.0);
+        let mut a = y.clone();
+        for h in a.chunks_exact_mut(d) {
+            rope_neox(h, &rope, Numerics::Fast);
+        }
+        let mut b: Vec<f32> = perm.iter().map(|&p| y[p]).collect();
+        for h in b.chunks_exact_mut(d) {
+            rope_norm(h, &rope, Numerics::Fast);
+        }
+        let a_perm: Vec<f32> = perm.iter().map(|&p| a[p]).collect();
+        assert_eq!(b, a_perm, "position {pos}");
+    }
+}

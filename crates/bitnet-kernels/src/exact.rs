@@ -253,7 +253,7 @@ pub fn attend_on(
     let job = Job {
         d,
         gqa,
-        kq_tinyblas: shape.n_head == 1 && n > 1 && d % 8 == 0,
+        kq_tinyblas: shape.n_head == 1 && n > 1 && d.is_multiple_of(8),
         n_head: shape.n_head,
         kv_w,
         pos0,

@@ -14,6 +14,10 @@
 //!   ternary values are exactly `t`; β is the absmean of `W` (summed in f64, rounded to f32);
 //! - **packed release**: `t` packed four rows per byte (transformers' `pack_weights` order)
 //!   with `weight_scale = bf16(1/a)`; β is `1 / weight_scale`.
+//!
+//! For [`SynthArch::Llama`] the directory is a ternary `LlamaForCausalLM` (Llama3-8B-1.58,
+//! Falcon3): no sub-norms, an `lm_head`, Q and K rows in the checkpoint's order (the inverse
+//! of the permutation the converter applies, so the GGUF's rows come back).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -24,7 +28,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::tensor::{Dtype, TensorView};
 
-use crate::synth::{self, SynthError, SynthSpec, WeightLayout};
+use crate::synth::{self, SynthArch, SynthError, SynthSpec, WeightLayout};
 
 /// How the checkpoint stores its projections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +76,12 @@ pub fn write_dir(
             "HF directories are compared with I2_S".into(),
         ));
     }
+    if spec.arch == SynthArch::Bitnet {
+        return Err(SynthError::Shape(
+            "1bitLLM checkpoints use a SentencePiece vocabulary: not written".into(),
+        ));
+    }
+    let llama = spec.arch == SynthArch::Llama;
     std::fs::create_dir_all(dir)?;
     let tokens = match vocab.iter().find(|(k, _)| k == "tokenizer.ggml.tokens") {
         Some((_, Value::Array(Array::String(t)))) => t.clone(),
@@ -124,9 +134,13 @@ pub fn write_dir(
         let g = |s: &str| format!("blk.{il}.{s}.weight");
         let h = |s: &str| format!("model.layers.{il}.{s}.weight");
         norm(g("attn_norm"), h("input_layernorm"), e, &mut hf);
-        norm(g("attn_sub_norm"), h("self_attn.attn_sub_norm"), e, &mut hf);
+        if !llama {
+            norm(g("attn_sub_norm"), h("self_attn.attn_sub_norm"), e, &mut hf);
+        }
         norm(g("ffn_norm"), h("post_attention_layernorm"), e, &mut hf);
-        norm(g("ffn_sub_norm"), h("mlp.ffn_sub_norm"), ff, &mut hf);
+        if !llama {
+            norm(g("ffn_sub_norm"), h("mlp.ffn_sub_norm"), ff, &mut hf);
+        }
         for (gs, hs, n_in, n_out) in [
             ("attn_q", "self_attn.q_proj", e, e),
             ("attn_k", "self_attn.k_proj", e, kv),
@@ -145,10 +159,51 @@ pub fn write_dir(
         e,
         &mut hf,
     );
+    if llama {
+        // The untied head: the synthetic model's values, rounded to bf16.
+        let raw = synth::embedding_values(seed, synth::name_key("output.weight"), n_vocab * e);
+        let head: Vec<f32> = raw
+            .chunks_exact(2)
+            .map(|c| bf16_round(half::f16::from_le_bytes([c[0], c[1]]).to_f32()))
+            .collect();
+        expected.insert(
+            "output.weight".into(),
+            head.iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect(),
+        );
+        hf.push(HfTensor {
+            name: "lm_head.weight".into(),
+            dtype: Dtype::BF16,
+            shape: vec![n_vocab, e],
+            data: bf16_bytes(&head),
+        });
+    }
 
     for (gguf, hf_name, n_in, n_out) in projections {
         let key = synth::name_key(&gguf);
-        let t = synth::ternary_values(seed, key, n_in * n_out, false);
+        let t_gguf = synth::ternary_values(seed, key, n_in * n_out, false);
+        // Q and K of a Llama checkpoint in its own row order: GGUF row h·d + 2j + i is
+        // checkpoint row h·d + i·d/2 + j (d the head size).
+        let heads = match gguf.rsplit('.').nth(1) {
+            Some("attn_q") if llama => Some(spec.n_head),
+            Some("attn_k") if llama => Some(spec.n_head_kv),
+            _ => None,
+        };
+        let t = match heads {
+            None => t_gguf.clone(),
+            Some(heads) => {
+                let d = n_out / heads;
+                let mut v = vec![0i8; t_gguf.len()];
+                for g in 0..n_out {
+                    let (h, r) = (g / d, g % d);
+                    let src = h * d + (r % 2) * (d / 2) + r / 2;
+                    v[src * n_in..(src + 1) * n_in]
+                        .copy_from_slice(&t_gguf[g * n_in..(g + 1) * n_in]);
+                }
+                v
+            }
+        };
         #[allow(clippy::cast_precision_loss)]
         let a = bf16_round(spec.beta_c / (n_in as f32).sqrt());
         match weights {
@@ -169,7 +224,7 @@ pub fn write_dir(
                 let sum: f64 = w.iter().map(|x| f64::from(x.abs())).sum();
                 #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
                 let beta = ((sum / w.len() as f64) as f32).max(1e-5);
-                expected.insert(gguf, i2s::pack_values(&t, beta)?);
+                expected.insert(gguf, i2s::pack_values(&t_gguf, beta)?);
                 hf.push(HfTensor {
                     name: hf_name,
                     dtype: Dtype::BF16,
@@ -186,7 +241,7 @@ pub fn write_dir(
                     packed[(r % rows) * n_in + k] |= code << (2 * (r / rows));
                 }
                 let ws = half::bf16::from_f32(1.0 / a);
-                expected.insert(gguf, i2s::pack_values(&t, 1.0 / ws.to_f32())?);
+                expected.insert(gguf, i2s::pack_values(&t_gguf, 1.0 / ws.to_f32())?);
                 let stem = hf_name
                     .strip_suffix(".weight")
                     .unwrap_or(&hf_name)
@@ -209,7 +264,7 @@ pub fn write_dir(
 
     write_checkpoint(&hf, shards.max(1), dir)?;
     write_config(spec, vocab, n_vocab, weights, dir)?;
-    write_tokenizer(vocab, dir)?;
+    write_tokenizer(vocab, spec.pre.as_deref(), dir)?;
 
     synth::write_with(spec, vocab, Vec::new(), &mut |_, _| {}, &mut |name| {
         expected.remove(name)
@@ -264,20 +319,21 @@ fn write_config(
     weights: HfWeights,
     dir: &Path,
 ) -> Result<(), SynthError> {
+    let llama = spec.arch == SynthArch::Llama;
     let mut c = serde_json::json!({
-        "architectures": ["BitNetForCausalLM"],
-        "model_type": "bitnet",
+        "architectures": [if llama { "LlamaForCausalLM" } else { "BitNetForCausalLM" }],
+        "model_type": if llama { "llama" } else { "bitnet" },
         "hidden_size": spec.n_embd,
         "intermediate_size": spec.n_ff,
         "num_hidden_layers": spec.n_layer,
         "num_attention_heads": spec.n_head,
         "num_key_value_heads": spec.n_head_kv,
         "max_position_embeddings": spec.n_ctx,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0,
+        "rms_norm_eps": spec.rms_eps,
+        "rope_theta": spec.rope_base,
         "vocab_size": n_vocab,
-        "hidden_act": if spec.silu { "silu" } else { "relu2" },
-        "tie_word_embeddings": true,
+        "hidden_act": if spec.silu || llama { "silu" } else { "relu2" },
+        "tie_word_embeddings": !llama,
         "torch_dtype": "bfloat16",
         "bos_token_id": vocab_u32(vocab, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": vocab_u32(vocab, "tokenizer.ggml.eos_token_id"),
@@ -297,8 +353,14 @@ fn write_config(
 }
 
 /// `tokenizer.json` and `tokenizer_config.json` from GGUF tokenizer metadata: control tokens
-/// (type 3) become special added tokens, the rest the BPE vocabulary.
-fn write_tokenizer(vocab: &[(String, Value)], dir: &Path) -> Result<(), SynthError> {
+/// (type 3) become special added tokens, the rest the BPE vocabulary. The pre-tokenizer is
+/// LLaMA-3's split, or with `pre = falcon3` Falcon3's sequence (punctuation, byte-level, single
+/// digits).
+fn write_tokenizer(
+    vocab: &[(String, Value)],
+    pre: Option<&str>,
+    dir: &Path,
+) -> Result<(), SynthError> {
     let get = |key: &str| vocab.iter().find(|(k, _)| k == key).map(|(_, v)| v);
     let tokens = match get("tokenizer.ggml.tokens") {
         Some(Value::Array(Array::String(t))) => t.clone(),
@@ -324,11 +386,18 @@ fn write_tokenizer(vocab: &[(String, Value)], dir: &Path) -> Result<(), SynthErr
             model_vocab.insert(t.clone(), serde_json::json!(id));
         }
     }
-    let tj = serde_json::json!({
-        "version": "1.0",
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": {
+    let pre_tokenizer = if pre == Some("falcon3") {
+        serde_json::json!({
+            "type": "Sequence",
+            "pretokenizers": [
+                { "type": "Punctuation", "behavior": "Contiguous" },
+                { "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                  "use_regex": true },
+                { "type": "Digits", "individual_digits": true },
+            ],
+        })
+    } else {
+        serde_json::json!({
             "type": "Sequence",
             "pretokenizers": [
                 { "type": "Split", "pattern": { "Regex": LLAMA3_HF_REGEX },
@@ -336,7 +405,13 @@ fn write_tokenizer(vocab: &[(String, Value)], dir: &Path) -> Result<(), SynthErr
                 { "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
                   "use_regex": false },
             ],
-        },
+        })
+    };
+    let tj = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
         "decoder": { "type": "ByteLevel" },
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "fuse_unk": false,

@@ -646,7 +646,8 @@ pub(crate) fn write_with<W: Write>(
             "tokenizer.ggml.padding_token_id",
             "tokenizer.chat_template",
         ];
-        if !known.contains(&k.as_str()) && !(spec.pre.is_some() && k == "tokenizer.ggml.pre") {
+        let replaced = spec.pre.is_some() && k == "tokenizer.ggml.pre";
+        if !known.contains(&k.as_str()) && !replaced {
             gw.add_kv(k, v.clone())?;
         }
     }

@@ -15,7 +15,8 @@ pub struct Args {
     #[arg(short, long)]
     out: PathBuf,
     /// Write a Hugging Face model directory instead of a GGUF (for `bitnet convert`): bf16
-    /// master weights, or the packed release's U8 weights with a weight_scale.
+    /// master weights, or the packed release's U8 weights with a weight_scale
+    /// (BitNetForCausalLM, or LlamaForCausalLM with --arch llama).
     #[arg(long, value_parser = ["bf16", "packed"])]
     hf: Option<String>,
     /// Architecture: bitnet-b1.58 (2B-4T's graph), llama (ternary Llama/Falcon3 as bitnet.cpp
@@ -96,8 +97,11 @@ pub fn run(a: Args) -> Result<()> {
         None => synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF)?,
     };
     if let Some(kind) = &a.hf {
-        if spec.arch != SynthArch::BitnetB158 || a.layout != WeightLayout::I2S {
-            anyhow::bail!("--hf writes bitnet-b1.58 checkpoints with the i2_s layout only");
+        if spec.arch == SynthArch::Bitnet || a.layout != WeightLayout::I2S {
+            anyhow::bail!(
+                "--hf writes bitnet-b1.58 (BitNetForCausalLM) and llama (LlamaForCausalLM) \
+                 checkpoints, with the i2_s layout"
+            );
         }
         let weights = if kind == "packed" {
             bitnet_testkit::hf::HfWeights::Packed
