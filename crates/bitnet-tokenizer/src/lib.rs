@@ -1,7 +1,7 @@
 #![forbid(unsafe_code)]
 //! Byte-level BPE tokenizer built from a GGUF vocabulary (LLaMA-3 for BitNet b1.58
-//! 2B-4T), with special-token parsing, streaming UTF-8-safe decoding, stop tokens and
-//! the model's chat format.
+//! 2B-4T; SentencePiece vocabularies too, as 1bitLLM's files carry), with special-token
+//! parsing, streaming UTF-8-safe decoding, stop tokens and the model's chat format.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,6 +24,7 @@ mod bytelevel;
 mod chat;
 mod error;
 mod pretok;
+mod spm;
 mod stream;
 mod tokenizer;
 mod vocab;

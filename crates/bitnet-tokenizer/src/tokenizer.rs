@@ -88,7 +88,10 @@ pub struct Tokenizer {
     pre: PreTokenizer,
     pre_source: PreTokenizerSource,
     splitter: Splitter,
-    bpe: BPE,
+    /// The byte-level BPE model (`tokenizer.ggml.model = gpt2`).
+    bpe: Option<BPE>,
+    /// The SentencePiece model (`tokenizer.ggml.model = llama`).
+    spm: Option<crate::spm::Spm>,
     /// Raw vocabulary texts, indexed by id.
     tokens: Vec<String>,
     /// Token types, indexed by id.
@@ -168,9 +171,11 @@ impl Tokenizer {
 
     /// Builds the tokenizer from plain vocabulary data (see [`Tokenizer::from_gguf`]).
     pub fn from_vocab(v: VocabData, pre: Option<PreTokenizer>) -> Result<Self, TokenizerError> {
-        if v.model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(truncate(&v.model, 64)));
-        }
+        let spm_model = match v.model.as_str() {
+            "gpt2" => false,
+            "llama" => true,
+            _ => return Err(TokenizerError::UnsupportedModel(truncate(&v.model, 64))),
+        };
         let n = v.tokens.len();
         if n == 0 {
             return Err(TokenizerError::EmptyVocab);
@@ -241,15 +246,35 @@ impl Tokenizer {
         let mut offsets = Vec::with_capacity(n + 1);
         offsets.push(0);
         for (t, k) in v.tokens.iter().zip(&kinds) {
-            if matches!(k, TokenKind::Control | TokenKind::UserDefined) {
-                bytes.extend_from_slice(t.as_bytes());
-            } else {
-                bytelevel::decode_into(t, &mut bytes);
+            match (k, spm_model) {
+                (TokenKind::Control | TokenKind::UserDefined, _) => {
+                    bytes.extend_from_slice(t.as_bytes());
+                }
+                (TokenKind::Byte, true) => match crate::spm::byte_token(t) {
+                    Some(b) => bytes.push(b),
+                    None => bytes.extend_from_slice(t.as_bytes()),
+                },
+                (_, true) => bytes.extend_from_slice(crate::spm::Spm::piece_text(t).as_bytes()),
+                (_, false) => bytelevel::decode_into(t, &mut bytes),
             }
             offsets.push(bytes.len());
         }
 
-        let bpe = build_bpe(&v.tokens, &kinds, &v.merges, pre.ignore_merges())?;
+        let (bpe, spm) = if spm_model {
+            let scores = v.scores.clone().unwrap_or_else(|| vec![0.0; n]);
+            if scores.len() != n {
+                return Err(TokenizerError::LengthMismatch {
+                    key: keys::SCORES,
+                    expected: n,
+                    got: scores.len(),
+                });
+            }
+            let prefix = v.add_space_prefix.unwrap_or(true);
+            (None, Some(crate::spm::Spm::new(&v.tokens, scores, prefix)))
+        } else {
+            let bpe = build_bpe(&v.tokens, &kinds, &v.merges, pre.ignore_merges())?;
+            (Some(bpe), None)
+        };
         let specials_all = SpecialMatcher::build(&v.tokens, &kinds, |k| k.is_special())?;
         let specials_user =
             SpecialMatcher::build(&v.tokens, &kinds, |k| k == TokenKind::UserDefined)?;
@@ -266,6 +291,7 @@ impl Tokenizer {
             pre,
             pre_source,
             bpe,
+            spm,
             tokens: v.tokens,
             kinds,
             bytes,
@@ -382,11 +408,18 @@ impl Tokenizer {
         Ok(&self.bytes[self.offsets[i]..self.offsets[i + 1]])
     }
 
-    /// The concatenated bytes of `ids` (see [`Tokenizer::token_bytes`]).
+    /// The concatenated bytes of `ids` (see [`Tokenizer::token_bytes`]). A SentencePiece
+    /// vocabulary that puts a space before its input loses that space again here, from the
+    /// first token, as llama.cpp's detokenizer removes it.
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
         let mut out = Vec::new();
-        for &id in ids {
-            out.extend_from_slice(self.token_bytes(id)?);
+        for (i, &id) in ids.iter().enumerate() {
+            let b = self.token_bytes(id)?;
+            let strip = i == 0 && self.spm.as_ref().is_some_and(|s| s.add_space_prefix);
+            out.extend_from_slice(match b.split_first() {
+                Some((b' ', rest)) if strip => rest,
+                _ => b,
+            });
         }
         Ok(out)
     }
@@ -435,15 +468,18 @@ impl Tokenizer {
         };
         let mut scratch = String::new();
         let Some(m) = matcher else {
-            return self.encode_fragment(text, ids, &mut scratch);
+            return self.encode_fragment(text, true, ids, &mut scratch);
         };
-        let mut prev = 0;
+        let (mut prev, mut first) = (0, true);
         for hit in m.automaton.find_iter(text) {
-            self.encode_fragment(&text[prev..hit.start()], ids, &mut scratch)?;
+            let gap = &text[prev..hit.start()];
+            if !gap.is_empty() {
+                self.encode_fragment(gap, first, ids, &mut scratch)?;
+            }
             ids.push(m.ids[hit.pattern().as_usize()]);
-            prev = hit.end();
+            (prev, first) = (hit.end(), true);
         }
-        self.encode_fragment(&text[prev..], ids, &mut scratch)
+        self.encode_fragment(&text[prev..], first, ids, &mut scratch)
     }
 
     /// Encodes the concatenation of `segments` as one text, parsing special-token text only
@@ -473,29 +509,38 @@ impl Tokenizer {
             }
         }
         let mut scratch = String::new();
-        let mut prev = 0;
+        let (mut prev, mut first) = (0, true);
         for (start, end, id) in hits {
-            self.encode_fragment(&text[prev..start], ids, &mut scratch)?;
+            if start > prev {
+                self.encode_fragment(&text[prev..start], first, ids, &mut scratch)?;
+            }
             ids.push(id);
-            prev = end;
+            (prev, first) = (end, true);
         }
-        self.encode_fragment(&text[prev..], ids, &mut scratch)
+        self.encode_fragment(&text[prev..], first, ids, &mut scratch)
     }
 
-    /// Pre-tokenizes and BPE-encodes text that contains no special tokens.
+    /// Pre-tokenizes and BPE-encodes text that contains no special tokens (SentencePiece:
+    /// `first` = it starts the input or follows a special token, see [`crate::spm`]).
     fn encode_fragment(
         &self,
         text: &str,
+        first: bool,
         ids: &mut Vec<u32>,
         scratch: &mut String,
     ) -> Result<(), TokenizerError> {
         if text.is_empty() {
             return Ok(());
         }
+        if let Some(spm) = &self.spm {
+            return spm.encode(text, first, &self.by_text, ids);
+        }
+        let Some(bpe) = &self.bpe else {
+            return Ok(());
+        };
         for piece in self.splitter.split(text)? {
             bytelevel::encode_into(piece, scratch);
-            let toks = self
-                .bpe
+            let toks = bpe
                 .tokenize(scratch)
                 .map_err(|e| TokenizerError::Bpe(e.to_string()))?;
             ids.extend(toks.iter().map(|t| t.id));

@@ -18,6 +18,7 @@ pub mod keys {
     pub const EOM_ID: &str = "tokenizer.ggml.eom_token_id";
     pub const PAD_ID: &str = "tokenizer.ggml.padding_token_id";
     pub const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+    pub const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 }
 
 /// llama.cpp token types (`tokenizer.ggml.token_type`).
@@ -91,6 +92,10 @@ pub struct VocabData {
     pub pad: Option<i64>,
     /// `tokenizer.ggml.add_bos_token`.
     pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.scores` (SentencePiece vocabularies rank their pieces by them).
+    pub scores: Option<Vec<f32>>,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece; llama.cpp's default: true).
+    pub add_space_prefix: Option<bool>,
 }
 
 fn opt_int(md: &Metadata, key: &str) -> Result<Option<i64>, TokenizerError> {
@@ -113,6 +118,7 @@ impl VocabData {
     /// built.
     pub fn from_metadata(md: &Metadata) -> Result<Self, TokenizerError> {
         let model = md.get_str(keys::MODEL)?.to_owned();
+        let spm = model == "llama";
         let pre = match md.get(keys::PRE) {
             None => None,
             Some(_) => Some(md.get_str(keys::PRE)?.to_owned()),
@@ -122,11 +128,12 @@ impl VocabData {
             None => None,
             Some(_) => Some(md.get_i32_array(keys::TOKEN_TYPE)?.to_vec()),
         };
-        let scores_len = match md.get(keys::SCORES) {
+        let scores = match md.get(keys::SCORES) {
             None => None,
-            Some(Value::Array(Array::F32(v))) => Some(v.len()),
-            Some(_) => Some(md.get_f32_array(keys::SCORES)?.len()),
+            Some(Value::Array(Array::F32(v))) => Some(v.clone()),
+            Some(_) => Some(md.get_f32_array(keys::SCORES)?.to_vec()),
         };
+        let scores_len = scores.as_ref().map(Vec::len);
         // Merges are required for BPE; other models are rejected later with a clearer
         // error than "missing merges".
         let merges = match md.get(keys::MERGES) {
@@ -146,6 +153,9 @@ impl VocabData {
             eom: opt_int(md, keys::EOM_ID)?,
             pad: opt_int(md, keys::PAD_ID)?,
             add_bos: opt_bool(md, keys::ADD_BOS)?,
+            // Only a SentencePiece vocabulary needs the values.
+            scores: scores.filter(|_| spm),
+            add_space_prefix: opt_bool(md, keys::ADD_SPACE_PREFIX)?,
         })
     }
 }

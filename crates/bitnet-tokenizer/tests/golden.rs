@@ -198,3 +198,27 @@ fn falcon3_pre_tokenizer_matches_bitnetcpp() {
         assert_eq!(t.decode(&want).unwrap(), text);
     }
 }
+
+/// A SentencePiece vocabulary (`tokenizer.ggml.model = llama`, as 1bitLLM's LLaMA-2 one):
+/// bitnet.cpp's `llama-tokenize` ids (BOS added, special-token text parsed; scored merges, the
+/// space prefix, byte fallback) for every text of testdata/golden/tokenizer/spm-cases.json,
+/// and the texts back from the ids.
+#[test]
+fn sentencepiece_vocabulary_matches_bitnetcpp() {
+    let f = metadata("tokenizer/spm-vocab.gguf");
+    let t = Tokenizer::from_gguf(f.metadata(), None).unwrap();
+    assert_eq!((t.bos(), t.eos(), t.add_bos()), (Some(1), Some(2), true));
+    let s =
+        std::fs::read_to_string(bitnet_testdata::golden_str("tokenizer/spm-cases.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+    let cases = v.as_array().unwrap();
+    assert!(cases.len() >= 18);
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let want = ids(&c["bitnetcpp_ids"]);
+        assert_eq!(t.encode(text, true, true).unwrap(), want, "{text:?}");
+        if !text.contains("<s>") {
+            assert_eq!(t.decode(&want[1..]).unwrap(), text, "{text:?}");
+        }
+    }
+}

@@ -96,10 +96,33 @@ fn hostile_vocabularies_are_typed_errors() {
     ));
     assert!(matches!(
         err(VocabData {
-            model: "llama".into(),
+            model: "t5".into(),
             ..small_vocab()
         }),
         TokenizerError::UnsupportedModel(_)
+    ));
+    // SentencePiece: scores of the wrong length; a text whose pieces and bytes have no token
+    // is an error naming the byte, not a panic or a dropped character.
+    let spm = |scores: Vec<f32>| VocabData {
+        model: "llama".into(),
+        tokens: ["<unk>", "<s>", "</s>", "\u{2581}a", "b"]
+            .map(String::from)
+            .to_vec(),
+        token_types: Some(vec![2, 3, 3, 1, 1]),
+        scores_len: Some(scores.len()),
+        scores: Some(scores),
+        bos: Some(1),
+        ..VocabData::default()
+    };
+    assert!(matches!(
+        err(spm(vec![0.0; 4])),
+        TokenizerError::LengthMismatch { .. }
+    ));
+    let t = build(spm(vec![0.0; 5])).unwrap();
+    assert_eq!(t.encode("a", false, false).unwrap(), vec![3]);
+    assert!(matches!(
+        t.encode("ab z", false, false),
+        Err(TokenizerError::MissingByteToken(0xE2))
     ));
     assert!(matches!(
         err(VocabData {

@@ -64,4 +64,5 @@ model() {
 model llama-tiny --arch llama --preset tiny --n-head 4 --n-head-kv 2 --n-ff 768
 model falcon3-tiny --preset falcon3-1b --n-layer 2 --n-embd 256 --n-head 1 --n-head-kv 1 \
   --n-ff 768 --n-ctx 512
-model 1bitllm-tiny --arch bitnet --preset tiny --n-head 4 --n-head-kv 4 --n-ff 768
+model 1bitllm-tiny --arch bitnet --preset tiny --n-head 4 --n-head-kv 4 --n-ff 768 \
+  --vocab "$root/testdata/golden/tokenizer/spm-vocab.gguf"

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Remakes testdata/golden/tokenizer/falcon3-cases.json and chat-formats.json.
+# Remakes testdata/golden/tokenizer/falcon3-cases.json, chat-formats.json, spm-vocab.gguf and
+# spm-cases.json.
 #
 # falcon3-cases.json: every text of cases.json tokenized by
 # bitnet.cpp's llama-tokenize (the build of llama-tiny.sh) with the LLaMA-3 vocabulary named
 # `tokenizer.ggml.pre = falcon3` (set_pre.py): Falcon3's pre-tokenizer over LLaMA-3's merges;
 # then two texts of backticks, digits and symbols, where Falcon3's split differs most.
+# spm-vocab.gguf: a SentencePiece vocabulary (tokenizer model `llama`, as 1bitLLM's LLaMA-2
+# vocabulary) derived from the tiny model's by spm_vocab.py (its docstring says how);
+# spm-cases.json: the texts of falcon3-cases.json tokenized by llama-tokenize with it (BOS added,
+# special-token text parsed), and three texts of spaces and specials.
+#
 # chat-formats.json: dump_chat.cpp, linked against the same build: llama_chat_apply_template's
 # prompts for the `llama3` and `falcon3` formats, with and without the assistant's opening.
 #   REF=<the build folder of llama-tiny.sh> testdata/golden/make/tokenizer.sh
@@ -40,4 +46,22 @@ for case in json.load(open(src)) + [{"text": t} for t in extra]:
 json.dump(out, open(dst, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
 open(dst, "a").write("\n")
 PY
-echo "wrote $tok/falcon3-cases.json and $tok/chat-formats.json"
+tools=${TOOLS:-$here/../../../../shared/tools}
+python3 "$here/spm_vocab.py" "$src/3rdparty/llama.cpp/gguf-py" "$tools" \
+  "$here/../tiny/bitnet-tiny-i2_s.gguf" "$tok/spm-vocab.gguf"
+python3 - "$bin" "$tmp" "$tok/falcon3-cases.json" "$tok/spm-vocab.gguf" "$tok/spm-cases.json" <<'PY'
+import json, subprocess, sys
+bin_, tmp, src, vocab, dst = sys.argv[1:6]
+texts = [c["text"] for c in json.load(open(src))]
+texts += ["  two leading spaces", "trailing  ", "<s>after a special</s> and\ttab", "x"]
+out = []
+for text in texts:
+    path = f"{tmp}/text.txt"
+    open(path, "w", encoding="utf-8", newline="").write(text)
+    r = subprocess.run([bin_, "-m", vocab, "-f", path, "--ids", "--log-disable"],
+                       capture_output=True, text=True, check=True)
+    out.append({"text": text, "bitnetcpp_ids": json.loads(r.stdout.strip().splitlines()[-1])})
+json.dump(out, open(dst, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
+open(dst, "a").write("\n")
+PY
+echo "wrote $tok/falcon3-cases.json, chat-formats.json, spm-vocab.gguf and spm-cases.json"
