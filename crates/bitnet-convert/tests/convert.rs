@@ -83,6 +83,30 @@ fn assert_bits_equal(a: &[f32], b: &[f32], what: &str) {
     }
 }
 
+/// Same tensors (name, type, shape, bytes, in order) and bit-identical logits in both numerics.
+fn assert_same_model(got: &GgufFile, expected: &GgufFile, what: &str) {
+    assert_eq!(got.tensors().len(), expected.tensors().len(), "{what}");
+    for (g, e) in got.tensors().iter().zip(expected.tensors()) {
+        assert_eq!(
+            (&g.name, g.ggml_type, &g.dims),
+            (&e.name, e.ggml_type, &e.dims),
+            "{what}"
+        );
+        assert!(
+            got.tensor_data(g).unwrap() == expected.tensor_data(e).unwrap(),
+            "{what}: {} differs",
+            g.name
+        );
+    }
+    for numerics in [Numerics::Exact, Numerics::Fast] {
+        assert_bits_equal(
+            &logits(got, numerics),
+            &logits(expected, numerics),
+            &format!("{what}, {numerics:?}"),
+        );
+    }
+}
+
 fn tensor_data<'a>(f: &'a GgufFile, name: &str) -> &'a [u8] {
     f.tensor_data(f.tensor(name).unwrap()).unwrap()
 }
@@ -114,26 +138,7 @@ fn hf_checkpoints_give_the_same_logits_as_the_same_weights_written_directly() {
         let what = format!("{weights:?}, {shards} shard(s)");
 
         // Every tensor: same name, type, shape and bytes (I2_S tails hold β and zeros).
-        assert_eq!(got.tensors().len(), expected.tensors().len(), "{what}");
-        for (g, e) in got.tensors().iter().zip(expected.tensors()) {
-            assert_eq!(
-                (&g.name, g.ggml_type, &g.dims),
-                (&e.name, e.ggml_type, &e.dims),
-                "{what}"
-            );
-            assert!(
-                got.tensor_data(g).unwrap() == expected.tensor_data(e).unwrap(),
-                "{what}: {} differs",
-                g.name
-            );
-        }
-        for numerics in [Numerics::Exact, Numerics::Fast] {
-            assert_bits_equal(
-                &logits(&got, numerics),
-                &logits(&expected, numerics),
-                &format!("{what}, {numerics:?}"),
-            );
-        }
+        assert_same_model(&got, &expected, &what);
 
         // Metadata: the official key set and order, the tokenizer round-tripped.
         let md = got.metadata();
@@ -639,31 +644,12 @@ fn llama_checkpoints_convert_to_architecture_llama() {
         let expected = parse(write_dir(spec, &vocab(), weights, 1, dir.path()).unwrap());
         let got = parse(run(dir.path(), &Options::default()).unwrap());
         let what = format!("{} {weights:?}", spec.name);
-        assert_eq!(got.tensors().len(), expected.tensors().len(), "{what}");
-        for (g, e) in got.tensors().iter().zip(expected.tensors()) {
-            assert_eq!(
-                (&g.name, g.ggml_type, &g.dims),
-                (&e.name, e.ggml_type, &e.dims),
-                "{what}"
-            );
-            assert!(
-                got.tensor_data(g).unwrap() == expected.tensor_data(e).unwrap(),
-                "{what}: {} differs",
-                g.name
-            );
-        }
+        assert_same_model(&got, &expected, &what);
         assert!(got.tensor("output.weight").is_some(), "{what}");
         assert!(
             got.tensors().iter().all(|t| !t.name.contains("sub_norm")),
             "{what}"
         );
-        for numerics in [Numerics::Exact, Numerics::Fast] {
-            assert_bits_equal(
-                &logits(&got, numerics),
-                &logits(&expected, numerics),
-                &format!("{what}, {numerics:?}"),
-            );
-        }
         let md = got.metadata();
         assert_eq!(
             md.get_str("general.architecture").unwrap(),

@@ -271,7 +271,8 @@ async fn shutdown_drains_in_flight_requests() {
     let (status, mut long, mut rest) = open_stream(
         addr,
         COMPL,
-        r#"{"prompt":"b","max_tokens":500,"stream":true}"#,
+        // Greedy: a sampled end-of-generation token would end it before the deadline.
+        r#"{"prompt":"b","max_tokens":500,"stream":true,"temperature":0}"#,
     )
     .await;
     assert_eq!(status, 200);

@@ -96,24 +96,30 @@ pub fn write_dir(
     let mut hf: Vec<HfTensor> = Vec::new();
     let mut expected: HashMap<String, Vec<u8>> = HashMap::new();
 
-    // Embedding: the synthetic F16 values, rounded to bf16.
-    let emb_f16 = synth::embedding_values(seed, synth::name_key("token_embd.weight"), n_vocab * e);
-    let emb: Vec<f32> = emb_f16
-        .chunks_exact(2)
-        .map(|c| bf16_round(half::f16::from_le_bytes([c[0], c[1]]).to_f32()))
-        .collect();
-    expected.insert(
-        "token_embd.weight".into(),
-        emb.iter()
-            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
-            .collect(),
-    );
-    hf.push(HfTensor {
-        name: "model.embed_tokens.weight".into(),
-        dtype: Dtype::BF16,
-        shape: vec![n_vocab, e],
-        data: bf16_bytes(&emb),
-    });
+    // Embedding (and an untied head): the synthetic F16 values, rounded to bf16.
+    let mut rows = |gguf: &str, hf_name: &str, hf: &mut Vec<HfTensor>| {
+        let raw = synth::embedding_values(seed, synth::name_key(gguf), n_vocab * e);
+        let v: Vec<f32> = raw
+            .chunks_exact(2)
+            .map(|c| bf16_round(half::f16::from_le_bytes([c[0], c[1]]).to_f32()))
+            .collect();
+        expected.insert(
+            gguf.into(),
+            v.iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect(),
+        );
+        hf.push(HfTensor {
+            name: hf_name.into(),
+            dtype: Dtype::BF16,
+            shape: vec![n_vocab, e],
+            data: bf16_bytes(&v),
+        });
+    };
+    rows("token_embd.weight", "model.embed_tokens.weight", &mut hf);
+    if llama {
+        rows("output.weight", "lm_head.weight", &mut hf);
+    }
 
     let mut norm = |gguf: String, hf_name: String, n: usize, hf: &mut Vec<HfTensor>| {
         let raw = synth::norm_values(seed, synth::name_key(&gguf), n);
@@ -159,26 +165,6 @@ pub fn write_dir(
         e,
         &mut hf,
     );
-    if llama {
-        // The untied head: the synthetic model's values, rounded to bf16.
-        let raw = synth::embedding_values(seed, synth::name_key("output.weight"), n_vocab * e);
-        let head: Vec<f32> = raw
-            .chunks_exact(2)
-            .map(|c| bf16_round(half::f16::from_le_bytes([c[0], c[1]]).to_f32()))
-            .collect();
-        expected.insert(
-            "output.weight".into(),
-            head.iter()
-                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
-                .collect(),
-        );
-        hf.push(HfTensor {
-            name: "lm_head.weight".into(),
-            dtype: Dtype::BF16,
-            shape: vec![n_vocab, e],
-            data: bf16_bytes(&head),
-        });
-    }
 
     for (gguf, hf_name, n_in, n_out) in projections {
         let key = synth::name_key(&gguf);
