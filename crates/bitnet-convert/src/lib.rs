@@ -979,7 +979,9 @@ fn plan_gguf(f: &GgufFile, target: Target) -> Result<PlanOut, ConvertError> {
 }
 
 /// Rename the architecture to upstream llama.cpp's `bitnet`, refusing (unless allowed) when
-/// its graph would apply another FFN activation than the model's.
+/// its graph would apply another FFN activation than the model's. A `llama` file keeps its
+/// architecture: upstream's `llama` graph is the same block (SiLU, no sub-norms, normal RoPE).
+/// Both get `tokenizer.ggml.pre = llama-bpe` for a LLaMA-3 vocabulary without a name.
 fn to_upstream(
     kv: Vec<(String, Value)>,
     config: &Config,
@@ -994,14 +996,38 @@ fn to_upstream(
         });
     }
     let old = format!("{}.", config.arch);
+    let mut out: Vec<(String, Value)> = if config.arch == ARCH_LLAMA {
+        kv
+    } else {
+        rename_to_upstream(kv, config, &old)
+    };
+    // Upstream warns and falls back to a generic split without a pre-tokenizer name.
+    if md.get("tokenizer.ggml.pre").is_none() {
+        let tok = bitnet_tokenizer::Tokenizer::from_gguf(md, None)?;
+        if tok.is_llama3_vocab() {
+            out.push((
+                "tokenizer.ggml.pre".into(),
+                Value::String("llama-bpe".into()),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The `bitnet*` keys as upstream's `bitnet` architecture's (the activation key rewritten).
+fn rename_to_upstream(
+    kv: Vec<(String, Value)>,
+    config: &Config,
+    old: &str,
+) -> Vec<(String, Value)> {
     let mut out: Vec<(String, Value)> = kv
         .into_iter()
         .filter(|(k, _)| {
             // The old activation key is replaced below.
-            !(k.starts_with(&old)
+            !(k.starts_with(old)
                 && (k.ends_with(".hidden_act") || k.ends_with(".feed_forward_activation")))
         })
-        .map(|(k, v)| match k.strip_prefix(&old) {
+        .map(|(k, v)| match k.strip_prefix(old) {
             Some(rest) => (format!("{ARCH_UPSTREAM}.{rest}"), v),
             None if k == "general.architecture" => (k, Value::String(ARCH_UPSTREAM.into())),
             None => (k, v),
@@ -1014,15 +1040,5 @@ fn to_upstream(
             Value::String("relu2".into()),
         ));
     }
-    // Upstream warns and falls back to a generic split without a pre-tokenizer name.
-    if md.get("tokenizer.ggml.pre").is_none() {
-        let tok = bitnet_tokenizer::Tokenizer::from_gguf(md, None)?;
-        if tok.is_llama3_vocab() {
-            out.push((
-                "tokenizer.ggml.pre".into(),
-                Value::String("llama-bpe".into()),
-            ));
-        }
-    }
-    Ok(out)
+    out
 }

@@ -711,3 +711,27 @@ fn the_rope_permutation_pairs_the_checkpoints_dimensions() {
         assert_eq!(b, a_perm, "position {pos}");
     }
 }
+
+/// `--for llama.cpp` on an architecture `llama` file keeps it `llama` (upstream's own graph is
+/// that block) in TQ2_0, names the LLaMA-3 pre-tokenizer, and still runs here.
+#[test]
+fn llama_cpp_flavor_keeps_a_llama_file_llama() {
+    let src = bitnet_testdata::golden("llama-tiny/llama-tiny-i2_s.gguf");
+    let opts = Options {
+        flavor: Flavor::LlamaCpp,
+        ..Options::default()
+    };
+    let up = parse(run(&src, &opts).unwrap());
+    let md = up.metadata();
+    assert_eq!(md.get_str("general.architecture").unwrap(), "llama");
+    assert_eq!(md.get_uint("llama.block_count").unwrap(), 2);
+    assert!(md.iter().all(|(k, _)| !k.starts_with("bitnet.")));
+    assert_eq!(md.get_str("tokenizer.ggml.pre").unwrap(), "llama-bpe");
+    assert_eq!(
+        up.tensor("blk.0.attn_q.weight").unwrap().ggml_type,
+        GgmlType::TQ2_0
+    );
+    let config = bitnet_model::Config::from_metadata(md, None).unwrap();
+    assert_eq!(config.activation, bitnet_model::Activation::Silu);
+    assert!(logits(&up, Numerics::Fast).iter().all(|x| x.is_finite()));
+}
