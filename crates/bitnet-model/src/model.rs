@@ -716,14 +716,14 @@ impl<'a> Model<'a> {
         }
         exec.emit("kqv_out", li, &sc.o, n);
         // 5. O = RMS(O, attn_sub_norm), where the architecture has it
-        let o_in = match &l.attn_sub_norm {
-            Some(w) => {
-                self.norm_rows(&sc.o, w, e, &mut sc.a, exec)?;
-                exec.emit("attn_sub_norm", li, &sc.a, n);
-                &sc.a
-            }
-            None => &sc.o,
-        };
+        let o_in = self.sub_norm(
+            &sc.o,
+            l.attn_sub_norm.as_deref(),
+            e,
+            &mut sc.a,
+            exec,
+            ("attn_sub_norm", li, n),
+        )?;
         // 6. h = h + Lin(Wo, O)
         quantize_rows(o_in, e, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.wo, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
@@ -754,20 +754,37 @@ impl<'a> Model<'a> {
         })?;
         exec.emit("ffn_act", li, &sc.g, n);
         // 9. g = RMS(g, ffn_sub_norm), where the architecture has it
-        let g_in = match &l.ffn_sub_norm {
-            Some(w) => {
-                self.norm_rows(&sc.g, w, ff, &mut sc.a, exec)?;
-                exec.emit("ffn_sub_norm", li, &sc.a, n);
-                &sc.a
-            }
-            None => &sc.g,
-        };
+        let g_in = self.sub_norm(
+            &sc.g,
+            l.ffn_sub_norm.as_deref(),
+            ff,
+            &mut sc.a,
+            exec,
+            ("ffn_sub_norm", li, n),
+        )?;
         // 10. h = h + Lin(Wdown, g)
         quantize_rows(g_in, ff, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.w_down, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
         add_in_place(h, &sc.t, e, exec)?;
         exec.emit("l_out", li, h, n);
         Ok(())
+    }
+
+    /// A sub-norm step: `x` RMS-normed into `y` (and traced as `trace`) when the block has the
+    /// weights `w`, else `x` itself (`llama` blocks have none).
+    fn sub_norm<'s>(
+        &self,
+        x: &'s [f32],
+        w: Option<&[f32]>,
+        width: usize,
+        y: &'s mut Vec<f32>,
+        exec: &mut Exec<'_>,
+        trace: (&'static str, Option<usize>, usize),
+    ) -> Result<&'s [f32]> {
+        let Some(w) = w else { return Ok(x) };
+        self.norm_rows(x, w, width, y, exec)?;
+        exec.emit(trace.0, trace.1, y, trace.2);
+        Ok(y)
     }
 
     /// `y` = each `width`-row of `x` RMS-normed with weights `w`.
