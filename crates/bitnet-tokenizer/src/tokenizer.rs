@@ -285,7 +285,13 @@ impl Tokenizer {
         eog.sort_unstable();
         eog.dedup();
 
-        let add_bos = v.add_bos.unwrap_or(llama3_vocab) && bos.is_some();
+        // Without `add_bos_token`, llama.cpp adds BOS for a SentencePiece vocabulary and for the
+        // LLaMA-3 pre-tokenizer (named in the file; here also a LLaMA-3 vocabulary naming none).
+        let llama3_pre = match pre_key {
+            Some(name) => matches!(PreTokenizer::from_gguf_name(name), Ok(PreTokenizer::Llama3)),
+            None => llama3_vocab,
+        };
+        let add_bos = v.add_bos.unwrap_or(spm_model || llama3_pre) && bos.is_some();
         Ok(Self {
             splitter: Splitter::new(pre)?,
             pre,
@@ -342,7 +348,8 @@ impl Tokenizer {
     }
 
     /// Whether prompts should start with BOS: `tokenizer.ggml.add_bos_token`, or, when
-    /// absent, true for a LLaMA-3 vocabulary; always false without a BOS id.
+    /// absent, true for a SentencePiece vocabulary and for the LLaMA-3 pre-tokenizer (as
+    /// llama.cpp decides); always false without a BOS id.
     pub fn add_bos(&self) -> bool {
         self.add_bos
     }

@@ -222,3 +222,25 @@ fn sentencepiece_vocabulary_matches_bitnetcpp() {
         }
     }
 }
+
+/// A SentencePiece vocabulary that does not say whether to add BOS gets one, as llama.cpp
+/// decides: bitnet.cpp's `llama-tokenize` ids for spm-vocab.gguf less its
+/// `tokenizer.ggml.add_bos_token` key (testdata/golden/tokenizer/spm-default-bos.json).
+#[test]
+fn sentencepiece_vocabulary_without_add_bos_key_adds_bos() {
+    let f = metadata("tokenizer/spm-vocab.gguf");
+    let mut v = bitnet_tokenizer::VocabData::from_metadata(f.metadata()).unwrap();
+    assert_eq!(v.add_bos, Some(true), "the source file carries the key");
+    v.add_bos = None;
+    let t = Tokenizer::from_vocab(v, None).unwrap();
+    let s = std::fs::read_to_string(bitnet_testdata::golden_str(
+        "tokenizer/spm-default-bos.json",
+    ))
+    .unwrap();
+    let c: serde_json::Value = serde_json::from_str(&s).unwrap();
+    let want = ids(&c["bitnetcpp_ids"]);
+    assert_eq!(want.first(), Some(&1), "bitnet.cpp added BOS");
+    assert!(t.add_bos());
+    let text = c["text"].as_str().unwrap();
+    assert_eq!(t.encode(text, t.add_bos(), true).unwrap(), want);
+}

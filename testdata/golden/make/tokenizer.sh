@@ -10,6 +10,9 @@
 # vocabulary) derived from the tiny model's by spm_vocab.py (its docstring says how);
 # spm-cases.json: the texts of falcon3-cases.json tokenized by llama-tokenize with it (BOS added,
 # special-token text parsed), and three texts of spaces and specials.
+# spm-default-bos.json: a text tokenized by llama-tokenize (no --no-bos) with spm-vocab.gguf less
+# its tokenizer.ggml.add_bos_token key (drop_key.py): whether a SentencePiece vocabulary that does
+# not say gets BOS.
 #
 # chat-formats.json: dump_chat.cpp, linked against the same build: llama_chat_apply_template's
 # prompts for the `llama3` and `falcon3` formats, with and without the assistant's opening.
@@ -64,4 +67,9 @@ for text in texts:
 json.dump(out, open(dst, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
 open(dst, "a").write("\n")
 PY
-echo "wrote $tok/falcon3-cases.json, chat-formats.json, spm-vocab.gguf and spm-cases.json"
+python3 "$here/drop_key.py" "$tok/spm-vocab.gguf" "$tmp/nobos.gguf" tokenizer.ggml.add_bos_token
+printf 'Hello world' >"$tmp/text.txt"
+ids=$("$bin" -m "$tmp/nobos.gguf" -f "$tmp/text.txt" --ids --log-disable | tail -1)
+printf '{"vocab": "spm-vocab.gguf without tokenizer.ggml.add_bos_token", "text": "Hello world", "bitnetcpp_ids": %s}\n' \
+  "$ids" >"$tok/spm-default-bos.json"
+echo "wrote $tok/falcon3-cases.json, chat-formats.json, spm-vocab.gguf, spm-cases.json and spm-default-bos.json"
