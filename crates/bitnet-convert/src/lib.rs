@@ -777,7 +777,11 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
                 .map(str::to_string)
         })
         .unwrap_or_else(|| "bitnet".into());
-    let tok = tokjson::tokenizer_kv(&d.dir, c, n_vocab)?;
+    let mut tok = tokjson::tokenizer_kv(&d.dir, c, n_vocab)?;
+    if llama {
+        // bitnet.cpp's converter writes no scores for a BPE vocabulary of a Llama checkpoint.
+        tok.retain(|(key, _)| key != "tokenizer.ggml.scores");
+    }
     let tok_get = |key: &str| tok.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
 
     // Key order of the official 2B-4T file.

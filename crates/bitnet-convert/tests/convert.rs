@@ -735,3 +735,130 @@ fn llama_cpp_flavor_keeps_a_llama_file_llama() {
     assert_eq!(config.activation, bitnet_model::Activation::Silu);
     assert!(logits(&up, Numerics::Fast).iter().all(|x| x.is_finite()));
 }
+
+/// A metadata value in the form of testdata/golden/make/gguf_digest.py: the GGUF type id, then
+/// the value (an array: element type, length, SHA-256 of the elements as a GGUF file stores
+/// them).
+fn digest_value(v: &Value) -> serde_json::Value {
+    use bitnet_gguf::Array;
+    use serde_json::json;
+    use sha2::{Digest, Sha256};
+    fn bytes<T: Copy>(xs: &[T], le: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
+        xs.iter().flat_map(|&x| le(x)).collect()
+    }
+    let (ty, body) = match v {
+        Value::U8(x) => (0, json!({ "num": x })),
+        Value::I8(x) => (1, json!({ "num": x })),
+        Value::U16(x) => (2, json!({ "num": x })),
+        Value::I16(x) => (3, json!({ "num": x })),
+        Value::U32(x) => (4, json!({ "num": x })),
+        Value::I32(x) => (5, json!({ "num": x })),
+        Value::F32(x) => (6, json!({ "num": f64::from(*x) })),
+        Value::Bool(x) => (7, json!({ "bool": x })),
+        Value::String(s) => (8, json!({ "str": s })),
+        Value::U64(x) => (10, json!({ "num": x })),
+        Value::I64(x) => (11, json!({ "num": x })),
+        Value::F64(x) => (12, json!({ "num": x })),
+        Value::Array(a) => {
+            let (et, n, data) = match a {
+                Array::U8(x) => (0, x.len(), x.clone()),
+                Array::I32(x) => (5, x.len(), bytes(x, |v| v.to_le_bytes().to_vec())),
+                Array::U32(x) => (4, x.len(), bytes(x, |v| v.to_le_bytes().to_vec())),
+                Array::F32(x) => (6, x.len(), bytes(x, |v| v.to_le_bytes().to_vec())),
+                Array::String(x) => (
+                    8,
+                    x.len(),
+                    x.iter()
+                        .flat_map(|s| {
+                            let mut b = u64::try_from(s.len()).unwrap().to_le_bytes().to_vec();
+                            b.extend_from_slice(s.as_bytes());
+                            b
+                        })
+                        .collect(),
+                ),
+                other => panic!("no digest for {other:?}"),
+            };
+            let hex = Sha256::digest(&data)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>();
+            (9, json!({ "array": et, "n": n, "sha256": hex }))
+        }
+    };
+    let mut body = body;
+    body["type"] = json!(ty);
+    body
+}
+
+/// bitnet.cpp's own converter (`convert-hf-to-gguf-bitnet.py --outtype f32`, then its
+/// `llama-quantize … I2_S 1`, as its setup_env.py runs them) on a packed LlamaForCausalLM
+/// checkpoint with LLaMA-3's tokenizer, kept as a digest (testdata/golden/convert/
+/// llama-packed.json, made by make/convert-llama.sh): `bitnet convert` of the same checkpoint
+/// writes every key and every tensor of that file, byte for byte (I2_S: codes and scale). The
+/// one recorded difference, bitnet.cpp's converter writing the special tokens' texts with the
+/// BOS text in front, is checked against the reference's list with that prefix taken off.
+#[test]
+fn llama_conversion_equals_bitnet_cpps_converter() {
+    use sha2::{Digest, Sha256};
+    let s =
+        std::fs::read_to_string(bitnet_testdata::golden_str("convert/llama-packed.json")).unwrap();
+    let want: serde_json::Value = serde_json::from_str(&s).unwrap();
+    let vocab_file = GgufFile::open(
+        Path::new(&bitnet_testdata::golden_str("tokenizer/llama3-vocab.gguf")),
+        &Limits::default(),
+    )
+    .unwrap();
+    let vocab = synth::vocab_from_gguf(&vocab_file).unwrap();
+    let mut spec = SynthSpec::preset(Preset::Tiny);
+    spec.arch = bitnet_testkit::SynthArch::Llama;
+    spec.seed = 42;
+    let tmp = tempfile::tempdir().unwrap();
+    // The folder's name becomes general.name, as in the reference (`hf`).
+    let dir = tmp.path().join("hf");
+    std::fs::create_dir(&dir).unwrap();
+    write_dir(&spec, &vocab, HfWeights::Packed, 1, &dir).unwrap();
+    let got = parse(run(&dir, &Options::default()).unwrap());
+
+    let known = want["known_differences"].as_object().unwrap();
+    let mut keys = 0;
+    for (key, value) in got.metadata().iter() {
+        let mine = digest_value(value);
+        if let Some(k) = known.get(key) {
+            let theirs = &k["as_written"];
+            assert_eq!(key, "tokenizer.ggml.tokens");
+            assert_eq!(mine["n"], theirs["n"]);
+            assert_ne!(
+                mine["sha256"], theirs["sha256"],
+                "the recorded difference is gone"
+            );
+            assert_eq!(mine["sha256"], theirs["sha256_prefix_removed"], "{key}");
+        } else {
+            assert_eq!(&mine, &want["kv"][key], "{key}");
+        }
+        keys += 1;
+    }
+    let n_want = want["kv"].as_object().unwrap().len() + known.len();
+    assert_eq!(keys, n_want, "the same keys");
+
+    let tensors = want["tensors"].as_object().unwrap();
+    assert_eq!(got.tensors().len(), tensors.len());
+    for t in got.tensors() {
+        let w = &tensors[&t.name];
+        assert_eq!(w["type"], t.type_id, "{}", t.name);
+        assert_eq!(w["ne"], serde_json::json!(t.dims), "{}", t.name);
+        let data = tensor_data(&got, &t.name);
+        let n: u64 = t.dims.iter().product();
+        let len = usize::try_from(match t.type_id {
+            0 => 4 * n,
+            1 => 2 * n,
+            36 => n / 4 + 4,
+            other => panic!("{}: type {other}", t.name),
+        })
+        .unwrap();
+        let hex = Sha256::digest(&data[..len])
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>();
+        assert_eq!(w["sha256"], hex, "{}", t.name);
+    }
+}

@@ -393,12 +393,35 @@ fn write_tokenizer(
             ],
         })
     };
+    let text = |key: &str| {
+        vocab_u32(vocab, key)
+            .and_then(|id| tokens.get(usize::try_from(id).ok()?))
+            .cloned()
+    };
+    // BOS before every encoded text, as LLaMA-3's post-processor adds it (converters hash the
+    // ids of a check text, BOS included, to name the pre-tokenizer).
+    let bos_id = vocab_u32(vocab, "tokenizer.ggml.bos_token_id");
+    let post_processor = match (text("tokenizer.ggml.bos_token_id"), bos_id) {
+        (Some(bos), Some(id)) => {
+            let special = |type_id: u32| serde_json::json!({ "SpecialToken": { "id": bos, "type_id": type_id } });
+            let seq = |name: &str, type_id: u32| serde_json::json!({ "Sequence": { "id": name, "type_id": type_id } });
+            serde_json::json!({
+                "type": "TemplateProcessing",
+                "single": [special(0), seq("A", 0)],
+                "pair": [special(0), seq("A", 0), special(1), seq("B", 1)],
+                "special_tokens": { bos.as_str(): { "id": bos, "ids": [id], "tokens": [bos] } },
+            })
+        }
+        _ => serde_json::Value::Null,
+    };
     let tj = serde_json::json!({
         "version": "1.0",
         "added_tokens": added,
         "normalizer": null,
         "pre_tokenizer": pre_tokenizer,
-        "decoder": { "type": "ByteLevel" },
+        "post_processor": post_processor,
+        "decoder": { "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true,
+                     "use_regex": true },
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "fuse_unk": false,
             "byte_fallback": false, "ignore_merges": true,
@@ -409,11 +432,6 @@ fn write_tokenizer(
         dir.join("tokenizer.json"),
         serde_json::to_string(&tj).map_err(io)?,
     )?;
-    let text = |key: &str| {
-        vocab_u32(vocab, key)
-            .and_then(|id| tokens.get(usize::try_from(id).ok()?))
-            .cloned()
-    };
     let mut tc = serde_json::json!({
         "add_bos_token": true,
         "bos_token": text("tokenizer.ggml.bos_token_id"),
