@@ -587,6 +587,7 @@ unsafe fn gen_params(p: &bitnet_gen_params) -> Res<GenParams> {
         sampler: sampler_params(p)?,
         stop,
         context_policy: ContextPolicy::Stop,
+        constraint: None,
     })
 }
 

@@ -83,6 +83,7 @@ fn rust_ids(prompt: &str, n: usize, numerics: Numerics) -> Vec<u32> {
         sampler: SamplerParams::greedy(),
         stop: Vec::new(),
         context_policy: ContextPolicy::Stop,
+        constraint: None,
     };
     engine
         .generate(&mut s, &ids, false, &params, &mut |e| {

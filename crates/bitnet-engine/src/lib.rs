@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod budget;
+mod constrain;
 mod load;
 mod pread;
 pub mod quality;
@@ -49,6 +50,7 @@ use bitnet_model::{
 use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
+pub use constrain::{Constraint, ConstraintState, Grammars};
 pub use load::{
     build_lm_head, load, load_file, load_file_async, open_file, repack_weights, Device,
     LmHeadFormat, LoadEvent, LoadOptions,
@@ -106,6 +108,8 @@ pub enum EngineError {
     Skip(String),
     #[error("KL base file: {0}")]
     KlBase(String),
+    #[error("invalid {what}: {reason}")]
+    Grammar { what: &'static str, reason: String },
     #[error("RAM budget: {reason}")]
     Budget { reason: String },
     #[error("a RAM budget of {} MiB is too small: {detail}", budget >> 20)]
@@ -162,6 +166,9 @@ pub struct GenParams {
     /// Text that ends generation; never emitted, matched across token boundaries.
     pub stop: Vec<String>,
     pub context_policy: ContextPolicy,
+    /// Hold the output to a JSON schema, a regular expression or a grammar
+    /// ([`Constraint`]); `None`: free text.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for GenParams {
@@ -171,6 +178,7 @@ impl Default for GenParams {
             sampler: SamplerParams::default(),
             stop: Vec::new(),
             context_policy: ContextPolicy::Error,
+            constraint: None,
         }
     }
 }
@@ -264,6 +272,8 @@ pub struct Engine {
     scratch: std::sync::Mutex<Scratch>,
     /// The model on a GPU, when the engine runs there (see [`Device`]).
     gpu: Option<bitnet_gpu::GpuModel>,
+    /// The grammar compiler over the vocabulary, built at the first constrained generation.
+    grammars: std::sync::OnceLock<constrain::Grammars>,
 }
 
 /// The model's weights: a file and the model bound over it, or only on a GPU (uploaded
@@ -420,6 +430,7 @@ impl Engine {
             opts,
             scratch: std::sync::Mutex::new(Scratch::default()),
             gpu: None,
+            grammars: std::sync::OnceLock::new(),
         })
     }
 
@@ -718,8 +729,8 @@ impl Engine {
     /// device's argmax (the lowest id among equal maxima, as the sampler does, 512 bytes), a
     /// chain that only looks at the top-k takes the top candidates (512 bytes); anything
     /// else (and the CPU) takes the last row of logits.
-    fn read_back(&self, sampler: &Sampler) -> ReadBack {
-        if self.gpu.is_none() {
+    fn read_back_for(&self, sampler: &Sampler, constrained: bool) -> ReadBack {
+        if self.gpu.is_none() || constrained {
             ReadBack::Logits
         } else if sampler.argmax_suffices() {
             ReadBack::Greedy
@@ -853,6 +864,19 @@ impl Engine {
         Ok(stats)
     }
 
+    /// Compile `c` for one generation over this engine's vocabulary (the compiler is built
+    /// at the first call). Invalid schemas and grammars are [`EngineError::Grammar`].
+    pub fn constraint(&self, c: &Constraint) -> Result<ConstraintState> {
+        let grammars = match self.grammars.get() {
+            Some(g) => g,
+            None => {
+                let g = constrain::Grammars::new(&self.tokenizer)?;
+                self.grammars.get_or_init(|| g)
+            }
+        };
+        grammars.start(c)
+    }
+
     /// Begin a generation one token at a time (what [`Engine::generate`] runs; for callers
     /// that must return to an event loop between tokens, such as a web page): reuse the
     /// cached prefix shared with `prompt` (the whole conversation, or the new part when
@@ -896,13 +920,19 @@ impl Engine {
         let new = &full[common..];
 
         // 2. Prefill. The sampler comes first: on the GPU, what it needs decides what a step
-        // reads back.
+        // reads back (all logits under a constraint).
         let mut sampler = Sampler::new(params.sampler.clone())?;
         for &t in &full {
             sampler.accept(t);
         }
+        let constraint = params
+            .constraint
+            .as_ref()
+            .map(|c| self.constraint(c))
+            .transpose()?;
+        let read_back = self.read_back_for(&sampler, constraint.is_some());
         let t0 = Instant::now();
-        let next = self.eval_next(s, new, self.read_back(&sampler)).await?;
+        let next = self.eval_next(s, new, read_back).await?;
         let prompt_time = t0.elapsed();
         Ok(Generation {
             sampler,
@@ -917,6 +947,8 @@ impl Engine {
             prompt_time,
             t1: Instant::now(),
             finish: None,
+            constrained: constraint.is_some(),
+            constraint,
         })
     }
 }
@@ -947,6 +979,10 @@ pub struct Generation {
     prompt_time: Duration,
     t1: Instant,
     finish: Option<FinishReason>,
+    constraint: Option<ConstraintState>,
+    /// Whether the generation runs under a constraint (`constraint` is away on its mask
+    /// thread during [`Generation::advance`]).
+    constrained: bool,
 }
 
 impl Generation {
@@ -960,6 +996,15 @@ impl Generation {
             self.finish = Some(FinishReason::Length);
             return Ok(None);
         }
+        if let Some(c) = &mut self.constraint {
+            let Next::Logits(l) = &mut self.next else {
+                return Err(EngineError::Grammar {
+                    what: "constrained output",
+                    reason: "the step read back no logits".into(),
+                });
+            };
+            c.apply(l)?;
+        }
         let tok = match &self.next {
             Next::Logits(l) => self.sampler.sample(l)?,
             Next::Chosen(t) => *t,
@@ -969,6 +1014,9 @@ impl Generation {
                 engine.config().n_vocab,
             )?,
         };
+        if let Some(c) = &mut self.constraint {
+            c.commit(tok)?;
+        }
         self.sampler.accept(tok);
         self.generated += 1;
         Ok(Some(tok))
@@ -977,6 +1025,28 @@ impl Generation {
     /// Take `tok` (just returned by [`Generation::sample`]) into the text and the cache;
     /// returns the text it completes. Evaluates it unless the generation ends with it.
     pub fn advance(&mut self, engine: &Engine, s: &mut Session, tok: u32) -> Result<String> {
+        // Under a constraint on the CPU, the next token mask is computed on a thread of its
+        // own while the forward pass runs, not after it.
+        #[cfg(not(target_arch = "wasm32"))]
+        if engine.gpu.is_none() {
+            if let Some(mut c) = self.constraint.take() {
+                return std::thread::scope(|scope| {
+                    let mask = scope.spawn(move || {
+                        let r = c.prepare();
+                        (c, r)
+                    });
+                    let r = bitnet_gpu::block(self.advance_async(engine, s, tok));
+                    let (c, prepared) = mask.join().map_err(|_| EngineError::Grammar {
+                        what: "constrained output",
+                        reason: "the token mask's thread panicked".into(),
+                    })?;
+                    self.constraint = Some(c);
+                    let text = r??;
+                    prepared?;
+                    Ok(text)
+                });
+            }
+        }
         bitnet_gpu::block(self.advance_async(engine, s, tok))?
     }
 
@@ -1025,7 +1095,11 @@ impl Generation {
             }
         }
         self.next = engine
-            .eval_next(s, &[tok], engine.read_back(&self.sampler))
+            .eval_next(
+                s,
+                &[tok],
+                engine.read_back_for(&self.sampler, self.constrained),
+            )
             .await?;
         Ok(emit)
     }

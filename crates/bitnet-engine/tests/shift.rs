@@ -60,6 +60,7 @@ fn generation_goes_on_past_the_window() {
         },
         stop: Vec::new(),
         context_policy: ContextPolicy::Shift { keep: 4 },
+        constraint: None,
     };
     let stats = e
         .generate(&mut s, &prompt, false, &params, &mut |ev| {

@@ -381,6 +381,7 @@ impl NativeModel {
             sampler,
             stop,
             context_policy: ContextPolicy::Stop,
+            constraint: None,
         };
         let (tx, rx) = channel();
         let cancel = Arc::new(AtomicBool::new(false));

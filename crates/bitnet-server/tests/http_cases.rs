@@ -636,6 +636,7 @@ async fn an_end_of_generation_token_stops_with_finish_reason_stop() {
             sampler: broad(seed),
             stop: Vec::new(),
             context_policy: ContextPolicy::Stop,
+            constraint: None,
         };
         let st = engine
             .generate(&mut session, &prompt, false, &params, &mut |ev| {

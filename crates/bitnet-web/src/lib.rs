@@ -254,6 +254,7 @@ impl GenerateOptions {
             stop: self.stop.clone().unwrap_or_default(),
             // A page's chat ends its reply when the context fills instead of failing.
             context_policy: ContextPolicy::Stop,
+            constraint: None,
         })
     }
 }

@@ -9,7 +9,7 @@ use bitnet_kernels::Pool;
 use bitnet_model::{Exec, Model, Outputs, Seq};
 use serde_json::json;
 
-use super::common::{human_bytes, open_gguf, peak_rss_bytes, ModelArgs};
+use super::common::{human_bytes, open_gguf, peak_rss_bytes, ConstraintArgs, ModelArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -74,6 +74,13 @@ pub struct Args {
     /// where a token's time goes.
     #[arg(long)]
     profile: bool,
+    /// Also time each tg test under this constraint (`--json-schema FILE`, `--json-object`,
+    /// `--grammar FILE`, `--regex RE`): greedy steps with the grammar's token mask applied
+    /// before each choice, the next mask computed beside the forward pass as generation does
+    /// (a fresh grammar whenever it ends), reported as `tg<N>+constraint`
+    /// beside the plain tg test. The normal CPU mode only.
+    #[command(flatten)]
+    constraint: ConstraintArgs,
 }
 
 /// GB/s of a plain parallel read of `buf` (the mapped model file: as large as what decode
@@ -245,6 +252,9 @@ fn run_engine(a: &Args) -> Result<()> {
         );
     }
     let gpu = engine.gpu().is_some();
+    if a.constraint.constraint()?.is_some() {
+        bail!("{what}: bench times a constraint in the normal CPU mode only");
+    }
     // Bytes a decode step reads: every projection and the head (for the GPU's GB/s).
     let step_bytes = engine.model()?.bytes_per_token() as f64;
     if !a.json {
@@ -481,6 +491,14 @@ pub fn run(a: Args) -> Result<()> {
         }
     });
     let n_vocab = model.config.n_vocab;
+    let constrained = match a.constraint.constraint()? {
+        Some(c) => {
+            let tok = bitnet_tokenizer::Tokenizer::from_gguf(file.metadata(), None)?;
+            let grammars = bitnet_engine::Grammars::new(&tok)?;
+            Some((c, grammars, tok))
+        }
+        None => None,
+    };
     let n_ctx =
         (prompts.iter().copied().max().unwrap_or(0) + gens.iter().copied().max().unwrap_or(0) + 1)
             .max(2);
@@ -594,6 +612,46 @@ pub fn run(a: Args) -> Result<()> {
                     }
                 }
                 tests.push(Test::tg(ng, depth, 1, rates));
+                if let Some((c, grammars, tok)) = &constrained {
+                    let mut rates = Vec::new();
+                    for rep in 0..=a.repetitions {
+                        cache.truncate(depth);
+                        let mut state = grammars.start(c)?;
+                        let mut logits = model.forward(
+                            &tokens(1, n_vocab, 2),
+                            &mut cache,
+                            Outputs::Last,
+                            &mut exec,
+                        )?;
+                        let t0 = Instant::now();
+                        for _ in 0..ng {
+                            state.apply(&mut logits)?;
+                            let next = bitnet_sampling::argmax(&logits).unwrap_or(0);
+                            if tok.is_eog(next) {
+                                state = grammars.start(c)?;
+                            } else {
+                                state.commit(next)?;
+                            }
+                            // The next mask beside the forward pass, as generation runs it.
+                            let (l, prepared) = std::thread::scope(|scope| {
+                                let h = scope.spawn(|| state.prepare());
+                                let l =
+                                    model.forward(&[next], &mut cache, Outputs::Last, &mut exec);
+                                (l, h.join())
+                            });
+                            prepared.map_err(|_| {
+                                anyhow::anyhow!("the token mask's thread panicked")
+                            })??;
+                            logits = l?;
+                        }
+                        if rep > 0 {
+                            rates.push(ng as f64 / t0.elapsed().as_secs_f64());
+                        }
+                    }
+                    let mut t = Test::tg(ng, depth, 1, rates);
+                    t.name.push_str("+constraint");
+                    tests.push(t);
+                }
             }
         }
         for &ng in &gens {

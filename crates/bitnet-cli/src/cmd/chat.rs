@@ -43,6 +43,7 @@ pub fn run(a: Args) -> Result<()> {
         sampler: a.sampling.params()?,
         stop: Vec::new(),
         context_policy,
+        constraint: None,
     };
     let stop_flag = Arc::new(AtomicBool::new(false));
     {

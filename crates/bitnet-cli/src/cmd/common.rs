@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use bitnet_gguf::GgufFile;
 
 /// Open a GGUF file (memory-mapped, or read into memory with `in_memory`).
@@ -558,5 +558,45 @@ impl SamplingArgs {
         };
         p.validate()?;
         Ok(p)
+    }
+}
+
+/// Structured-output flags: hold the generated text to a JSON schema, any JSON object, a
+/// regular expression or a grammar (at most one).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConstraintArgs {
+    /// The output is JSON matching this JSON schema (a file).
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    pub json_schema: Option<std::path::PathBuf>,
+    /// The output is one JSON object (OpenAI's `json_object`).
+    #[arg(long, group = "constraint")]
+    pub json_object: bool,
+    /// The output is a grammar's text: llguidance's Lark syntax (a file; `start:` is the top
+    /// rule, `%json {…}` embeds a schema). llama.cpp's GBNF (`root ::= …`) is refused.
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    pub grammar: Option<std::path::PathBuf>,
+    /// The whole output matches this regular expression.
+    #[arg(long, value_name = "REGEX", group = "constraint")]
+    pub regex: Option<String>,
+}
+
+impl ConstraintArgs {
+    pub fn constraint(&self) -> Result<Option<bitnet_engine::Constraint>> {
+        use bitnet_engine::Constraint;
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+        };
+        Ok(if let Some(p) = &self.json_schema {
+            let text = read(p)?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", p.display()))?;
+            Some(Constraint::JsonSchema(v))
+        } else if self.json_object {
+            Some(Constraint::JsonObject)
+        } else if let Some(p) = &self.grammar {
+            Some(Constraint::grammar_text(&read(p)?)?)
+        } else {
+            self.regex.clone().map(Constraint::Regex)
+        })
     }
 }

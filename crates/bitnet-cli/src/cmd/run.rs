@@ -7,7 +7,8 @@ use anyhow::{bail, Result};
 use bitnet_engine::{Event, GenParams};
 
 use super::common::{
-    ctx_size, human_bytes, load_engine, peak_rss_bytes, ModelArgs, SamplingArgs, WindowArgs,
+    ctx_size, human_bytes, load_engine, peak_rss_bytes, ConstraintArgs, ModelArgs, SamplingArgs,
+    WindowArgs,
 };
 
 #[derive(Debug, clap::Args)]
@@ -24,6 +25,8 @@ pub struct Args {
     sampling: SamplingArgs,
     #[command(flatten)]
     window: WindowArgs,
+    #[command(flatten)]
+    constraint: ConstraintArgs,
     /// Wrap the prompt in the model's chat format (User/Assistant turns).
     #[arg(long)]
     chat: bool,
@@ -48,6 +51,7 @@ pub fn run(a: Args) -> Result<()> {
         sampler: a.sampling.params()?,
         stop: a.stop.clone(),
         context_policy,
+        constraint: a.constraint.constraint()?,
     };
     let tok = &engine.tokenizer;
     let ids = if a.chat {

@@ -69,6 +69,7 @@ pub fn reference_pieces_on(
         sampler,
         stop: Vec::new(),
         context_policy: bitnet_engine::ContextPolicy::Stop,
+        constraint: None,
     };
     let stats = engine
         .generate(&mut session, prompt, false, &params, &mut |ev| {

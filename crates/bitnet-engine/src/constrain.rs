@@ -1,0 +1,282 @@
+//! Constrained decoding: the output held to a JSON schema, any JSON object, a regular
+//! expression or a Lark grammar while it is sampled, by llguidance over the model's own
+//! vocabulary.
+//!
+//! Each step the matcher gives the set of tokens that keep the output a prefix of something
+//! the grammar accepts; every other token's logit becomes −∞ before sampling, so the sampler's
+//! settings (temperature, top-k, top-p, seed) act on the allowed tokens only. Once the grammar
+//! can end, the end-of-generation tokens are allowed too; once it must end, only they are.
+//!
+//! The vocabulary handed to llguidance is each token's bytes; control tokens (BOS, EOS,
+//! `<|eot_id|>`, reserved specials) are marked special (llguidance's 0xFF prefix), so no
+//! grammar produces them as text.
+
+use std::sync::Arc;
+
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+
+use bitnet_tokenizer::{TokenKind, Tokenizer};
+
+use crate::{EngineError, Result};
+
+/// What the generated text must match.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// A JSON schema (the draft 2020-12 subset llguidance supports).
+    JsonSchema(serde_json::Value),
+    /// A regular expression that the whole output matches.
+    Regex(String),
+    /// A grammar in llguidance's Lark syntax (`start: …`; `%json {…}` embeds a schema).
+    Lark(String),
+}
+
+impl Constraint {
+    /// A grammar as a user wrote it: llguidance's Lark syntax (llama.cpp's `%llguidance {}`
+    /// header allowed). llama.cpp's own GBNF (`root ::= …`) is refused with what to write
+    /// instead.
+    pub fn grammar_text(text: &str) -> Result<Constraint> {
+        let gbnf = text.lines().any(|l| {
+            let l = l.trim_start();
+            !l.starts_with('#')
+                && l.split_once("::=").is_some_and(|(name, _)| {
+                    let name = name.trim();
+                    !name.is_empty()
+                        && name
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                })
+        });
+        if gbnf {
+            return Err(EngineError::Grammar {
+                what: "grammar",
+                reason: "llama.cpp's GBNF (`name ::= …` rules) is not supported: write it in \
+                         llguidance's Lark syntax (`name: …` rules, `start` the top one, \
+                         `%json {…}` for a JSON schema)"
+                    .into(),
+            });
+        }
+        Ok(Constraint::Lark(text.to_string()))
+    }
+
+    fn what(&self) -> &'static str {
+        match self {
+            Constraint::JsonObject | Constraint::JsonSchema(_) => "JSON schema",
+            Constraint::Regex(_) => "regular expression",
+            Constraint::Lark(_) => "grammar",
+        }
+    }
+
+    fn grammar(&self) -> TopLevelGrammar {
+        match self {
+            Constraint::JsonObject => {
+                TopLevelGrammar::from_json_schema(compact(serde_json::json!({ "type": "object" })))
+            }
+            Constraint::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
+            Constraint::Regex(r) => TopLevelGrammar::from_regex(r),
+            Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
+        }
+    }
+}
+
+/// JSON written on one line, `", "` between items and `": "` after keys (as Python's
+/// `json.dumps` writes it), unless the schema sets its own layout (llguidance's
+/// `x-guidance` key). llguidance's default allows any whitespace between tokens, which a
+/// sampled model can fill without end.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.entry("x-guidance").or_insert_with(|| {
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+            })
+        });
+    }
+    schema
+}
+
+/// llguidance's grammar compiler over one vocabulary (an engine builds one at its first
+/// constrained generation; [`crate::Engine::constraint`]).
+pub struct Grammars {
+    factory: ParserFactory,
+    n_vocab: usize,
+    eog: Vec<u32>,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars")
+            .field("n_vocab", &self.n_vocab)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Limits on what one grammar may cost to compile and to run a step (llguidance's defaults,
+/// which bound a hostile schema's time and memory; a step over its fuel is an error, not a
+/// hang).
+fn limits() -> ParserLimits {
+    ParserLimits::default()
+}
+
+impl Grammars {
+    /// The compiler for `tok`'s vocabulary.
+    pub fn new(tok: &Tokenizer) -> Result<Self> {
+        let n = tok.n_vocab();
+        let vocab_err = |why: String| EngineError::Grammar {
+            what: "vocabulary",
+            reason: why,
+        };
+        let n_u32 = u32::try_from(n).map_err(|_| vocab_err("too many tokens".into()))?;
+        let eog = tok.eog_tokens().to_vec();
+        let eos = tok
+            .eot()
+            .or(tok.eos())
+            .or(eog.first().copied())
+            .ok_or_else(|| vocab_err("the vocabulary has no end-of-generation token".into()))?;
+        let mut words = Vec::with_capacity(n);
+        for id in 0..n_u32 {
+            let bytes = tok.token_bytes(id)?;
+            let word = match tok.token_kind(id) {
+                Some(TokenKind::Control) => {
+                    let mut w = Vec::with_capacity(bytes.len() + 1);
+                    w.push(TokTrie::SPECIAL_TOKEN_MARKER);
+                    w.extend_from_slice(bytes);
+                    w
+                }
+                Some(TokenKind::Unknown | TokenKind::Unused) => Vec::new(),
+                _ => bytes.to_vec(),
+            };
+            words.push(word);
+        }
+        let info = TokRxInfo {
+            vocab_size: n_u32,
+            tok_eos: eos,
+            tok_bos: tok.bos(),
+            tok_pad: tok.pad(),
+            tok_unk: None,
+            tok_end_of_turn: tok.eot(),
+        };
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| vocab_err(format!("{e:#}")))?;
+        factory.quiet();
+        *factory.limits_mut() = limits();
+        Ok(Grammars {
+            factory,
+            n_vocab: n,
+            eog,
+        })
+    }
+
+    /// Compile `c` for one generation.
+    pub fn start(&self, c: &Constraint) -> Result<ConstraintState> {
+        let invalid = |e: &dyn std::fmt::Display| EngineError::Grammar {
+            what: c.what(),
+            reason: e.to_string(),
+        };
+        let parser = self
+            .factory
+            .create_parser(c.grammar())
+            .map_err(|e| invalid(&format!("{e:#}")))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(invalid(&e));
+        }
+        Ok(ConstraintState {
+            matcher,
+            n_vocab: self.n_vocab,
+            eog: self.eog.clone(),
+            ready: None,
+        })
+    }
+}
+
+/// The constraint of one generation in progress ([`crate::Engine::constraint`]): each step,
+/// [`ConstraintState::apply`] to the logits, sample, then [`ConstraintState::commit`] the token.
+pub struct ConstraintState {
+    matcher: Matcher,
+    n_vocab: usize,
+    eog: Vec<u32>,
+    /// The next step's mask, computed ahead ([`ConstraintState::prepare`]).
+    ready: Option<Vec<bool>>,
+}
+
+impl std::fmt::Debug for ConstraintState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstraintState").finish_non_exhaustive()
+    }
+}
+
+impl ConstraintState {
+    fn error(&self, e: impl std::fmt::Display) -> EngineError {
+        EngineError::Grammar {
+            what: "constrained output",
+            reason: e.to_string(),
+        }
+    }
+
+    /// The tokens allowed next: what keeps the text inside the grammar, and every
+    /// end-of-generation token once the grammar may end here.
+    pub fn mask(&mut self) -> Result<Vec<bool>> {
+        let m: SimpleVob = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| self.error(format!("{e:#}")))?;
+        let mut allowed: Vec<bool> = (0..self.n_vocab).map(|i| i < m.len() && m.get(i)).collect();
+        if self.eog.iter().any(|&t| m.is_allowed(t)) {
+            for &t in &self.eog {
+                if let Some(a) = usize::try_from(t).ok().and_then(|i| allowed.get_mut(i)) {
+                    *a = true;
+                }
+            }
+        }
+        if !allowed.iter().any(|&a| a) {
+            return Err(self.error("the grammar allows no token here"));
+        }
+        Ok(allowed)
+    }
+
+    /// Compute the next step's mask now (on another thread while the forward pass runs);
+    /// [`Self::apply`] then uses it.
+    pub fn prepare(&mut self) -> Result<()> {
+        if self.ready.is_none() {
+            self.ready = Some(self.mask()?);
+        }
+        Ok(())
+    }
+
+    /// The logits of the tokens the grammar forbids here become −∞ (see [`Self::mask`]).
+    pub fn apply(&mut self, logits: &mut [f32]) -> Result<()> {
+        let allowed = match self.ready.take() {
+            Some(m) => m,
+            None => self.mask()?,
+        };
+        for (l, &a) in logits.iter_mut().zip(&allowed) {
+            if !a {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the text so far is complete under the grammar.
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Take the sampled token. End-of-generation tokens end the text and are not fed.
+    pub fn commit(&mut self, tok: u32) -> Result<()> {
+        self.ready = None;
+        if self.eog.contains(&tok) {
+            return Ok(());
+        }
+        self.matcher
+            .consume_token(tok)
+            .map_err(|e| self.error(format!("{e:#}")))
+    }
+}
