@@ -117,9 +117,27 @@ impl std::fmt::Debug for Grammars {
 
 /// Limits on what one grammar may cost to compile and to run a step (llguidance's defaults,
 /// which bound a hostile schema's time and memory; a step over its fuel is an error, not a
-/// hang).
+/// hang). Errors name the problem without the parser's state dump.
 fn limits() -> ParserLimits {
-    ParserLimits::default()
+    ParserLimits {
+        verbose_errors: false,
+        ..ParserLimits::default()
+    }
+}
+
+/// The stack of the thread a grammar compiles on (reserved, touched only as deep as the
+/// compiler goes).
+#[cfg(not(target_arch = "wasm32"))]
+const COMPILE_STACK: usize = 256 << 20;
+
+/// The stack of the thread that computes a generation's next mask (see
+/// [`crate::Generation::advance`]): llguidance recurses over large grammars there too.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) const MASK_STACK: usize = 64 << 20;
+
+/// The first line of an llguidance error (the rest, when there is any, is its state).
+fn first_line(e: &str) -> String {
+    e.lines().next().unwrap_or("").trim().to_string()
 }
 
 impl Grammars {
@@ -173,11 +191,36 @@ impl Grammars {
         })
     }
 
-    /// Compile `c` for one generation.
+    /// Compile `c` for one generation. On a thread of its own with a large stack (natively):
+    /// llguidance's compiler recurses over the schema, and a schema of a few hundred
+    /// kilobytes goes deeper than a default thread's stack.
     pub fn start(&self, c: &Constraint) -> Result<ConstraintState> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            std::thread::scope(|scope| {
+                std::thread::Builder::new()
+                    .name("bitnet-grammar".into())
+                    .stack_size(COMPILE_STACK)
+                    .spawn_scoped(scope, || self.compile(c))
+                    .map_err(|e| EngineError::Grammar {
+                        what: c.what(),
+                        reason: format!("cannot start its compiler's thread: {e}"),
+                    })?
+                    .join()
+                    .map_err(|_| EngineError::Grammar {
+                        what: c.what(),
+                        reason: "its compiler panicked".into(),
+                    })?
+            })
+        }
+        #[cfg(target_arch = "wasm32")]
+        self.compile(c)
+    }
+
+    fn compile(&self, c: &Constraint) -> Result<ConstraintState> {
         let invalid = |e: &dyn std::fmt::Display| EngineError::Grammar {
             what: c.what(),
-            reason: e.to_string(),
+            reason: first_line(&e.to_string()),
         };
         let parser = self
             .factory
@@ -187,12 +230,23 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(invalid(&e));
         }
-        Ok(ConstraintState {
+        let mut state = ConstraintState {
             matcher,
             n_vocab: self.n_vocab,
             eog: self.eog.clone(),
             ready: None,
-        })
+        };
+        // The first mask now: a schema or grammar that admits no text at all (an
+        // unsatisfiable schema, a `$ref` that only refers to itself) fails here, before a
+        // generation starts.
+        state.prepare().map_err(|e| match e {
+            EngineError::Grammar { reason, .. } => EngineError::Grammar {
+                what: c.what(),
+                reason: format!("it admits no output ({reason})"),
+            },
+            other => other,
+        })?;
+        Ok(state)
     }
 }
 
@@ -216,7 +270,7 @@ impl ConstraintState {
     fn error(&self, e: impl std::fmt::Display) -> EngineError {
         EngineError::Grammar {
             what: "constrained output",
-            reason: e.to_string(),
+            reason: first_line(&e.to_string()),
         }
     }
 

@@ -1031,15 +1031,20 @@ impl Generation {
         if engine.gpu.is_none() {
             if let Some(mut c) = self.constraint.take() {
                 return std::thread::scope(|scope| {
-                    let mask = scope.spawn(move || {
-                        let r = c.prepare();
-                        (c, r)
-                    });
-                    let r = bitnet_gpu::block(self.advance_async(engine, s, tok));
-                    let (c, prepared) = mask.join().map_err(|_| EngineError::Grammar {
+                    let thread_err = |why: &str| EngineError::Grammar {
                         what: "constrained output",
-                        reason: "the token mask's thread panicked".into(),
-                    })?;
+                        reason: format!("the token mask's thread {why}"),
+                    };
+                    let mask = std::thread::Builder::new()
+                        .name("bitnet-mask".into())
+                        .stack_size(constrain::MASK_STACK)
+                        .spawn_scoped(scope, move || {
+                            let r = c.prepare();
+                            (c, r)
+                        })
+                        .map_err(|e| thread_err(&format!("cannot start: {e}")))?;
+                    let r = bitnet_gpu::block(self.advance_async(engine, s, tok));
+                    let (c, prepared) = mask.join().map_err(|_| thread_err("panicked"))?;
                     self.constraint = Some(c);
                     let text = r??;
                     prepared?;

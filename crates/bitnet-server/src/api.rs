@@ -7,6 +7,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
+use bitnet_engine::Constraint;
 use bitnet_sampling::SamplerParams;
 use bitnet_tokenizer::{ChatMessage, ChatRole, Tokenizer};
 use serde_json::{json, Map, Value};
@@ -132,6 +133,11 @@ pub struct CompletionRequest {
     /// `n` most likely alternatives (chat: `logprobs: true` + `top_logprobs: n`;
     /// completions: `logprobs: n`).
     pub logprobs: Option<usize>,
+    /// Structured output: `response_format` (`json_object`, `json_schema`), or llama-server's
+    /// `json_schema` and `grammar` fields.
+    pub constraint: Option<Constraint>,
+    /// The field the constraint came from (named in a 400 when it does not compile).
+    pub constraint_field: &'static str,
 }
 
 /// Most alternatives per token `top_logprobs` (chat) or `logprobs` (completions) may
@@ -266,6 +272,7 @@ pub fn parse_request(
     };
 
     let logprobs = parse_logprobs(&o, endpoint)?;
+    let (constraint, constraint_field) = parse_constraint(&o)?;
 
     Ok(CompletionRequest {
         input,
@@ -276,7 +283,107 @@ pub fn parse_request(
         stream,
         include_usage,
         logprobs,
+        constraint,
+        constraint_field,
     })
+}
+
+/// `response_format` as OpenAI defines it — `{"type": "text"}`, `{"type": "json_object"}`,
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}` — with
+/// llama-server's `{"type": "json_object", "schema": {…}}`; or llama-server's top-level
+/// `json_schema` (a schema) and `grammar` (llguidance Lark text). At most one of the three.
+fn parse_constraint(o: &Obj<'_>) -> Result<(Option<Constraint>, &'static str), ApiError> {
+    let given: Vec<&'static str> = ["response_format", "json_schema", "grammar"]
+        .into_iter()
+        .filter(|k| o.get(k).is_some_and(|v| !v.is_null()))
+        .collect();
+    if given.len() > 1 {
+        return Err(ApiError::invalid(
+            given[1],
+            format!("give one of {}, not several", given.join(", ")),
+        ));
+    }
+    let schema = |field: &'static str, v: &Value| match v {
+        Value::Object(_) | Value::Bool(true) => Ok(Constraint::JsonSchema(v.clone())),
+        other => Err(ApiError::invalid(
+            field,
+            format!(
+                "`{field}` must be a JSON schema object, not {}",
+                type_name(other)
+            ),
+        )),
+    };
+    match given.first().copied() {
+        None => Ok((None, "")),
+        Some("json_schema") => {
+            let v = o.get("json_schema").unwrap_or(&Value::Null);
+            Ok((Some(schema("json_schema", v)?), "json_schema"))
+        }
+        Some("grammar") => match o.get("grammar") {
+            Some(Value::String(g)) => Constraint::grammar_text(g)
+                .map(|c| (Some(c), "grammar"))
+                .map_err(|e| ApiError::invalid("grammar", e.to_string())),
+            Some(other) => Err(ApiError::invalid(
+                "grammar",
+                format!("`grammar` must be a string, not {}", type_name(other)),
+            )),
+            None => Ok((None, "")),
+        },
+        Some(_) => {
+            const F: &str = "response_format";
+            let Some(Value::Object(rf)) = o.get(F) else {
+                return Err(ApiError::invalid(F, "`response_format` must be an object"));
+            };
+            let c = match rf.get("type").and_then(Value::as_str) {
+                Some("text") => None,
+                Some("json_object") => Some(match rf.get("schema") {
+                    None | Some(Value::Null) => Constraint::JsonObject,
+                    Some(s) => schema(F, s)?,
+                }),
+                Some("json_schema") => {
+                    let Some(Value::Object(js)) = rf.get("json_schema") else {
+                        return Err(ApiError::invalid(
+                            F,
+                            "`response_format.json_schema` must be an object with a `schema`",
+                        ));
+                    };
+                    if let Some(n) = js.get("name") {
+                        if !n.is_string() {
+                            return Err(ApiError::invalid(
+                                F,
+                                "`response_format.json_schema.name` must be a string",
+                            ));
+                        }
+                    }
+                    match js.get("schema") {
+                        Some(s) => Some(schema(F, s)?),
+                        None => {
+                            return Err(ApiError::invalid(
+                                F,
+                                "`response_format.json_schema.schema` is missing",
+                            ))
+                        }
+                    }
+                }
+                Some(t) => {
+                    return Err(ApiError::invalid(
+                        F,
+                        format!(
+                            "`response_format.type` = {t:?}: expected \"text\", \"json_object\" \
+                             or \"json_schema\""
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(ApiError::invalid(
+                        F,
+                        "`response_format.type` must be a string",
+                    ))
+                }
+            };
+            Ok((c, F))
+        }
+    }
 }
 
 /// Chat: `logprobs` (boolean) and `top_logprobs` (0..=20, only with `logprobs: true`).

@@ -535,6 +535,8 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         stream,
         include_usage,
         logprobs,
+        constraint,
+        constraint_field,
     } = api::parse_request(&body, endpoint, &limits)?;
     drop(body);
     let field = match endpoint {
@@ -575,6 +577,31 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
     if !seeded {
         sampler.seed = random_u64();
     }
+    // Compile the constraint here, so that a schema or grammar that does not compile is a
+    // 400 before anything is queued.
+    let constraint = match constraint {
+        None => None,
+        Some(c) => {
+            let grammars = Arc::clone(&ready.grammars);
+            let tok = Arc::clone(&ready.tokenizer);
+            let compiled = tokenize_blocking(move || {
+                let g = grammars
+                    .get_or_init(|| bitnet_engine::Grammars::new(&tok).map_err(|e| e.to_string()));
+                match g {
+                    Ok(g) => g
+                        .start(&c)
+                        .map_err(|e| ApiError::invalid(constraint_field, e.to_string())),
+                    Err(e) => Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        format!("constrained output is unavailable: {e}"),
+                    )),
+                }
+            })
+            .await?;
+            Some(Box::new(compiled))
+        }
+    };
 
     // Admission: a bounded number of requests in the scheduler's hands.
     let ticket = Ticket::try_take(&s.in_flight, s.cfg.parallel.saturating_add(s.cfg.max_queue))
@@ -597,6 +624,7 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         sampler,
         stop,
         logprobs,
+        constraint,
         deadline,
         events: tx,
         _ticket: ticket,

@@ -161,6 +161,9 @@ impl ServerConfig {
     }
 }
 
+/// The scheduler thread's stack.
+const SCHEDULER_STACK: usize = 64 << 20;
+
 /// What handlers need once the model is loaded.
 #[derive(Debug)]
 pub(crate) struct Ready {
@@ -170,6 +173,8 @@ pub(crate) struct Ready {
     n_vocab: usize,
     n_ctx_train: usize,
     slots: Arc<[scheduler::SlotStatus]>,
+    /// The grammar compiler over the vocabulary, built at the first constrained request.
+    grammars: Arc<std::sync::OnceLock<Result<bitnet_engine::Grammars, String>>>,
 }
 
 /// Loading state, as `/health` reports it.
@@ -256,8 +261,11 @@ impl ServerHandle {
         F: FnOnce() -> Result<Engine, String> + Send + 'static,
     {
         let shared = Arc::clone(&self.shared);
+        // A large stack (reserved, touched only as used): the scheduler computes the token
+        // masks of constrained requests, and llguidance recurses over large grammars.
         let handle = std::thread::Builder::new()
             .name("bitnet-scheduler".into())
+            .stack_size(SCHEDULER_STACK)
             .spawn(move || run_scheduler(&shared, loader));
         match handle {
             Ok(h) => {
@@ -361,6 +369,7 @@ where
         n_vocab,
         n_ctx_train,
         slots,
+        grammars: Arc::default(),
     });
     shared.phase.send_replace(Phase::Ready);
     // A panic here would be a bug; if it happens, report it on /health and refuse new

@@ -38,6 +38,8 @@ pub(crate) struct Job {
     pub stop: Vec<String>,
     /// Log-probabilities to report: `Some(n)` with the `n` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// The structured-output constraint, compiled by the handler.
+    pub constraint: Option<Box<bitnet_engine::ConstraintState>>,
     /// Generation ends (`finish_reason: "length"`) at this instant; a job still waiting
     /// then is refused with 503.
     pub deadline: Instant,
@@ -481,6 +483,20 @@ impl Scheduler {
         let slot = &mut self.slots[i];
         let cache_len = slot.tokens.len();
         let a = slot.active.as_mut()?;
+        let masked;
+        let logits = match a.job.constraint.as_mut() {
+            None => logits,
+            Some(c) => {
+                let mut l = logits.to_vec();
+                if let Err(e) = c.apply(&mut l) {
+                    send_error(&a.job, 500, "server_error", &e.to_string());
+                    self.metrics.errors.fetch_add(1, Relaxed);
+                    return Some(FinishReason::Cancelled);
+                }
+                masked = l;
+                &masked[..]
+            }
+        };
         let sampled = match a.job.logprobs {
             None => a.sampler.sample(logits),
             Some(n) => a.sampler.sample_with_logprobs(logits, n).map(|s| {
@@ -505,6 +521,11 @@ impl Scheduler {
                 return Some(FinishReason::Cancelled);
             }
         };
+        if let Some(Err(e)) = a.job.constraint.as_mut().map(|c| c.commit(t)) {
+            send_error(&a.job, 500, "server_error", &e.to_string());
+            self.metrics.errors.fetch_add(1, Relaxed);
+            return Some(FinishReason::Cancelled);
+        }
         a.sampler.accept(t);
         a.generated += 1;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);
