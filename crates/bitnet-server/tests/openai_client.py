@@ -113,6 +113,48 @@ out["completion_logprobs"] = {
     "top_logprobs": lp.top_logprobs, "text_offset": lp.text_offset,
 }
 
+# Structured output: the client's own parse() with a Pydantic model (it sends the model's
+# JSON schema as response_format json_schema, strict, and parses the reply into the model).
+from typing import Literal
+
+import pydantic
+
+
+class Pet(pydantic.BaseModel):
+    kind: Literal["cat", "dog", "fish"]
+    age: int = pydantic.Field(ge=0, le=30)
+
+
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=12)
+    pets: list[Pet] = pydantic.Field(max_length=2)
+    married: bool
+
+
+parsed = []
+for seed in range(3):
+    r = client.chat.completions.parse(
+        model="tiny", messages=MESSAGES, response_format=Person, temperature=1.0, seed=seed,
+        max_tokens=200,
+    )
+    m = r.choices[0].message
+    parsed.append({
+        "finish": r.choices[0].finish_reason,
+        "content": m.content,
+        "parsed": m.parsed.model_dump() if m.parsed is not None else None,
+        "is_person": isinstance(m.parsed, Person),
+    })
+out["parse"] = parsed
+try:
+    client.chat.completions.create(
+        model="tiny", messages=MESSAGES,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+    )
+except openai.BadRequestError as e:
+    errors_rf = [e.status_code, e.body.get("param") if isinstance(e.body, dict) else None]
+else:
+    errors_rf = None
+
 # Errors surface as the client's typed exceptions.
 errors = {}
 try:
@@ -129,6 +171,7 @@ try:
     ).models.list()
 except openai.AuthenticationError as e:
     errors["auth"] = [e.status_code, None]
+errors["response_format"] = errors_rf
 out["errors"] = errors
 
 print(json.dumps(out))

@@ -116,6 +116,31 @@ async fn official_openai_client() {
     assert_eq!(v["errors"]["n"], json!([400, "n"]));
     assert_eq!(v["errors"]["temperature"], json!([400, "temperature"]));
     assert_eq!(v["errors"]["auth"], json!([401, null]));
+    assert_eq!(
+        v["errors"]["response_format"],
+        json!([400, "response_format"])
+    );
+
+    // `client.chat.completions.parse(response_format=Person)`: a parsed object each time.
+    assert_eq!(v["parse"].as_array().unwrap().len(), 3);
+    for p in v["parse"].as_array().unwrap() {
+        println!("parse: {}", p["content"]);
+        assert_eq!(p["finish"], "stop", "{p}");
+        assert_eq!(p["is_person"], true, "{p}");
+        let person = &p["parsed"];
+        assert!(
+            person["name"].as_str().unwrap().chars().count() <= 12,
+            "{p}"
+        );
+        assert!(person["married"].is_boolean(), "{p}");
+        for pet in person["pets"].as_array().unwrap() {
+            assert!(
+                ["cat", "dog", "fish"].contains(&pet["kind"].as_str().unwrap()),
+                "{p}"
+            );
+            assert!((0..=30).contains(&pet["age"].as_i64().unwrap()), "{p}");
+        }
+    }
 
     // Log-probabilities against the engine's own logits along the same tokens.
     let lp = SamplerParams {
