@@ -10,8 +10,8 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ::bitnet_engine::{
-    ContextPolicy, Engine, EngineError, Event, FinishReason, GenParams, LmHeadFormat, LoadOptions,
-    Session,
+    Constraint, ContextPolicy, Engine, EngineError, Event, FinishReason, GenParams, LmHeadFormat,
+    LoadOptions, Session,
 };
 use bitnet_model::{KvType, Numerics, Outputs};
 use bitnet_sampling::SamplerParams;
@@ -46,6 +46,8 @@ struct NativeModel {
     n_vocab: usize,
     n_ctx: usize,
     n_ctx_train: usize,
+    /// Checks constraints when a generation is asked for (built at the first one).
+    grammars: std::sync::OnceLock<Result<bitnet_engine::Grammars, String>>,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -194,6 +196,7 @@ impl NativeModel {
             n_ctx: session.n_ctx(),
             n_ctx_train,
             inner: Arc::new(Mutex::new(Inner { engine, session })),
+            grammars: std::sync::OnceLock::new(),
         })
     }
 
@@ -323,7 +326,9 @@ impl NativeModel {
     }
 
     /// Starts generating after `prompt` (token ids); returns a [`Stream`] of text pieces.
-    #[pyo3(signature = (prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, stop))]
+    /// `constraint`: `(kind, text)` with kind `json_schema` (the schema as JSON text),
+    /// `json_object`, `grammar` (llguidance Lark) or `regex`; checked here (`ValueError`).
+    #[pyo3(signature = (prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, stop, constraint=None))]
     #[allow(clippy::too_many_arguments)]
     fn start(
         &self,
@@ -339,6 +344,7 @@ impl NativeModel {
         frequency_penalty: f32,
         seed: u64,
         stop: Vec<String>,
+        constraint: Option<(String, String)>,
     ) -> PyResult<Stream> {
         if max_tokens == 0 {
             return Err(PyValueError::new_err("max_tokens must be at least 1"));
@@ -376,12 +382,42 @@ impl NativeModel {
         sampler
             .validate()
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let constraint = match constraint {
+            None => None,
+            Some((kind, text)) => {
+                let c = match kind.as_str() {
+                    "json_schema" => Constraint::JsonSchema(
+                        serde_json::from_str(&text)
+                            .map_err(|e| PyValueError::new_err(format!("json_schema: {e}")))?,
+                    ),
+                    "json_object" => Constraint::JsonObject,
+                    "grammar" => Constraint::grammar_text(&text)
+                        .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    "regex" => Constraint::Regex(text),
+                    other => {
+                        return Err(PyValueError::new_err(format!(
+                            "unknown constraint kind {other:?}"
+                        )))
+                    }
+                };
+                let g = self.grammars.get_or_init(|| {
+                    bitnet_engine::Grammars::new(&self.tokenizer).map_err(|e| e.to_string())
+                });
+                match g {
+                    Ok(g) => g
+                        .start(&c)
+                        .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    Err(e) => return Err(BitnetError::new_err(e.clone())),
+                };
+                Some(c)
+            }
+        };
         let params = GenParams {
             max_tokens,
             sampler,
             stop,
             context_policy: ContextPolicy::Stop,
-            constraint: None,
+            constraint,
         };
         let (tx, rx) = channel();
         let cancel = Arc::new(AtomicBool::new(false));

@@ -12,6 +12,7 @@ model run one at a time, and a call whose prompt extends the previous one (a gro
 chat) reuses what is cached.
 """
 
+import json
 import os
 import time
 import uuid
@@ -40,6 +41,27 @@ def _seed(seed):
         raise ValueError(f"seed={seed!r}: must be an integer or None")
     # Negative seeds are seeds too: their 64-bit pattern.
     return seed & 0xFFFFFFFFFFFFFFFF
+
+
+_CONSTRAINTS = {"json_schema", "json_object", "grammar", "regex"}
+
+
+def _constraint(sampling):
+    given = [k for k in ("json_schema", "json_object", "grammar", "regex")
+             if sampling.get(k) not in (None, False)]
+    if len(given) > 1:
+        raise ValueError(f"give one of json_schema, json_object, grammar, regex, not {given}")
+    if not given:
+        return None
+    k = given[0]
+    v = sampling[k]
+    if k == "json_schema":
+        return ("json_schema", v if isinstance(v, str) else json.dumps(v))
+    if k == "json_object":
+        return ("json_object", "")
+    if not isinstance(v, str):
+        raise TypeError(f"{k} must be a string")
+    return (k, v)
 
 
 def _stop_list(stop):
@@ -136,7 +158,8 @@ class Model:
 
     # -- generation --------------------------------------------------------------
     def _start(self, prompt_ids, max_tokens, sampling):
-        unknown = set(sampling) - set(_DEFAULTS) - {"seed", "stop"}
+        constraint = _constraint(sampling)
+        unknown = set(sampling) - set(_DEFAULTS) - {"seed", "stop"} - _CONSTRAINTS
         if unknown:
             raise TypeError(f"unknown sampling argument(s): {', '.join(sorted(unknown))}")
         p = dict(_DEFAULTS)
@@ -150,7 +173,7 @@ class Model:
             float(p["top_p"]), float(p["min_p"]), float(p["repeat_penalty"]),
             int(p["repeat_last_n"]), float(p["presence_penalty"]),
             float(p["frequency_penalty"]), _seed(sampling.get("seed")),
-            _stop_list(sampling.get("stop")))
+            _stop_list(sampling.get("stop")), constraint)
 
     def generate_stream(self, prompt, max_tokens=128, **sampling):
         """The raw stream: an iterator of text pieces whose `tokens`, `finish_reason` and
@@ -164,6 +187,11 @@ class Model:
         Sampling: temperature (0 = greedy), top_k, top_p, min_p, repeat_penalty,
         repeat_last_n, presence_penalty, frequency_penalty, seed (None: a fresh one),
         stop (strings that end the text, never included).
+
+        Structured output (at most one): json_schema (a dict, or its JSON text): the text
+        is JSON matching it; json_object=True: one JSON object; grammar (llguidance's Lark
+        syntax, `start: ...`); regex: the whole text matches it. A schema or grammar that
+        does not compile raises ValueError.
 
         Returns the text, or with stream=True an iterator of text pieces.
         """
