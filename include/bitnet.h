@@ -156,6 +156,12 @@ typedef struct bitnet_gen_params {
   // when `n_stop` is 0.
   const char *const *stop;
   size_t n_stop;
+  // Structured output: a JSON schema (NUL-terminated JSON text) the reply must match;
+  // null for none. A schema that does not compile fails with `BITNET_ERR_INVALID`.
+  const char *json_schema;
+  // Structured output: a grammar in llguidance's Lark syntax (`start: ...`), NUL-
+  // terminated; null for none. At most one of `json_schema` and `grammar`.
+  const char *grammar;
 } bitnet_gen_params;
 
 // Model and engine facts.

@@ -15,8 +15,8 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use ::bitnet_engine::{
-    ContextPolicy, Engine, EngineError, Event, FinishReason, GenParams, GenStats, LmHeadFormat,
-    LoadOptions, Session,
+    Constraint, ContextPolicy, Engine, EngineError, Event, FinishReason, GenParams, GenStats,
+    LmHeadFormat, LoadOptions, Session,
 };
 use bitnet_model::{KvType, Numerics, Outputs};
 use bitnet_sampling::{Sampler, SamplerParams};
@@ -136,6 +136,12 @@ pub struct bitnet_gen_params {
     /// when `n_stop` is 0.
     pub stop: *const *const c_char,
     pub n_stop: usize,
+    /// Structured output: a JSON schema (NUL-terminated JSON text) the reply must match;
+    /// null for none. A schema that does not compile fails with `BITNET_ERR_INVALID`.
+    pub json_schema: *const c_char,
+    /// Structured output: a grammar in llguidance's Lark syntax (`start: ...`), NUL-
+    /// terminated; null for none. At most one of `json_schema` and `grammar`.
+    pub grammar: *const c_char,
 }
 
 /// What a generation did.
@@ -224,7 +230,11 @@ fn invalid(msg: impl Into<String>) -> Fail {
 }
 
 fn engine_err(e: EngineError) -> Fail {
-    Fail(BITNET_ERR_ENGINE, e.to_string())
+    match e {
+        // A schema or grammar the caller gave that does not compile.
+        EngineError::Grammar { .. } => invalid(e.to_string()),
+        e => Fail(BITNET_ERR_ENGINE, e.to_string()),
+    }
 }
 
 thread_local! {
@@ -364,6 +374,8 @@ pub extern "C" fn bitnet_gen_params_default() -> bitnet_gen_params {
         chat: false,
         stop: std::ptr::null(),
         n_stop: 0,
+        json_schema: std::ptr::null(),
+        grammar: std::ptr::null(),
     }
 }
 
@@ -569,7 +581,8 @@ unsafe fn params_or_default(params: *const bitnet_gen_params) -> bitnet_gen_para
 }
 
 /// # Safety
-/// `p.stop` points to `p.n_stop` NUL-terminated strings (or `n_stop` is 0).
+/// `p.stop` points to `p.n_stop` NUL-terminated strings (or `n_stop` is 0);
+/// `p.json_schema` and `p.grammar` are null or NUL-terminated.
 unsafe fn gen_params(p: &bitnet_gen_params) -> Res<GenParams> {
     if p.max_tokens == 0 {
         return Err(invalid("max_tokens must be at least 1"));
@@ -581,13 +594,29 @@ unsafe fn gen_params(p: &bitnet_gen_params) -> Res<GenParams> {
         // SAFETY: each is NUL-terminated (the caller's contract).
         stop.push(unsafe { c_str(s, &format!("stop[{i}]")) }?.to_string());
     }
+    let constraint = match (p.json_schema.is_null(), p.grammar.is_null()) {
+        (true, true) => None,
+        (false, false) => return Err(invalid("give json_schema or grammar, not both")),
+        (false, true) => {
+            // SAFETY: non-null and NUL-terminated (the caller's contract).
+            let text = unsafe { c_str(p.json_schema, "json_schema") }?;
+            let v = serde_json::from_str(text)
+                .map_err(|e| invalid(format!("json_schema is not JSON: {e}")))?;
+            Some(Constraint::JsonSchema(v))
+        }
+        (true, false) => {
+            // SAFETY: non-null and NUL-terminated (the caller's contract).
+            let text = unsafe { c_str(p.grammar, "grammar") }?;
+            Some(Constraint::grammar_text(text).map_err(|e| invalid(e.to_string()))?)
+        }
+    };
     Ok(GenParams {
         max_tokens: usize::try_from(p.max_tokens)
             .map_err(|_| invalid("max_tokens is too large"))?,
         sampler: sampler_params(p)?,
         stop,
         context_policy: ContextPolicy::Stop,
-        constraint: None,
+        constraint,
     })
 }
 

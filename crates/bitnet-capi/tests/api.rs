@@ -721,3 +721,78 @@ fn gpu_device_forward_matches_the_cpu() {
     };
     assert_eq!(top(&a), top(&b));
 }
+
+/// `json_schema` and `grammar` hold the reply (temperature 1 on the random tiny model); one
+/// that does not compile, or both at once, is `BITNET_ERR_INVALID` with a message.
+#[test]
+fn structured_output_through_the_c_api() {
+    let e = load(&cfg()).unwrap();
+    let prompt = CString::new("A number:").unwrap();
+    let schema = CString::new(
+        r#"{"type":"object","properties":{"n":{"type":"integer","minimum":0,"maximum":9}},"required":["n"],"additionalProperties":false}"#,
+    )
+    .unwrap();
+    let grammar = CString::new(r#"start: "yes" | "no""#).unwrap();
+    let bad = CString::new(r#"{"type":"nope"}"#).unwrap();
+    let run = |p: &bitnet_gen_params| -> (i32, String) {
+        let mut c = Collect {
+            text: Vec::new(),
+            calls: 0,
+            stop_after: usize::MAX,
+            engine: null(),
+            reentry: 0,
+        };
+        let mut res = bitnet_gen_result::default();
+        // SAFETY: valid pointers throughout.
+        let rc = unsafe {
+            bitnet_generate(
+                e.0,
+                prompt.as_ptr(),
+                p,
+                Some(collect),
+                (&raw mut c).cast(),
+                null_mut(),
+                0,
+                &mut res,
+            )
+        };
+        (rc, String::from_utf8(c.text).unwrap())
+    };
+    for seed in 0..3 {
+        let base = bitnet_gen_params {
+            max_tokens: 40,
+            temperature: 1.0,
+            seed,
+            ..bitnet_gen_params_default()
+        };
+        let (rc, text) = run(&bitnet_gen_params {
+            json_schema: schema.as_ptr(),
+            ..base
+        });
+        assert_eq!(rc, BITNET_OK, "{}", last_error());
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!((0..=9).contains(&v["n"].as_i64().unwrap()), "{text}");
+        let (rc, text) = run(&bitnet_gen_params {
+            grammar: grammar.as_ptr(),
+            ..base
+        });
+        assert_eq!(rc, BITNET_OK, "{}", last_error());
+        assert!(text == "yes" || text == "no", "{text:?}");
+    }
+    let base = bitnet_gen_params_default();
+    for p in [
+        bitnet_gen_params {
+            json_schema: bad.as_ptr(),
+            ..base
+        },
+        bitnet_gen_params {
+            json_schema: schema.as_ptr(),
+            grammar: grammar.as_ptr(),
+            ..base
+        },
+    ] {
+        let (rc, _) = run(&p);
+        assert_eq!(rc, BITNET_ERR_INVALID);
+        assert!(!last_error().is_empty());
+    }
+}

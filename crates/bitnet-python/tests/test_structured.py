@@ -109,6 +109,11 @@ def test_json_object_grammar_regex_and_chat(model):
     reply = model.chat([{"role": "user", "content": "Who?"}], max_tokens=200, seed=5,
                        temperature=1.0, json_schema=json.dumps(schema))
     jsonschema.validate(json.loads(reply), schema)
+    for rf in ({"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+               {"type": "json_object", "schema": schema}):
+        r = model.create_chat_completion([{"role": "user", "content": "Who?"}], max_tokens=200,
+                                         seed=6, temperature=1.0, response_format=rf)
+        jsonschema.validate(json.loads(r["choices"][0]["message"]["content"]), schema)
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -64,6 +64,22 @@ def _constraint(sampling):
     return (k, v)
 
 
+def _response_format(rf):
+    if not isinstance(rf, dict):
+        raise TypeError("response_format must be a dict")
+    kind = rf.get("type")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_schema": rf["schema"]} if rf.get("schema") is not None else {"json_object": True}
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or "schema" not in js:
+            raise ValueError("response_format.json_schema must be a dict with a 'schema'")
+        return {"json_schema": js["schema"]}
+    raise ValueError(f"response_format type {kind!r}: expected text, json_object or json_schema")
+
+
 def _stop_list(stop):
     if stop is None:
         return []
@@ -215,9 +231,13 @@ class Model:
         return s if stream else "".join(s)
 
     def create_chat_completion(self, messages, max_tokens=None, stream=False, model=None,
-                               **sampling):
+                               response_format=None, **sampling):
         """OpenAI's chat completion: a `chat.completion` dict, or with stream=True an
-        iterator of `chat.completion.chunk` dicts (as llama-cpp-python returns)."""
+        iterator of `chat.completion.chunk` dicts (as llama-cpp-python returns).
+        `response_format`: {"type": "json_object"} (llama-cpp-python's "schema" beside it
+        makes it a schema) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}."""
+        if response_format is not None:
+            sampling.update(_response_format(response_format))
         ids = self._m.chat_tokens(_messages(messages))
         s = self._start(ids, max_tokens, sampling)
         meta = {
