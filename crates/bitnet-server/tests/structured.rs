@@ -189,6 +189,16 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
         r.status,
         t0.elapsed()
     );
+    // A grammar that can never end: generation runs to max_tokens and says so.
+    let r = post(
+        s.addr,
+        CHAT,
+        &chat(json!({ "grammar": "start: x\nx: \"a\" x", "max_tokens": 12 })),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["finish_reason"], "length");
+    assert_eq!(text_of(&r.json()), "a".repeat(12));
     // Deep but valid: compiles and holds.
     let r = post(
         s.addr,
