@@ -23,7 +23,8 @@ fn bitnet(args: &[&str]) -> Output {
 }
 
 fn tmp_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("bitnet-steps-test-{}", std::process::id()));
+    let d = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("steps-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
