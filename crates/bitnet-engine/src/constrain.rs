@@ -86,7 +86,7 @@ impl Constraint {
 /// `json.dumps` writes it), unless the schema sets its own layout (llguidance's
 /// `x-guidance` key). llguidance's default allows any whitespace between tokens, which a
 /// sampled model can fill without end.
-fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+pub(crate) fn compact(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance").or_insert_with(|| {
             serde_json::json!({

@@ -36,6 +36,7 @@ pub mod quality;
 pub mod skip;
 mod stop;
 mod stream;
+pub mod tools;
 pub mod sys;
 
 use std::time::Duration;
@@ -110,6 +111,10 @@ pub enum EngineError {
     KlBase(String),
     #[error("invalid {what}: {reason}")]
     Grammar { what: &'static str, reason: String },
+    /// A tool definition or `tool_choice` that cannot be used; `field` names it
+    /// (`tools[0].function.name`).
+    #[error("{reason}")]
+    Tools { field: String, reason: String },
     #[error("RAM budget: {reason}")]
     Budget { reason: String },
     #[error("a RAM budget of {} MiB is too small: {detail}", budget >> 20)]

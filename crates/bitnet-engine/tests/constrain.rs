@@ -152,3 +152,80 @@ fn bad_schemas_and_grammars_are_typed_errors() {
         }
     }
 }
+
+fn weather_tools(choice: Value, parallel: bool) -> bitnet_engine::tools::ToolSet {
+    bitnet_engine::tools::ToolSet::from_openai(
+        &json!([
+            {"type": "function", "function": {"name": "get_weather",
+                "parameters": {"type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 12},
+                                   "unit": {"enum": ["C", "F"]}},
+                    "required": ["city", "unit"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "now"}}
+        ]),
+        Some(&choice),
+        Some(parallel),
+    )
+    .unwrap()
+}
+
+/// Each call's name is a tool's and its arguments match that tool's schema.
+fn check_calls(calls: &[(String, String)], only: Option<&str>, text: &str) {
+    for (name, args) in calls {
+        let a: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        let o = a.as_object().unwrap();
+        match name.as_str() {
+            "get_weather" => {
+                assert_eq!(o.len(), 2, "{text:?}");
+                assert!(o["city"].as_str().unwrap().chars().count() <= 12, "{text:?}");
+                assert!(["C", "F"].contains(&o["unit"].as_str().unwrap()), "{text:?}");
+            }
+            "now" => assert!(o.is_empty(), "{text:?}"),
+            other => panic!("unknown function {other:?} in {text:?}"),
+        }
+        if let Some(n) = only {
+            assert_eq!(name, n, "{text:?}");
+        }
+    }
+}
+
+#[test]
+fn tool_grammars_give_text_or_calls_that_match_their_schemas() {
+    use bitnet_engine::tools::split_reply;
+    let e = engine();
+    for seed in 0..6 {
+        // Required: calls only, one per line when parallel.
+        let c = weather_tools(json!("required"), true).constraint().unwrap();
+        let (text, finish) = generate(&e, c, seed, 300);
+        let (content, mut calls) = split_reply(&text);
+        assert!(!calls.is_empty(), "{text:?}");
+        if finish == FinishReason::Length {
+            // A random model may call on and on: the last call can be cut short (cut
+            // within its name, what there is of it is text).
+            assert!(content.is_empty() || content.starts_with("<function="), "{text:?}");
+            calls.pop();
+        } else {
+            assert_eq!(finish, FinishReason::Eog, "{text:?}");
+            assert!(content.is_empty(), "{text:?}");
+        }
+        check_calls(&calls, None, &text);
+
+        // One named function, one call.
+        let c = weather_tools(json!({"type": "function", "function": {"name": "get_weather"}}), false)
+            .constraint()
+            .unwrap();
+        let (text, finish) = generate(&e, c, seed, 300);
+        let (content, calls) = split_reply(&text);
+        assert_eq!(finish, FinishReason::Eog, "{text:?}");
+        assert!(content.is_empty() && calls.len() == 1, "{text:?}");
+        check_calls(&calls, Some("get_weather"), &text);
+
+        // Auto: text that does not open a call, or calls.
+        let c = weather_tools(json!("auto"), true).constraint().unwrap();
+        let (text, _) = generate(&e, c, seed, 40);
+        let (content, calls) = split_reply(&text);
+        assert!(content.is_empty() || calls.is_empty(), "{text:?}");
+        assert!(!text.starts_with("<function=") || !calls.is_empty(), "{text:?}");
+        check_calls(&calls, None, &text);
+    }
+}

@@ -30,6 +30,10 @@ pub enum ChatRole {
     User,
     /// The model.
     Assistant,
+    /// The result of a function the model called (OpenAI's role `tool`); written `Tool: `
+    /// in the 2B-4T format and as role `tool` in the marker formats, as llama.cpp writes a
+    /// role it has no special case for.
+    Tool,
 }
 
 impl ChatRole {
@@ -39,6 +43,7 @@ impl ChatRole {
             Self::System => "System",
             Self::User => "User",
             Self::Assistant => "Assistant",
+            Self::Tool => "Tool",
         }
     }
 }
@@ -46,9 +51,9 @@ impl ChatRole {
 impl FromStr for ChatRole {
     type Err = TokenizerError;
 
-    /// Parses `system`, `user` or `assistant` (ASCII case-insensitive).
+    /// Parses `system`, `user`, `assistant` or `tool` (ASCII case-insensitive).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        for role in [Self::System, Self::User, Self::Assistant] {
+        for role in [Self::System, Self::User, Self::Assistant, Self::Tool] {
             if s.eq_ignore_ascii_case(role.label()) {
                 return Ok(role);
             }
@@ -160,6 +165,7 @@ impl ChatRole {
             Self::System => "system",
             Self::User => "user",
             Self::Assistant => "assistant",
+            Self::Tool => "tool",
         }
     }
 }
