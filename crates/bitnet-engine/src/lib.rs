@@ -36,8 +36,8 @@ pub mod quality;
 pub mod skip;
 mod stop;
 mod stream;
-pub mod tools;
 pub mod sys;
+pub mod tools;
 
 use std::time::Duration;
 

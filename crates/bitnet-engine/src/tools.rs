@@ -72,8 +72,7 @@ fn bad(field: impl Into<String>, reason: impl Into<String>) -> EngineError {
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 64
-        && n
-            .bytes()
+        && n.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
@@ -166,9 +165,7 @@ impl ToolSet {
                     }
                     Value::Object(p)
                 }
-                Some(_) => {
-                    return Err(bad(&pf, format!("`{pf}` must be a JSON schema object")))
-                }
+                Some(_) => return Err(bad(&pf, format!("`{pf}` must be a JSON schema object"))),
             };
             out.push(Tool {
                 name,
@@ -250,9 +247,7 @@ impl ToolSet {
         if !self.active() {
             return None;
         }
-        let mut s = String::from(
-            "You can call functions. Each line below defines one, as JSON:\n",
-        );
+        let mut s = String::from("You can call functions. Each line below defines one, as JSON:\n");
         for t in &self.tools {
             let mut def = serde_json::Map::new();
             def.insert("name".into(), json!(t.name));
@@ -378,7 +373,11 @@ enum Mode {
     /// Inside `<function=`: the name so far.
     Name(String),
     /// Inside a call's arguments.
-    Args { depth: usize, in_str: bool, esc: bool },
+    Args {
+        depth: usize,
+        in_str: bool,
+        esc: bool,
+    },
     /// After the arguments: what of `</function>` has been seen.
     Close(String),
     /// Between calls: what of `\n<function=` has been seen.
@@ -472,11 +471,7 @@ impl ToolCallParser {
                     s.push(c);
                 }
             }
-            Mode::Args {
-                depth,
-                in_str,
-                esc,
-            } => {
+            Mode::Args { depth, in_str, esc } => {
                 args.push(c);
                 let mut closed = false;
                 if *in_str {
@@ -641,7 +636,9 @@ mod tests {
         s.apply_to(&mut m);
         assert_eq!(m.len(), 2);
         assert_eq!(m[0].role, ChatRole::System);
-        assert!(m[0].content.contains(r#"{"name":"get_weather","description":"Weather of a city","parameters":"#));
+        assert!(m[0]
+            .content
+            .contains(r#"{"name":"get_weather","description":"Weather of a city","parameters":"#));
         let now: Value = m[0]
             .content
             .lines()
@@ -659,7 +656,9 @@ mod tests {
         ];
         s.apply_to(&mut m);
         assert_eq!(m.len(), 2);
-        assert!(m[0].content.starts_with("Be brief.\n\nYou can call functions."));
+        assert!(m[0]
+            .content
+            .starts_with("Be brief.\n\nYou can call functions."));
         let none = set(json!("none")).unwrap();
         let mut m = vec![ChatMessage::new(ChatRole::User, "hi")];
         none.apply_to(&mut m);
@@ -669,7 +668,10 @@ mod tests {
 
     #[test]
     fn replies_split_into_text_and_calls() {
-        assert_eq!(split_reply("Hello <there>"), ("Hello <there>".into(), vec![]));
+        assert_eq!(
+            split_reply("Hello <there>"),
+            ("Hello <there>".into(), vec![])
+        );
         assert_eq!(split_reply("<func"), ("<func".into(), vec![]));
         assert_eq!(split_reply("<b>bold</b>"), ("<b>bold</b>".into(), vec![]));
         let two = "<function=get_weather>{\"city\": \"a}\\\"</function>\"}</function>\n<function=now>{}</function>";
@@ -678,7 +680,10 @@ mod tests {
             (
                 String::new(),
                 vec![
-                    ("get_weather".into(), "{\"city\": \"a}\\\"</function>\"}".into()),
+                    (
+                        "get_weather".into(),
+                        "{\"city\": \"a}\\\"</function>\"}".into()
+                    ),
                     ("now".into(), "{}".into())
                 ]
             )

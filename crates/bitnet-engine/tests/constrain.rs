@@ -177,8 +177,14 @@ fn check_calls(calls: &[(String, String)], only: Option<&str>, text: &str) {
         match name.as_str() {
             "get_weather" => {
                 assert_eq!(o.len(), 2, "{text:?}");
-                assert!(o["city"].as_str().unwrap().chars().count() <= 12, "{text:?}");
-                assert!(["C", "F"].contains(&o["unit"].as_str().unwrap()), "{text:?}");
+                assert!(
+                    o["city"].as_str().unwrap().chars().count() <= 12,
+                    "{text:?}"
+                );
+                assert!(
+                    ["C", "F"].contains(&o["unit"].as_str().unwrap()),
+                    "{text:?}"
+                );
             }
             "now" => assert!(o.is_empty(), "{text:?}"),
             other => panic!("unknown function {other:?} in {text:?}"),
@@ -202,7 +208,10 @@ fn tool_grammars_give_text_or_calls_that_match_their_schemas() {
         if finish == FinishReason::Length {
             // A random model may call on and on: the last call can be cut short (cut
             // within its name, what there is of it is text).
-            assert!(content.is_empty() || content.starts_with("<function="), "{text:?}");
+            assert!(
+                content.is_empty() || content.starts_with("<function="),
+                "{text:?}"
+            );
             calls.pop();
         } else {
             assert_eq!(finish, FinishReason::Eog, "{text:?}");
@@ -211,9 +220,12 @@ fn tool_grammars_give_text_or_calls_that_match_their_schemas() {
         check_calls(&calls, None, &text);
 
         // One named function, one call.
-        let c = weather_tools(json!({"type": "function", "function": {"name": "get_weather"}}), false)
-            .constraint()
-            .unwrap();
+        let c = weather_tools(
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            false,
+        )
+        .constraint()
+        .unwrap();
         let (text, finish) = generate(&e, c, seed, 300);
         let (content, calls) = split_reply(&text);
         assert_eq!(finish, FinishReason::Eog, "{text:?}");
@@ -225,7 +237,10 @@ fn tool_grammars_give_text_or_calls_that_match_their_schemas() {
         let (text, _) = generate(&e, c, seed, 40);
         let (content, calls) = split_reply(&text);
         assert!(content.is_empty() || calls.is_empty(), "{text:?}");
-        assert!(!text.starts_with("<function=") || !calls.is_empty(), "{text:?}");
+        assert!(
+            !text.starts_with("<function=") || !calls.is_empty(),
+            "{text:?}"
+        );
         check_calls(&calls, None, &text);
     }
 }

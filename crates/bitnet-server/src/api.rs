@@ -7,7 +7,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
-use bitnet_engine::Constraint;
+use bitnet_engine::tools::{call_text, ToolSet};
+use bitnet_engine::{Constraint, EngineError};
 use bitnet_sampling::SamplerParams;
 use bitnet_tokenizer::{ChatMessage, ChatRole, Tokenizer};
 use serde_json::{json, Map, Value};
@@ -138,6 +139,10 @@ pub struct CompletionRequest {
     pub constraint: Option<Constraint>,
     /// The field the constraint came from (named in a 400 when it does not compile).
     pub constraint_field: &'static str,
+    /// Chat with `tools` the reply may call: the reply is split into content and
+    /// `tool_calls` (the messages already carry the tool definitions, the constraint holds
+    /// the reply to text or calls).
+    pub tools: bool,
 }
 
 /// Most alternatives per token `top_logprobs` (chat) or `logprobs` (completions) may
@@ -181,7 +186,7 @@ pub fn parse_request(
         }
     }
 
-    let input = match endpoint {
+    let mut input = match endpoint {
         Endpoint::Chat => Input::Chat(parse_messages(o.get("messages"))?),
         Endpoint::Completion => Input::Completion(parse_prompt(o.get("prompt"), limits.n_vocab)?),
     };
@@ -272,7 +277,24 @@ pub fn parse_request(
     };
 
     let logprobs = parse_logprobs(&o, endpoint)?;
-    let (constraint, constraint_field) = parse_constraint(&o)?;
+    let (mut constraint, mut constraint_field) = parse_constraint(&o)?;
+    let mut tools = false;
+    if let (Endpoint::Chat, Some(set)) = (endpoint, parse_tools(&o)?) {
+        if set.active() {
+            if constraint.is_some() {
+                return Err(ApiError::invalid(
+                    constraint_field,
+                    format!("`{constraint_field}` cannot be combined with `tools` (unless `tool_choice` is \"none\")"),
+                ));
+            }
+            if let Input::Chat(msgs) = &mut input {
+                set.apply_to(msgs);
+            }
+            constraint = set.constraint();
+            constraint_field = "tools";
+            tools = true;
+        }
+    }
 
     Ok(CompletionRequest {
         input,
@@ -285,7 +307,31 @@ pub fn parse_request(
         logprobs,
         constraint,
         constraint_field,
+        tools,
     })
+}
+
+/// Chat's `tools`, `tool_choice` and `parallel_tool_calls` ([`ToolSet::from_openai`]).
+/// `tool_choice` without `tools` is refused unless it is `none` or `auto`.
+fn parse_tools(o: &Obj<'_>) -> Result<Option<ToolSet>, ApiError> {
+    let parallel = o.bool("parallel_tool_calls")?;
+    let choice = o.get("tool_choice");
+    let Some(tools) = o.get("tools") else {
+        return match choice {
+            None => Ok(None),
+            Some(Value::String(c)) if c == "none" || c == "auto" => Ok(None),
+            Some(_) => Err(ApiError::invalid(
+                "tool_choice",
+                "`tool_choice` needs `tools`",
+            )),
+        };
+    };
+    ToolSet::from_openai(tools, choice, parallel)
+        .map(Some)
+        .map_err(|e| match e {
+            EngineError::Tools { field, reason } => ApiError::invalid(field, reason),
+            other => ApiError::invalid("tools", other.to_string()),
+        })
 }
 
 /// `response_format` as OpenAI defines it — `{"type": "text"}`, `{"type": "json_object"}`,
@@ -599,11 +645,12 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 "system" | "developer" => ChatRole::System,
                 "user" => ChatRole::User,
                 "assistant" => ChatRole::Assistant,
+                "tool" => ChatRole::Tool,
                 other => {
                     return Err(ApiError::invalid(
                         format!("messages[{i}].role"),
                         format!(
-                            "`messages[{i}].role` = {:?} is not supported (system, developer, user, assistant)",
+                            "`messages[{i}].role` = {:?} is not supported (system, developer, user, assistant, tool)",
                             truncate(other, 32)
                         ),
                     ))
@@ -655,9 +702,51 @@ fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 ))
             }
         };
+        let mut content = content;
+        if role == ChatRole::Assistant {
+            let calls = parse_history_calls(m.get("tool_calls"), i)?;
+            if !calls.is_empty() && !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(&calls);
+        }
         out.push(ChatMessage::new(role, content));
     }
     Ok(out)
+}
+
+/// An assistant message's `tool_calls` (`[{"id", "type": "function", "function": {"name",
+/// "arguments"}}]`), written as the reply format writes calls, one per line.
+fn parse_history_calls(v: Option<&Value>, i: usize) -> Result<String, ApiError> {
+    let items = match v {
+        None | Some(Value::Null) => return Ok(String::new()),
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_calls"),
+                format!("`messages[{i}].tool_calls` must be an array"),
+            ))
+        }
+    };
+    let mut s = String::new();
+    for (j, c) in items.iter().enumerate() {
+        let f = c.get("function");
+        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let args = f.and_then(|f| f.get("arguments")).and_then(Value::as_str);
+        let (Some(name), Some(args)) = (name, args) else {
+            return Err(ApiError::invalid(
+                format!("messages[{i}].tool_calls[{j}]"),
+                format!(
+                    "`messages[{i}].tool_calls[{j}]` must be {{\"type\": \"function\", \"function\": {{\"name\": string, \"arguments\": string}}}}"
+                ),
+            ));
+        };
+        if j > 0 {
+            s.push('\n');
+        }
+        s.push_str(&call_text(name, args));
+    }
+    Ok(s)
 }
 
 fn parse_prompt(v: Option<&Value>, n_vocab: usize) -> Result<Prompt, ApiError> {
@@ -789,6 +878,26 @@ impl Usage {
     }
 }
 
+/// One function call of a chat reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallOut {
+    /// `call_` and 24 hexadecimal digits.
+    pub id: String,
+    pub name: String,
+    /// The arguments' JSON text.
+    pub arguments: String,
+}
+
+impl CallOut {
+    fn to_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "type": "function",
+            "function": { "name": self.name, "arguments": self.arguments },
+        })
+    }
+}
+
 /// Identity of one response: `id`, `created`, `model`.
 #[derive(Debug, Clone)]
 pub struct ResponseMeta {
@@ -800,21 +909,43 @@ pub struct ResponseMeta {
 
 impl ResponseMeta {
     /// A whole (non-streamed) response.
-    pub fn full(&self, text: &str, finish: &str, usage: Usage, logprobs: Option<Value>) -> Value {
+    /// A whole (non-streamed) response; a chat reply's `calls` become its message's
+    /// `tool_calls` (its `content` null when it has no text).
+    pub fn full(
+        &self,
+        text: &str,
+        calls: &[CallOut],
+        finish: &str,
+        usage: Usage,
+        logprobs: Option<Value>,
+    ) -> Value {
         match self.endpoint {
-            Endpoint::Chat => json!({
-                "id": self.id,
-                "object": "chat.completion",
-                "created": self.created,
-                "model": self.model,
-                "choices": [{
-                    "index": 0,
-                    "message": { "role": "assistant", "content": text },
-                    "logprobs": logprobs,
-                    "finish_reason": finish,
-                }],
-                "usage": usage.to_json(),
-            }),
+            Endpoint::Chat => {
+                let mut message = json!({
+                    "role": "assistant",
+                    "content": if text.is_empty() && !calls.is_empty() {
+                        Value::Null
+                    } else {
+                        json!(text)
+                    },
+                });
+                if !calls.is_empty() {
+                    message["tool_calls"] = calls.iter().map(CallOut::to_json).collect();
+                }
+                json!({
+                    "id": self.id,
+                    "object": "chat.completion",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [{
+                        "index": 0,
+                        "message": message,
+                        "logprobs": logprobs,
+                        "finish_reason": finish,
+                    }],
+                    "usage": usage.to_json(),
+                })
+            }
             Endpoint::Completion => json!({
                 "id": self.id,
                 "object": "text_completion",
@@ -877,6 +1008,43 @@ impl ResponseMeta {
             if let Value::Object(m) = &mut v {
                 m.insert("usage".into(), Value::Null);
             }
+        }
+        v
+    }
+
+    /// A streamed chat chunk of call `index`: its first (`start`: id and name, arguments
+    /// empty) or a fragment of its arguments, as OpenAI streams `delta.tool_calls`.
+    pub fn call_chunk(
+        &self,
+        index: usize,
+        start: Option<(&str, &str)>,
+        arguments: &str,
+        with_usage_null: bool,
+        logprobs: Option<Value>,
+    ) -> Value {
+        let call = match start {
+            Some((id, name)) => json!({
+                "index": index,
+                "id": id,
+                "type": "function",
+                "function": { "name": name, "arguments": arguments },
+            }),
+            None => json!({ "index": index, "function": { "arguments": arguments } }),
+        };
+        let mut v = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "delta": { "tool_calls": [call] },
+                "logprobs": logprobs,
+                "finish_reason": null,
+            }],
+        });
+        if with_usage_null {
+            v["usage"] = Value::Null;
         }
         v
     }
@@ -1065,7 +1233,7 @@ mod tests {
         );
         assert_eq!(
             param_of(
-                r#"{"messages":[{"role":"user","content":"a"},{"role":"tool","content":"x"}]}"#
+                r#"{"messages":[{"role":"user","content":"a"},{"role":"function","content":"x"}]}"#
             )
             .as_deref(),
             Some("messages[1].role")
@@ -1150,5 +1318,75 @@ mod tests {
             e.body(),
             json!({"error": {"message": "bad", "type": "invalid_request_error", "param": "top_p", "code": null}})
         );
+    }
+
+    #[test]
+    fn tools_and_tool_history_are_read() {
+        let tools = r#""tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"integer"}}}}}]"#;
+        let r = chat(&format!("{{{MSG},{tools}}}")).unwrap();
+        assert!(r.tools);
+        assert_eq!(r.constraint_field, "tools");
+        assert!(matches!(r.constraint, Some(Constraint::Lark(_))));
+        let Input::Chat(m) = &r.input else { panic!() };
+        assert_eq!(m[0].role, ChatRole::System);
+        assert!(m[0].content.contains(r#"{"name":"f","parameters":"#));
+
+        let r = chat(&format!(r#"{{{MSG},{tools},"tool_choice":"none"}}"#)).unwrap();
+        assert!(!r.tools && r.constraint.is_none());
+        assert_eq!(
+            r.input,
+            Input::Chat(vec![ChatMessage::new(ChatRole::User, "hi")])
+        );
+
+        let r = chat(
+            r#"{"messages":[{"role":"user","content":"a"},
+                {"role":"assistant","content":null,"tool_calls":[
+                    {"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}},
+                    {"id":"call_2","type":"function","function":{"name":"g","arguments":"{}"}}]},
+                {"role":"tool","tool_call_id":"call_1","content":"2"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.input,
+            Input::Chat(vec![
+                ChatMessage::new(ChatRole::User, "a"),
+                ChatMessage::new(
+                    ChatRole::Assistant,
+                    "<function=f>{\"x\": 1}</function>\n<function=g>{}</function>"
+                ),
+                ChatMessage::new(ChatRole::Tool, "2"),
+            ])
+        );
+
+        for (body, param) in [
+            (format!(r#"{{{MSG},"tools":{{}}}}"#), "tools"),
+            (
+                format!(r#"{{{MSG},"tools":[{{"type":"function","function":{{"name":""}}}}]}}"#),
+                "tools[0].function.name",
+            ),
+            (
+                format!(r#"{{{MSG},{tools},"tool_choice":"maybe"}}"#),
+                "tool_choice",
+            ),
+            (
+                format!(r#"{{{MSG},"tool_choice":"required"}}"#),
+                "tool_choice",
+            ),
+            (
+                format!(r#"{{{MSG},{tools},"parallel_tool_calls":1}}"#),
+                "parallel_tool_calls",
+            ),
+            (
+                format!(r#"{{{MSG},{tools},"response_format":{{"type":"json_object"}}}}"#),
+                "response_format",
+            ),
+            (
+                r#"{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f"}}]}]}"#
+                    .to_string(),
+                "messages[0].tool_calls[0]",
+            ),
+        ] {
+            assert_eq!(param_of(&body).as_deref(), Some(param), "{body}");
+        }
     }
 }

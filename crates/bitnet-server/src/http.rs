@@ -27,10 +27,12 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::api::{
-    self, ApiError, CompletionRequest, Endpoint, Input, Prompt, RequestLimits, ResponseMeta,
+    self, ApiError, CallOut, CompletionRequest, Endpoint, Input, Prompt, RequestLimits,
+    ResponseMeta,
 };
 use crate::scheduler::{GenEvent, Job, Msg, Ticket};
 use crate::{Phase, Ready, ServerError, Shared};
+use bitnet_engine::tools::{split_reply, ToolCallParser, ToolEvent};
 
 type AppState = Arc<Shared>;
 
@@ -537,6 +539,7 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         logprobs,
         constraint,
         constraint_field,
+        tools,
     } = api::parse_request(&body, endpoint, &limits)?;
     drop(body);
     let field = match endpoint {
@@ -660,7 +663,7 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
     };
     let tok = Arc::clone(&ready.tokenizer);
     if stream {
-        return Ok(sse(meta, rx, include_usage, logprobs.map(|_| tok)));
+        return Ok(sse(meta, rx, include_usage, logprobs.map(|_| tok), tools));
     }
     let mut text = String::new();
     let mut entries = Vec::new();
@@ -672,7 +675,22 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
             }
             Some(GenEvent::Done { finish, usage }) => {
                 let lp = logprobs.map(|_| api::logprobs_json(endpoint, &entries, &tok, &mut 0));
-                return Ok(Json(meta.full(&text, finish, usage, lp)).into_response());
+                let (text, calls) = if tools {
+                    let (content, calls) = split_reply(&text);
+                    let calls: Vec<CallOut> = calls
+                        .into_iter()
+                        .map(|(name, arguments)| CallOut {
+                            id: call_id(),
+                            name,
+                            arguments,
+                        })
+                        .collect();
+                    (content, calls)
+                } else {
+                    (text, Vec::new())
+                };
+                let finish = tool_finish(finish, calls.len());
+                return Ok(Json(meta.full(&text, &calls, finish, usage, lp)).into_response());
             }
             Some(GenEvent::Error {
                 status,
@@ -688,6 +706,24 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
                 ))
             }
         }
+    }
+}
+
+/// A fresh tool call id: `call_` and 24 hexadecimal digits.
+fn call_id() -> String {
+    format!(
+        "call_{:016x}{:08x}",
+        random_u64(),
+        random_u64() & 0xffff_ffff
+    )
+}
+
+/// A reply that ended of itself after calling functions ends with `tool_calls`.
+fn tool_finish(finish: &'static str, calls: usize) -> &'static str {
+    if calls > 0 && finish == "stop" {
+        "tool_calls"
+    } else {
+        finish
     }
 }
 
@@ -711,6 +747,41 @@ struct StreamState {
     offset: usize,
     out: VecDeque<String>,
     done: bool,
+    /// Set when the reply may call tools: splits it into content and calls.
+    calls: Option<ToolCallParser>,
+}
+
+impl StreamState {
+    /// The chunks of a reply's pieces split by the tool-call parser; `lp` goes with the
+    /// first (or alone, with an empty content delta, when the parser holds the text back).
+    fn push_tool_events(&mut self, ev: Vec<ToolEvent>, mut lp: Option<Value>) {
+        if ev.is_empty() && lp.is_some() {
+            let c = self
+                .meta
+                .chunk(Some(""), None, self.include_usage, lp.take());
+            self.out.push_back(c.to_string());
+        }
+        for e in ev {
+            let c = match e {
+                ToolEvent::Content(t) => {
+                    self.meta
+                        .chunk(Some(&t), None, self.include_usage, lp.take())
+                }
+                ToolEvent::CallStart { index, name } => self.meta.call_chunk(
+                    index,
+                    Some((&call_id(), &name)),
+                    "",
+                    self.include_usage,
+                    lp.take(),
+                ),
+                ToolEvent::Arguments { index, fragment } => {
+                    self.meta
+                        .call_chunk(index, None, &fragment, self.include_usage, lp.take())
+                }
+            };
+            self.out.push_back(c.to_string());
+        }
+    }
 }
 
 /// Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
@@ -719,6 +790,7 @@ fn sse(
     rx: UnboundedReceiver<GenEvent>,
     include_usage: bool,
     logprobs: Option<Arc<Tokenizer>>,
+    tools: bool,
 ) -> Response {
     let mut out = VecDeque::new();
     if meta.endpoint == Endpoint::Chat {
@@ -732,6 +804,7 @@ fn sse(
         offset: 0,
         out,
         done: false,
+        calls: tools.then(ToolCallParser::new),
     };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
@@ -746,13 +819,24 @@ fn sse(
                     let lp = st.logprobs.as_ref().map(|tok| {
                         api::logprobs_json(st.meta.endpoint, &logprobs, tok, &mut st.offset)
                     });
-                    st.out.push_back(
-                        st.meta
-                            .chunk(Some(&text), None, st.include_usage, lp)
-                            .to_string(),
-                    );
+                    if let Some(p) = &mut st.calls {
+                        let ev = p.push(&text);
+                        st.push_tool_events(ev, lp);
+                    } else {
+                        st.out.push_back(
+                            st.meta
+                                .chunk(Some(&text), None, st.include_usage, lp)
+                                .to_string(),
+                        );
+                    }
                 }
                 Some(GenEvent::Done { finish, usage }) => {
+                    let mut finish = finish;
+                    if let Some(mut p) = st.calls.take() {
+                        let ev = p.finish();
+                        st.push_tool_events(ev, None);
+                        finish = tool_finish(finish, p.calls());
+                    }
                     st.out.push_back(
                         st.meta
                             .chunk(None, Some(finish), st.include_usage, None)

@@ -155,6 +155,83 @@ except openai.BadRequestError as e:
 else:
     errors_rf = None
 
+# Tool calls: the reply is held to calls whose arguments match the tool's schema; the same
+# seed streamed gives the same calls, assembled from delta.tool_calls fragments.
+import jsonschema
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather forecast of a city.",
+        "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time now."}},
+]
+SCHEMAS = {"get_weather": WEATHER,
+           "get_time": {"type": "object", "properties": {}, "additionalProperties": False}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def check_calls(calls):
+    """Each call's name is a tool's and its arguments validate against its schema."""
+    for c in calls:
+        jsonschema.validate(json.loads(c["arguments"]), SCHEMAS[c["name"]])
+    return True
+
+
+tools_out = []
+for seed, choice in [(1, "required"), (2, "required"),
+                     (3, {"type": "function", "function": {"name": "get_weather"}})]:
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice=choice,
+              parallel_tool_calls=False, temperature=1.0, seed=seed, max_tokens=200)
+    r = client.chat.completions.create(**kw)
+    m = r.choices[0].message
+    calls = [{"id": c.id, "type": c.type, "name": c.function.name,
+              "arguments": c.function.arguments} for c in (m.tool_calls or [])]
+    streamed = {}
+    finish_stream = None
+    for ch in client.chat.completions.create(stream=True, **kw):
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        for tc in d.tool_calls or []:
+            e = streamed.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+            if tc.id:
+                e["id"] = tc.id
+            if tc.function and tc.function.name:
+                e["name"] = tc.function.name
+            if tc.function and tc.function.arguments:
+                e["arguments"] += tc.function.arguments
+        if ch.choices[0].finish_reason:
+            finish_stream = ch.choices[0].finish_reason
+    # The follow-up: the calls and a result go back; the reply completes.
+    follow = client.chat.completions.create(
+        model="tiny", tools=TOOLS, temperature=1.0, seed=seed, max_tokens=16,
+        messages=ASK + [m.model_dump(exclude_none=True)] + [
+            {"role": "tool", "tool_call_id": c["id"], "content": '{"temperature": 21}'}
+            for c in calls],
+    )
+    tools_out.append({
+        "finish": r.choices[0].finish_reason,
+        "content": m.content,
+        "calls": calls,
+        "valid": check_calls(calls),
+        "stream_finish": finish_stream,
+        "stream_calls": [streamed[i] for i in sorted(streamed)],
+        "follow_finish": follow.choices[0].finish_reason,
+        "follow_prompt_tokens": follow.usage.prompt_tokens,
+        "ask_prompt_tokens": r.usage.prompt_tokens,
+    })
+out["tools"] = tools_out
+
 # Errors surface as the client's typed exceptions.
 errors = {}
 try:
@@ -172,6 +249,11 @@ try:
 except openai.AuthenticationError as e:
     errors["auth"] = [e.status_code, None]
 errors["response_format"] = errors_rf
+try:
+    client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+                                   tool_choice={"type": "function", "function": {"name": "nope"}})
+except openai.BadRequestError as e:
+    errors["tool_choice"] = [e.status_code, e.body.get("param") if isinstance(e.body, dict) else None]
 out["errors"] = errors
 
 print(json.dumps(out))

@@ -20,14 +20,14 @@ const KEY: &str = "sk-bitnet-test-key";
 
 fn python_with_openai() -> Result<(), String> {
     let out = Command::new("python3")
-        .args(["-c", "import openai; print(openai.__version__)"])
+        .args(["-c", "import openai, jsonschema; print(openai.__version__)"])
         .output()
         .map_err(|e| format!("cannot run python3: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "python3 cannot import openai: {}",
+            "python3 cannot import openai and jsonschema: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
@@ -41,7 +41,7 @@ fn usage(prompt: usize, completion: usize) -> Value {
 async fn official_openai_client() {
     if let Err(why) = python_with_openai() {
         if std::env::var_os("CI").is_some() {
-            panic!("{why}: CI must install it (python3 -m pip install openai)");
+            panic!("{why}: CI must install them (python3 -m pip install openai jsonschema)");
         }
         eprintln!("\n*** SKIPPING official_openai_client: {why} ***\n");
         return;
@@ -151,6 +151,40 @@ async fn official_openai_client() {
         seed: 99,
         ..SamplerParams::default()
     };
+    // Tool calls (arguments validated by the jsonschema package in the script).
+    let tools = v["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 3);
+    for t in tools {
+        assert_eq!(t["finish"], "tool_calls", "{t}");
+        assert_eq!(t["content"], Value::Null, "{t}");
+        let calls = t["calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{t}");
+        assert_eq!(t["valid"], true, "{t}");
+        for c in calls {
+            let id = c["id"].as_str().unwrap();
+            assert!(id.starts_with("call_") && id.len() == 29, "{t}");
+            assert_eq!(c["type"], "function");
+        }
+        assert_eq!(t["stream_finish"], "tool_calls", "{t}");
+        let streamed = t["stream_calls"].as_array().unwrap();
+        assert_eq!(streamed.len(), calls.len(), "{t}");
+        for (s, c) in streamed.iter().zip(calls) {
+            assert_eq!(s["name"], c["name"], "{t}");
+            assert_eq!(s["arguments"], c["arguments"], "{t}");
+            assert!(s["id"].as_str().unwrap().starts_with("call_"), "{t}");
+        }
+        assert!(
+            ["stop", "length", "tool_calls"].contains(&t["follow_finish"].as_str().unwrap()),
+            "{t}"
+        );
+        assert!(
+            t["follow_prompt_tokens"].as_u64() > t["ask_prompt_tokens"].as_u64(),
+            "{t}"
+        );
+    }
+    assert_eq!(tools[2]["calls"][0]["name"], "get_weather");
+    assert_eq!(v["errors"]["tool_choice"], json!([400, "tool_choice"]));
+
     let want = expected_logprobs(&chat_ids, 8, &lp, 3);
     let got = v["chat_logprobs"]["entries"].as_array().unwrap();
     assert_eq!(got.len(), want.len(), "{got:?}");

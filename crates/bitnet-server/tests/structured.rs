@@ -163,6 +163,34 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
             json!({ "grammar": "start: \"a\"", "json_schema": person() }),
             "grammar",
         ),
+        // Tools whose parameter schemas do not compile, or cannot be met.
+        (
+            json!({ "tools": [{ "type": "function", "function": { "name": "f",
+                    "parameters": { "type": "object", "properties": { "x": { "type": "nope" } } } } }] }),
+            "tools",
+        ),
+        (
+            json!({ "tools": [{ "type": "function", "function": { "name": "f",
+                    "parameters": { "$ref": "#/$defs/a", "$defs": { "a": { "$ref": "#/$defs/a" } } } } }],
+                    "tool_choice": "required" }),
+            "tools",
+        ),
+        (
+            json!({ "tools": [{ "type": "function", "function": { "name": "f",
+                    "parameters": { "properties": { "a": { "type": "integer" } }, "required": ["a"],
+                                    "minProperties": 3, "maxProperties": 1 } } }],
+                    "tool_choice": "required" }),
+            "tools",
+        ),
+        (
+            json!({ "tools": [{ "type": "function", "function": { "name": "f<script>" } }] }),
+            "tools[0].function.name",
+        ),
+        (
+            json!({ "tools": [{ "type": "function", "function": { "name": "f" } }],
+                    "json_schema": person() }),
+            "json_schema",
+        ),
     ];
     for (extra, field) in cases {
         let t0 = std::time::Instant::now();
