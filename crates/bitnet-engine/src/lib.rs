@@ -850,7 +850,22 @@ impl Engine {
         params: &GenParams,
         on_event: &mut dyn FnMut(Event<'_>) -> bool,
     ) -> Result<GenStats> {
-        let mut g = self.start(s, prompt, append, params)?;
+        self.generate_compiled(s, prompt, append, params, None, on_event)
+    }
+
+    /// [`Engine::generate`] under a constraint the caller compiled already (with
+    /// [`Grammars::start`] over this engine's vocabulary, to report a bad schema before the
+    /// generation runs); `compiled`, when given, replaces `params.constraint`.
+    pub fn generate_compiled(
+        &self,
+        s: &mut Session,
+        prompt: &[u32],
+        append: bool,
+        params: &GenParams,
+        compiled: Option<ConstraintState>,
+        on_event: &mut dyn FnMut(Event<'_>) -> bool,
+    ) -> Result<GenStats> {
+        let mut g = bitnet_gpu::block(self.start_inner(s, prompt, append, params, compiled))??;
         while let Some(tok) = g.sample(self)? {
             if !on_event(Event::Token(tok)) {
                 g.cancel();
@@ -904,6 +919,17 @@ impl Engine {
         append: bool,
         params: &GenParams,
     ) -> Result<Generation> {
+        self.start_inner(s, prompt, append, params, None).await
+    }
+
+    async fn start_inner(
+        &self,
+        s: &mut Session,
+        prompt: &[u32],
+        append: bool,
+        params: &GenParams,
+        compiled: Option<ConstraintState>,
+    ) -> Result<Generation> {
         // 1. Reuse the cached prefix (full-history callers), keep one token to evaluate.
         let full: Vec<u32> = if append {
             [s.tokens.as_slice(), prompt].concat()
@@ -930,11 +956,14 @@ impl Engine {
         for &t in &full {
             sampler.accept(t);
         }
-        let constraint = params
-            .constraint
-            .as_ref()
-            .map(|c| self.constraint(c))
-            .transpose()?;
+        let constraint = match compiled {
+            Some(c) => Some(c),
+            None => params
+                .constraint
+                .as_ref()
+                .map(|c| self.constraint(c))
+                .transpose()?,
+        };
         let read_back = self.read_back_for(&sampler, constraint.is_some());
         let t0 = Instant::now();
         let next = self.eval_next(s, new, read_back).await?;

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ::bitnet_engine::tools::{call_text, ToolCallParser, ToolEvent, ToolSet};
 use ::bitnet_engine::{
     Constraint, ContextPolicy, Engine, EngineError, Event, FinishReason, GenParams, LmHeadFormat,
     LoadOptions, Session,
@@ -152,8 +153,9 @@ fn chat_role(r: &str) -> PyResult<ChatRole> {
         "system" | "developer" => Ok(ChatRole::System),
         "user" => Ok(ChatRole::User),
         "assistant" => Ok(ChatRole::Assistant),
+        "tool" => Ok(ChatRole::Tool),
         o => Err(PyValueError::new_err(format!(
-            "role {o:?}: use \"system\", \"user\" or \"assistant\""
+            "role {o:?}: use \"system\", \"user\", \"assistant\" or \"tool\""
         ))),
     }
 }
@@ -250,6 +252,42 @@ impl NativeModel {
         self.tokenizer
             .encode_chat(&msgs, true)
             .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// [`NativeModel::chat_tokens`] with OpenAI's `tools` (JSON text), `tool_choice` (JSON
+    /// text or None) and `parallel_tool_calls`: the tool definitions join the system
+    /// message; returns the ids and the grammar (llguidance Lark) that holds the reply to
+    /// text or calls (None when `tool_choice` is "none"). Bad tools are `ValueError`.
+    #[pyo3(signature = (messages, tools, tool_choice=None, parallel=None))]
+    fn chat_tokens_tools(
+        &self,
+        messages: Vec<(String, String)>,
+        tools: &str,
+        tool_choice: Option<&str>,
+        parallel: Option<bool>,
+    ) -> PyResult<(Vec<u32>, Option<String>)> {
+        let json = |field: &str, t: &str| {
+            serde_json::from_str::<serde_json::Value>(t)
+                .map_err(|e| PyValueError::new_err(format!("{field}: {e}")))
+        };
+        let tools = json("tools", tools)?;
+        let choice = tool_choice.map(|c| json("tool_choice", c)).transpose()?;
+        let set = ToolSet::from_openai(&tools, choice.as_ref(), parallel)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut msgs = messages
+            .into_iter()
+            .map(|(r, c)| Ok(ChatMessage::new(chat_role(&r)?, c)))
+            .collect::<PyResult<Vec<_>>>()?;
+        set.apply_to(&mut msgs);
+        let ids = self
+            .tokenizer
+            .encode_chat(&msgs, true)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let grammar = match set.constraint() {
+            Some(Constraint::Lark(g)) => Some(g),
+            _ => None,
+        };
+        Ok((ids, grammar))
     }
 
     /// The text of `ids` (bytes that are not valid UTF-8 become U+FFFD).
@@ -403,13 +441,15 @@ impl NativeModel {
                 let g = self.grammars.get_or_init(|| {
                     bitnet_engine::Grammars::new(&self.tokenizer).map_err(|e| e.to_string())
                 });
+                // Compiled once, here (a bad schema is a ValueError now); the generation
+                // runs under this state.
                 match g {
-                    Ok(g) => g
-                        .start(&c)
-                        .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    Ok(g) => Some(
+                        g.start(&c)
+                            .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    ),
                     Err(e) => return Err(BitnetError::new_err(e.clone())),
-                };
-                Some(c)
+                }
             }
         };
         let params = GenParams {
@@ -417,7 +457,7 @@ impl NativeModel {
             sampler,
             stop,
             context_policy: ContextPolicy::Stop,
-            constraint,
+            constraint: None,
         };
         let (tx, rx) = channel();
         let cancel = Arc::new(AtomicBool::new(false));
@@ -430,17 +470,24 @@ impl NativeModel {
                 let mut g = lock(&inner);
                 let Inner { engine, session } = &mut *g;
                 let mut tokens = Vec::new();
-                let r = engine.generate(session, &prompt, false, &params, &mut |e| {
-                    match e {
-                        Event::Token(t) => tokens.push(t),
-                        Event::Text(t) => {
-                            if tx.send(Msg::Text(t.to_string())).is_err() {
-                                return false;
+                let r = engine.generate_compiled(
+                    session,
+                    &prompt,
+                    false,
+                    &params,
+                    constraint,
+                    &mut |e| {
+                        match e {
+                            Event::Token(t) => tokens.push(t),
+                            Event::Text(t) => {
+                                if tx.send(Msg::Text(t.to_string())).is_err() {
+                                    return false;
+                                }
                             }
                         }
-                    }
-                    !stop_flag.load(Ordering::Relaxed)
-                });
+                        !stop_flag.load(Ordering::Relaxed)
+                    },
+                );
                 let _ = tx.send(Msg::Done(r.map(|s| (s, tokens)).map_err(|e| e.to_string())));
             })
             .map_err(|e| BitnetError::new_err(format!("cannot start a generation thread: {e}")))?;
@@ -584,10 +631,65 @@ fn peak_rss_bytes() -> Option<u64> {
     ::bitnet_engine::sys::peak_rss_bytes()
 }
 
+/// Splits a reply into text and tool calls as it streams (the server's parser).
+#[pyclass(module = "bitnet_rs._native")]
+struct ToolParser {
+    p: ToolCallParser,
+}
+
+/// One event as a tuple: `("content", text)`, `("call", index, name)` or
+/// `("arguments", index, fragment)`.
+fn tool_events(py: Python<'_>, ev: Vec<ToolEvent>) -> PyResult<Vec<Py<PyAny>>> {
+    ev.into_iter()
+        .map(|e| {
+            Ok(match e {
+                ToolEvent::Content(t) => ("content", t).into_pyobject(py)?.into_any().unbind(),
+                ToolEvent::CallStart { index, name } => {
+                    ("call", index, name).into_pyobject(py)?.into_any().unbind()
+                }
+                ToolEvent::Arguments { index, fragment } => ("arguments", index, fragment)
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind(),
+            })
+        })
+        .collect()
+}
+
+#[pymethods]
+impl ToolParser {
+    #[new]
+    fn new() -> Self {
+        Self {
+            p: ToolCallParser::new(),
+        }
+    }
+
+    /// The events of the next piece of the reply.
+    fn push(&mut self, py: Python<'_>, text: &str) -> PyResult<Vec<Py<PyAny>>> {
+        let ev = self.p.push(text);
+        tool_events(py, ev)
+    }
+
+    /// The events of the reply's end.
+    fn finish(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        let ev = self.p.finish();
+        tool_events(py, ev)
+    }
+}
+
+/// How an assistant message's call is written into the prompt.
+#[pyfunction]
+fn tool_call_text(name: &str, arguments: &str) -> String {
+    call_text(name, arguments)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeModel>()?;
     m.add_class::<Stream>()?;
+    m.add_class::<ToolParser>()?;
+    m.add_function(wrap_pyfunction!(tool_call_text, m)?)?;
     m.add("BitnetError", m.py().get_type::<BitnetError>())?;
     m.add_function(wrap_pyfunction!(peak_rss_bytes, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

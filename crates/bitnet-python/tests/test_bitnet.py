@@ -221,7 +221,7 @@ def test_bad_call_arguments_raise(fast):
     with pytest.raises(ValueError, match="context"):
         fast.generate(list(range(600)))
     with pytest.raises(ValueError, match="role"):
-        fast.chat([{"role": "tool", "content": "x"}])
+        fast.chat([{"role": "function", "content": "x"}])
     with pytest.raises(ValueError, match="empty"):
         fast.chat([])
     with pytest.raises(ValueError):

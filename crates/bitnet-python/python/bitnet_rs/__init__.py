@@ -17,7 +17,8 @@ import os
 import time
 import uuid
 
-from ._native import BitnetError, NativeModel, Stream, peak_rss_bytes, __version__
+from ._native import (BitnetError, NativeModel, Stream, ToolParser, peak_rss_bytes,
+                      tool_call_text, __version__)
 
 __all__ = ["Model", "BitnetError", "peak_rss_bytes", "__version__"]
 
@@ -111,6 +112,17 @@ def _messages(messages):
             content = "".join(parts)
         if not isinstance(role, str) or not isinstance(content, str):
             raise ValueError(f"messages[{i}] needs a string 'role' and 'content'")
+        calls = m.get("tool_calls") if role == "assistant" else None
+        if calls:
+            texts = []
+            for j, c in enumerate(calls):
+                f = c.get("function") if isinstance(c, dict) else None
+                if not (isinstance(f, dict) and isinstance(f.get("name"), str)
+                        and isinstance(f.get("arguments"), str)):
+                    raise ValueError(f"messages[{i}].tool_calls[{j}] needs a function with "
+                                     "a string 'name' and 'arguments'")
+                texts.append(tool_call_text(f["name"], f["arguments"]))
+            content = content + ("\n" if content else "") + "\n".join(texts)
         out.append((role, content))
     if not out:
         raise ValueError("messages is empty")
@@ -231,14 +243,40 @@ class Model:
         return s if stream else "".join(s)
 
     def create_chat_completion(self, messages, max_tokens=None, stream=False, model=None,
-                               response_format=None, **sampling):
+                               response_format=None, tools=None, tool_choice=None,
+                               parallel_tool_calls=None, **sampling):
         """OpenAI's chat completion: a `chat.completion` dict, or with stream=True an
         iterator of `chat.completion.chunk` dicts (as llama-cpp-python returns).
+
         `response_format`: {"type": "json_object"} (llama-cpp-python's "schema" beside it
-        makes it a schema) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}."""
+        makes it a schema) or OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}.
+
+        `tools` ([{"type": "function", "function": {"name", "description", "parameters"}}]),
+        `tool_choice` ("auto", "none", "required" or {"type": "function", "function":
+        {"name": ...}}) and `parallel_tool_calls` as OpenAI defines them: the reply is text
+        or calls whose arguments match the function's parameters, returned as
+        `message.tool_calls` (streamed as `delta.tool_calls`) with finish_reason
+        "tool_calls". Messages may carry an assistant's `tool_calls` and `tool` results.
+        """
         if response_format is not None:
             sampling.update(_response_format(response_format))
-        ids = self._m.chat_tokens(_messages(messages))
+        msgs = _messages(messages)
+        parser = None
+        if tools is not None:
+            ids, grammar = self._m.chat_tokens_tools(
+                msgs, json.dumps(tools),
+                None if tool_choice is None else json.dumps(tool_choice), parallel_tool_calls)
+            if grammar is not None:
+                if _constraint(sampling) is not None:
+                    raise ValueError("tools cannot be combined with response_format, "
+                                     "json_schema, json_object, grammar or regex "
+                                     "(unless tool_choice is 'none')")
+                sampling["grammar"] = grammar
+                parser = ToolParser()
+        elif tool_choice not in (None, "none", "auto"):
+            raise ValueError("tool_choice needs tools")
+        else:
+            ids = self._m.chat_tokens(msgs)
         s = self._start(ids, max_tokens, sampling)
         meta = {
             "id": "chatcmpl-" + uuid.uuid4().hex[:24],
@@ -246,35 +284,86 @@ class Model:
             "model": model or os.path.basename(self.path),
         }
         if stream:
-            return self._chunks(s, meta)
+            return self._chunks(s, meta, parser)
         text = "".join(s)
+        message = {"role": "assistant", "content": text}
+        finish = s.finish_reason
+        if parser is not None:
+            content, calls = _split(parser.push(text) + parser.finish())
+            message["content"] = content if content or not calls else None
+            if calls:
+                message["tool_calls"] = calls
+                if finish == "stop":
+                    finish = "tool_calls"
         return {
             **meta,
             "object": "chat.completion",
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
-                "finish_reason": s.finish_reason,
+                "finish_reason": finish,
             }],
             "usage": _usage(s),
         }
 
     @staticmethod
-    def _chunks(s, meta):
+    def _chunks(s, meta, parser=None):
         def chunk(delta, finish):
             return {**meta, "object": "chat.completion.chunk",
                     "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                  "finish_reason": finish}]}
+
+        def deltas(events):
+            for e in events:
+                if e[0] == "content":
+                    yield {"content": e[1]}
+                elif e[0] == "call":
+                    yield {"tool_calls": [{"index": e[1], "id": _call_id(), "type": "function",
+                                           "function": {"name": e[2], "arguments": ""}}]}
+                else:
+                    yield {"tool_calls": [{"index": e[1], "function": {"arguments": e[2]}}]}
+
         yield chunk({"role": "assistant", "content": ""}, None)
+        calls = False
         try:
             for piece in s:
-                yield chunk({"content": piece}, None)
+                if parser is None:
+                    yield chunk({"content": piece}, None)
+                    continue
+                for d in deltas(parser.push(piece)):
+                    calls = calls or "tool_calls" in d
+                    yield chunk(d, None)
+            if parser is not None:
+                for d in deltas(parser.finish()):
+                    calls = calls or "tool_calls" in d
+                    yield chunk(d, None)
         finally:
             s.close()
-        last = chunk({}, s.finish_reason)
+        finish = s.finish_reason
+        if calls and finish == "stop":
+            finish = "tool_calls"
+        last = chunk({}, finish)
         last["usage"] = _usage(s)
         yield last
+
+
+def _call_id():
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _split(events):
+    """A reply's parser events as its text and OpenAI tool_calls."""
+    content, calls = [], []
+    for e in events:
+        if e[0] == "content":
+            content.append(e[1])
+        elif e[0] == "call":
+            calls.append({"id": _call_id(), "type": "function",
+                          "function": {"name": e[2], "arguments": ""}})
+        else:
+            calls[e[1]]["function"]["arguments"] += e[2]
+    return "".join(content), calls
 
 
 def _usage(s):
