@@ -119,6 +119,10 @@ pub(crate) struct SchedConfig {
     pub step_delay: Option<Duration>,
 }
 
+/// Stack of the thread computing token masks: llguidance's matcher recurses over deep
+/// schemas, as on the scheduler thread (`SCHEDULER_STACK`).
+const MASK_STACK: usize = 64 << 20;
+
 #[derive(Debug)]
 struct Slot {
     /// The slot's KV cache (in memory, or on the GPU when the engine runs there).
@@ -464,7 +468,53 @@ impl Scheduler {
         plans
     }
 
+    /// The batched forward pass; meanwhile, on a thread of its own, the token masks of the
+    /// constrained slots that get logits from it are computed (so a constraint's cost hides
+    /// behind the pass instead of following it).
     fn forward(&mut self, plans: &[Plan]) -> Result<Vec<Vec<f32>>, bitnet_engine::EngineError> {
+        let mut states: Vec<(usize, Box<bitnet_engine::ConstraintState>)> = plans
+            .iter()
+            .filter(|p| p.outputs != Outputs::None)
+            .filter_map(|p| {
+                let a = self.slots[p.slot].active.as_mut()?;
+                a.job.constraint.take().map(|c| (p.slot, c))
+            })
+            .collect();
+        if states.is_empty() {
+            return self.forward_pass(plans);
+        }
+        let r = std::thread::scope(|scope| {
+            // The thread borrows the states: if it cannot start, they stay here and each
+            // mask is computed when it is applied.
+            let masks = std::thread::Builder::new()
+                .name("bitnet-mask".into())
+                .stack_size(MASK_STACK)
+                .spawn_scoped(scope, || {
+                    for (_, c) in states.iter_mut() {
+                        // An error here comes back from `apply`, which computes the mask
+                        // again.
+                        let _ = c.prepare();
+                    }
+                });
+            let r = self.forward_pass(plans);
+            if let Ok(h) = masks {
+                // A panic there left no mask ready: `apply` computes it.
+                let _ = h.join();
+            }
+            r
+        });
+        for (slot, c) in states {
+            if let Some(a) = self.slots[slot].active.as_mut() {
+                a.job.constraint = Some(c);
+            }
+        }
+        r
+    }
+
+    fn forward_pass(
+        &mut self,
+        plans: &[Plan],
+    ) -> Result<Vec<Vec<f32>>, bitnet_engine::EngineError> {
         // `plans` is sorted by slot; pair each plan with its slot's cache.
         let mut it = plans.iter().peekable();
         let mut work: Vec<(&mut Session, &[u32], Outputs)> = Vec::with_capacity(plans.len());
