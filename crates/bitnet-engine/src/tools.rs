@@ -79,17 +79,22 @@ fn valid_name(n: &str) -> bool {
 impl ToolSet {
     /// OpenAI's `tools` (`[{"type": "function", "function": {"name", "description",
     /// "parameters"}}]`), `tool_choice` and `parallel_tool_calls`. Errors name the field at
-    /// fault (`tools[1].function.name`). An empty `tools` array is refused, as OpenAI does.
+    /// fault (`tools[1].function.name`). An empty `tools` array is no tools (`None`), as
+    /// llama-server and Ollama take it; `tool_choice` must then be `none`, `auto` or absent.
     pub fn from_openai(
         tools: &Value,
         tool_choice: Option<&Value>,
         parallel: Option<bool>,
-    ) -> Result<ToolSet> {
+    ) -> Result<Option<ToolSet>> {
         let Value::Array(items) = tools else {
             return Err(bad("tools", "`tools` must be an array"));
         };
         if items.is_empty() {
-            return Err(bad("tools", "`tools` is empty: leave it out instead"));
+            return match tool_choice {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(c)) if c == "none" || c == "auto" => Ok(None),
+                Some(_) => Err(bad("tool_choice", "`tool_choice` needs `tools`")),
+            };
         }
         if items.len() > MAX_TOOLS {
             return Err(bad(
@@ -221,11 +226,11 @@ impl ToolSet {
                 ))
             }
         };
-        Ok(ToolSet {
+        Ok(Some(ToolSet {
             tools: out,
             choice,
             parallel: parallel.unwrap_or(true),
-        })
+        }))
     }
 
     /// Whether the reply may call a function at all (`tool_choice` is not `none`).
@@ -570,6 +575,7 @@ mod tests {
             Some(&choice),
             None,
         )
+        .map(Option::unwrap)
     }
 
     #[test]
@@ -599,7 +605,6 @@ mod tests {
     fn bad_tools_name_the_field() {
         let cases = [
             (json!({}), "tools"),
-            (json!([]), "tools"),
             (json!([1]), "tools[0]"),
             (json!([{"type": "code"}]), "tools[0].type"),
             (json!([{"type": "function"}]), "tools[0].function"),
@@ -621,6 +626,7 @@ mod tests {
                 "tools[0].function.parameters",
             ),
         ];
+        assert_eq!(ToolSet::from_openai(&json!([]), None, None).unwrap(), None);
         for (tools, want) in cases {
             match ToolSet::from_openai(&tools, None, None) {
                 Err(EngineError::Tools { field, .. }) => assert_eq!(field, want, "{tools}"),

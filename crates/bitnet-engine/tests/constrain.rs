@@ -167,6 +167,7 @@ fn weather_tools(choice: Value, parallel: bool) -> bitnet_engine::tools::ToolSet
         Some(parallel),
     )
     .unwrap()
+    .unwrap()
 }
 
 /// Each call's name is a tool's and its arguments match that tool's schema.

@@ -278,12 +278,14 @@ impl NativeModel {
             .into_iter()
             .map(|(r, c)| Ok(ChatMessage::new(chat_role(&r)?, c)))
             .collect::<PyResult<Vec<_>>>()?;
-        set.apply_to(&mut msgs);
+        if let Some(set) = &set {
+            set.apply_to(&mut msgs);
+        }
         let ids = self
             .tokenizer
             .encode_chat(&msgs, true)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let grammar = match set.constraint() {
+        let grammar = match set.and_then(|s| s.constraint()) {
             Some(Constraint::Lark(g)) => Some(g),
             _ => None,
         };

@@ -105,7 +105,7 @@ def test_auto_gives_text_or_calls_and_none_gives_text(model):
 
 def test_bad_tools_are_value_errors(model):
     bad = [
-        dict(tools=[]),
+        dict(tools=[], tool_choice="required"),
         dict(tools=[{"type": "function", "function": {"name": "a b"}}]),
         dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
         dict(tools=TOOLS, tool_choice="sometimes"),

@@ -326,12 +326,10 @@ fn parse_tools(o: &Obj<'_>) -> Result<Option<ToolSet>, ApiError> {
             )),
         };
     };
-    ToolSet::from_openai(tools, choice, parallel)
-        .map(Some)
-        .map_err(|e| match e {
-            EngineError::Tools { field, reason } => ApiError::invalid(field, reason),
-            other => ApiError::invalid("tools", other.to_string()),
-        })
+    ToolSet::from_openai(tools, choice, parallel).map_err(|e| match e {
+        EngineError::Tools { field, reason } => ApiError::invalid(field, reason),
+        other => ApiError::invalid("tools", other.to_string()),
+    })
 }
 
 /// `response_format` as OpenAI defines it — `{"type": "text"}`, `{"type": "json_object"}`,
@@ -1360,6 +1358,10 @@ mod tests {
 
         for (body, param) in [
             (format!(r#"{{{MSG},"tools":{{}}}}"#), "tools"),
+            (
+                format!(r#"{{{MSG},"tools":[],"tool_choice":"required"}}"#),
+                "tool_choice",
+            ),
             (
                 format!(r#"{{{MSG},"tools":[{{"type":"function","function":{{"name":""}}}}]}}"#),
                 "tools[0].function.name",

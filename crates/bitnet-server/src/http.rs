@@ -628,6 +628,7 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         stop,
         logprobs,
         constraint,
+        constraint_field,
         deadline,
         events: tx,
         _ticket: ticket,
@@ -644,7 +645,8 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
             status,
             kind,
             message,
-        }) => return Err(event_error(status, kind, message)),
+            param,
+        }) => return Err(event_error(status, kind, message, param)),
         _ => return Err(unavailable("the server is shutting down")),
     }
 
@@ -696,7 +698,8 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
                 status,
                 kind,
                 message,
-            }) => return Err(event_error(status, kind, message)),
+                param,
+            }) => return Err(event_error(status, kind, message, param)),
             Some(GenEvent::Started) => {}
             None => {
                 return Err(ApiError::new(
@@ -727,9 +730,15 @@ fn tool_finish(finish: &'static str, calls: usize) -> &'static str {
     }
 }
 
-fn event_error(status: u16, kind: &'static str, message: String) -> ApiError {
+fn event_error(
+    status: u16,
+    kind: &'static str,
+    message: String,
+    param: Option<&'static str>,
+) -> ApiError {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let e = ApiError::new(status, kind, message);
+    let mut e = ApiError::new(status, kind, message);
+    e.param = param.map(str::to_string);
     if status == StatusCode::SERVICE_UNAVAILABLE {
         e.retry_after(1)
     } else {
@@ -852,9 +861,10 @@ fn sse(
                     status,
                     kind,
                     message,
+                    param,
                 }) => {
                     st.out
-                        .push_back(event_error(status, kind, message).body().to_string());
+                        .push_back(event_error(status, kind, message, param).body().to_string());
                     st.out.push_back("[DONE]".into());
                     st.done = true;
                 }

@@ -40,6 +40,8 @@ pub(crate) struct Job {
     pub logprobs: Option<usize>,
     /// The structured-output constraint, compiled by the handler.
     pub constraint: Option<Box<bitnet_engine::ConstraintState>>,
+    /// The field the constraint came from (named when it fails while generating).
+    pub constraint_field: &'static str,
     /// Generation ends (`finish_reason: "length"`) at this instant; a job still waiting
     /// then is refused with 503.
     pub deadline: Instant,
@@ -86,6 +88,8 @@ pub(crate) enum GenEvent {
         status: u16,
         kind: &'static str,
         message: String,
+        /// The request field at fault, if one is.
+        param: Option<&'static str>,
     },
 }
 
@@ -539,7 +543,7 @@ impl Scheduler {
             Some(c) => {
                 let mut l = logits.to_vec();
                 if let Err(e) = c.apply(&mut l) {
-                    send_error(&a.job, 500, "server_error", &e.to_string());
+                    send_grammar_error(&a.job, &e);
                     self.metrics.errors.fetch_add(1, Relaxed);
                     return Some(FinishReason::Cancelled);
                 }
@@ -572,7 +576,7 @@ impl Scheduler {
             }
         };
         if let Some(Err(e)) = a.job.constraint.as_mut().map(|c| c.commit(t)) {
-            send_error(&a.job, 500, "server_error", &e.to_string());
+            send_grammar_error(&a.job, &e);
             self.metrics.errors.fetch_add(1, Relaxed);
             return Some(FinishReason::Cancelled);
         }
@@ -717,6 +721,18 @@ fn send_error(j: &Job, status: u16, kind: &'static str, message: &str) {
         status,
         kind,
         message: message.to_string(),
+        param: None,
+    });
+}
+
+/// A constraint that fails while generating (a grammar beyond llguidance's limits on
+/// parser work, found only as the text grows): the request's fault, a 400 naming its field.
+fn send_grammar_error(j: &Job, e: &bitnet_engine::EngineError) {
+    let _ = j.events.send(GenEvent::Error {
+        status: 400,
+        kind: "invalid_request_error",
+        message: format!("`{}`: {e}", j.constraint_field),
+        param: Some(j.constraint_field),
     });
 }
 

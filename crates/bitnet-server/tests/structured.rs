@@ -217,6 +217,50 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
         r.status,
         t0.elapsed()
     );
+    // A schema 1,000 deep (beyond the JSON parser's nesting limit of 128): a 400 about the
+    // body; a schema of 1,000,000 bytes with the default 1 MiB body limit: 400, 413 or
+    // served, in bounded time.
+    let deep1000 = format!(
+        r#"{{"messages":[{{"role":"user","content":"x"}}],"max_tokens":4,"json_schema":{}{}}}"#,
+        r#"{"type":"array","items":"#.repeat(1000),
+        format!("{{\"type\":\"integer\"}}{}", "}".repeat(1000))
+    );
+    let r = post(s.addr, CHAT, &deep1000).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("recursion limit"), "{}", r.text());
+    let mut big = serde_json::Map::new();
+    let mut len = 0;
+    while len < 1_000_000 - 300 {
+        let key = format!("p{}", big.len());
+        let v = json!({ "enum": ["a".repeat(200)] });
+        len += key.len() + v.to_string().len() + 4;
+        big.insert(key, v);
+    }
+    let body =
+        chat(json!({ "json_schema": { "type": "object", "properties": big }, "max_tokens": 4 }));
+    let t0 = std::time::Instant::now();
+    let r = post(s.addr, CHAT, &body).await;
+    assert!(
+        [200, 400, 413].contains(&r.status),
+        "{}: {}",
+        r.status,
+        r.text()
+    );
+    if r.status == 400 {
+        assert_eq!(
+            r.error_param().as_deref(),
+            Some("json_schema"),
+            "{}",
+            r.text()
+        );
+    }
+    assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
+    println!(
+        "a {}-byte schema: {} in {:?}",
+        body.len(),
+        r.status,
+        t0.elapsed()
+    );
     // A grammar that can never end: generation runs to max_tokens and says so.
     let r = post(
         s.addr,
