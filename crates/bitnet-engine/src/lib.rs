@@ -1059,10 +1059,11 @@ impl Generation {
     /// Take `tok` (just returned by [`Generation::sample`]) into the text and the cache;
     /// returns the text it completes. Evaluates it unless the generation ends with it.
     pub fn advance(&mut self, engine: &Engine, s: &mut Session, tok: u32) -> Result<String> {
-        // Under a constraint on the CPU, the next token mask is computed on a thread of its
-        // own while the forward pass runs, not after it.
+        // Under a constraint, the next token mask is computed on a thread of its own while
+        // the forward pass runs (on the CPU or the GPU), not after it. (A web page has one
+        // thread: there the mask follows the pass.)
         #[cfg(not(target_arch = "wasm32"))]
-        if engine.gpu.is_none() {
+        {
             if let Some(mut c) = self.constraint.take() {
                 return std::thread::scope(|scope| {
                     let thread_err = |why: &str| EngineError::Grammar {
