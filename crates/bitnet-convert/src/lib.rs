@@ -16,6 +16,7 @@
 
 mod error;
 pub mod hf;
+pub mod spm;
 pub mod ternary;
 mod tokjson;
 
@@ -100,6 +101,13 @@ enum Source {
         n_out: usize,
         n_in: usize,
         permute: Option<usize>,
+    },
+    /// A projection of a 1bitLLM checkpoint (float master weights), `[n_out, n_in]`,
+    /// ternarized by bitnet.cpp's rule for it ([`ternary::absmean_1bitllm`]).
+    HfTernary1bit {
+        hf: String,
+        n_out: usize,
+        n_in: usize,
     },
     /// A tensor of the input GGUF copied as it is.
     Copy { name: String },
@@ -271,7 +279,9 @@ pub fn convert<W: Write>(
                 .filter(|p| {
                     matches!(
                         p.source,
-                        Source::HfTernary { .. } | Source::GgufTernary { .. }
+                        Source::HfTernary { .. }
+                            | Source::HfTernary1bit { .. }
+                            | Source::GgufTernary { .. }
                     )
                 })
                 .count(),
@@ -451,6 +461,12 @@ fn produce_from(
             if let Some(heads) = permute {
                 t.permute_for_normal_rope(name, *n_in, *heads)?;
             }
+            ternary::encode(name, &t, target)
+        }
+        (Source::HfTernary1bit { hf, n_out, n_in }, Input::Hf(d)) => {
+            let t = d.require(hf)?;
+            let w = d.floats(hf, &[*n_out, *n_in])?;
+            let t = ternary::absmean_1bitllm(&w, t.dtype == Dtype::F16);
             ternary::encode(name, &t, target)
         }
         (Source::Copy { name }, Input::Gguf(f)) => {
@@ -691,19 +707,25 @@ fn cfg_u32(key: &str, v: usize) -> Result<Value, ConvertError> {
 /// permuted for normal RoPE).
 fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
     let c = &d.config;
-    let llama = match c.architectures.first().map(String::as_str) {
-        None | Some("BitNetForCausalLM" | "BitnetForCausalLM") => false,
-        Some("LlamaForCausalLM") => true,
+    // 1bitLLM's `BitnetForCausalLM` (lower-case n, bitnet_b1_58-large and -3B) is another
+    // model than 2B-4T's `BitNetForCausalLM`: bitnet.cpp converts it as architecture `bitnet`.
+    let (llama, onebit) = match c.architectures.first().map(String::as_str) {
+        None | Some("BitNetForCausalLM") => (false, false),
+        Some("BitnetForCausalLM") => (false, true),
+        Some("LlamaForCausalLM") => (true, false),
         Some(a) => {
             return Err(cfg_err(
                 "architectures",
                 format!(
-                    "{a:?}: the converter reads BitNetForCausalLM and ternary LlamaForCausalLM \
-                     checkpoints"
+                    "{a:?}: the converter reads BitNetForCausalLM, 1bitLLM's BitnetForCausalLM \
+                     and ternary LlamaForCausalLM checkpoints"
                 ),
             ))
         }
     };
+    if onebit {
+        return plan_1bitllm(d, target);
+    }
     let arch = if llama { ARCH_LLAMA } else { ARCH_B158 };
     if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(cfg_err("rope_scaling", "RoPE scaling is not supported"));
@@ -928,6 +950,194 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
             },
         });
     }
+    Ok((kv, plan))
+}
+
+/// Metadata and tensor plan for 1bitLLM's `BitnetForCausalLM` (bitnet_b1_58-large, -3B):
+/// architecture `bitnet` with the keys bitnet.cpp's converter writes for it (no RoPE dimension
+/// count; a linear RoPE scaling of factor 1; the SentencePiece vocabulary of
+/// [`spm::tokenizer_kv`]), the sub-norms `inner_attn_ln` and `ffn_layernorm`, a tied head and
+/// float master weights ternarized by the converter's rule ([`ternary::absmean_1bitllm`]).
+fn plan_1bitllm(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
+    let c = &d.config;
+    let raw: serde_json::Value = hf::read_json(&d.dir.join("config.json"))?;
+    if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(cfg_err("rope_scaling", "RoPE scaling is not supported"));
+    }
+    if c.tie_word_embeddings == Some(false) {
+        return Err(cfg_err(
+            "tie_word_embeddings",
+            "false: bitnet.cpp's `bitnet` architecture has no output tensor of its own",
+        ));
+    }
+    let n_embd = cfg_usize("hidden_size", c.hidden_size)?;
+    let n_ff = cfg_usize("intermediate_size", c.intermediate_size)?;
+    let n_layer = cfg_usize("num_hidden_layers", c.num_hidden_layers)?;
+    let n_head = cfg_usize("num_attention_heads", c.num_attention_heads)?;
+    let n_head_kv = cfg_usize(
+        "num_key_value_heads",
+        c.num_key_value_heads.unwrap_or(c.num_attention_heads),
+    )?;
+    let n_ctx = cfg_usize("max_position_embeddings", c.max_position_embeddings)?;
+    let n_vocab = cfg_usize("vocab_size", c.vocab_size)?;
+    if n_layer > bitnet_model::config::MAX_LAYERS
+        || n_embd > bitnet_model::config::MAX_EMBD
+        || n_ff > bitnet_model::config::MAX_FF
+        || n_head > bitnet_model::config::MAX_HEADS
+        || n_vocab > bitnet_model::config::MAX_VOCAB
+        || n_ctx > bitnet_model::config::MAX_CTX
+    {
+        return Err(cfg_err(
+            "config",
+            "a dimension exceeds the supported maximum",
+        ));
+    }
+    if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
+        return Err(cfg_err(
+            "num_attention_heads",
+            "hidden_size must be a multiple of the heads, and the heads of the KV heads",
+        ));
+    }
+    let head_dim = n_embd / n_head;
+    match c
+        .hidden_act
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("silu" | "swish") => {}
+        Some(other) => {
+            return Err(cfg_err(
+                "hidden_act",
+                format!("{other:?}: bitnet.cpp's `bitnet` graph gates its FFN with SiLU"),
+            ))
+        }
+    }
+    let eps = positive_f32("rms_norm_eps", c.rms_norm_eps)?;
+    let n_kv = n_head_kv * head_dim;
+    let k = |s: &str| format!("{ARCH_UPSTREAM}.{s}");
+    // bitnet.cpp's converter names the model after its folder.
+    let name = d
+        .dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map_or_else(|| "bitnet".to_string(), str::to_string);
+    let mut kv: Vec<(String, Value)> = vec![
+        (
+            "general.architecture".into(),
+            Value::String(ARCH_UPSTREAM.into()),
+        ),
+        ("general.name".into(), Value::String(name)),
+        (k("block_count"), cfg_u32("num_hidden_layers", n_layer)?),
+        (
+            k("context_length"),
+            cfg_u32("max_position_embeddings", n_ctx)?,
+        ),
+        (k("embedding_length"), cfg_u32("hidden_size", n_embd)?),
+        (
+            k("feed_forward_length"),
+            cfg_u32("intermediate_size", n_ff)?,
+        ),
+        (
+            k("attention.head_count"),
+            cfg_u32("num_attention_heads", n_head)?,
+        ),
+    ];
+    if c.num_key_value_heads.is_some() {
+        kv.push((
+            k("attention.head_count_kv"),
+            cfg_u32("num_key_value_heads", n_head_kv)?,
+        ));
+    }
+    if let Some(theta) = c.rope_theta {
+        kv.push((
+            k("rope.freq_base"),
+            Value::F32(positive_f32("rope_theta", theta)?),
+        ));
+    }
+    kv.extend([
+        (k("attention.layer_norm_rms_epsilon"), Value::F32(eps)),
+        ("general.file_type".into(), Value::U32(target.file_type())),
+        (k("vocab_size"), cfg_u32("vocab_size", n_vocab)?),
+        (k("rope.scaling.type"), Value::String("linear".into())),
+        (k("rope.scaling.factor"), Value::F32(1.0)),
+    ]);
+    kv.extend(spm::tokenizer_kv(&d.dir, &raw, n_vocab)?);
+    kv.push(("general.quantization_version".into(), Value::U32(2)));
+
+    let embd_hf = "model.embed_tokens.weight";
+    hf::check_shape(embd_hf, &d.require(embd_hf)?.shape, &[n_vocab, n_embd])?;
+    let mut plan = vec![Planned {
+        name: TOKEN_EMBD.into(),
+        dims: vec![u64_of(n_embd), u64_of(n_vocab)],
+        ty: GgmlType::F16.id(),
+        size: bytes_of(TOKEN_EMBD, n_vocab, n_embd, 2)?,
+        source: Source::HfFloat {
+            hf: embd_hf.into(),
+            to: GgmlType::F16,
+        },
+    }];
+    for il in 0..n_layer {
+        for role in FILE_ORDER {
+            let hf = match role {
+                LayerTensor::AttnSubNorm => {
+                    format!("model.layers.{il}.self_attn.inner_attn_ln.weight")
+                }
+                LayerTensor::FfnSubNorm => format!("model.layers.{il}.mlp.ffn_layernorm.weight"),
+                _ => hf_layer_name(role, il),
+            };
+            let name = role.name(il);
+            let (n_in, n_out) = match role {
+                LayerTensor::AttnQ | LayerTensor::AttnOutput => (n_embd, n_embd),
+                LayerTensor::AttnK | LayerTensor::AttnV => (n_embd, n_kv),
+                LayerTensor::FfnGate | LayerTensor::FfnUp => (n_embd, n_ff),
+                LayerTensor::FfnDown => (n_ff, n_embd),
+                LayerTensor::FfnSubNorm => (n_ff, 1),
+                _ => (n_embd, 1),
+            };
+            if role.is_projection() {
+                target.layout().check_k(n_in)?;
+                let t = d.require(&hf)?;
+                if t.dtype == Dtype::U8 {
+                    return Err(cfg_err(
+                        "architectures",
+                        "1bitLLM checkpoints hold float master weights, not packed ones",
+                    ));
+                }
+                plan.push(ternary_entry(
+                    name,
+                    n_out,
+                    n_in,
+                    target,
+                    Source::HfTernary1bit { hf, n_out, n_in },
+                )?);
+            } else {
+                hf::check_shape(&hf, &d.require(&hf)?.shape, &[n_in])?;
+                plan.push(Planned {
+                    name,
+                    dims: vec![u64_of(n_in)],
+                    ty: GgmlType::F32.id(),
+                    size: u64_of(n_in * 4),
+                    source: Source::HfFloat {
+                        hf,
+                        to: GgmlType::F32,
+                    },
+                });
+            }
+        }
+    }
+    let norm_hf = "model.norm.weight";
+    hf::check_shape(norm_hf, &d.require(norm_hf)?.shape, &[n_embd])?;
+    plan.push(Planned {
+        name: OUTPUT_NORM.into(),
+        dims: vec![u64_of(n_embd)],
+        ty: GgmlType::F32.id(),
+        size: u64_of(n_embd * 4),
+        source: Source::HfFloat {
+            hf: norm_hf.into(),
+            to: GgmlType::F32,
+        },
+    });
     Ok((kv, plan))
 }
 

@@ -174,6 +174,42 @@ pub fn absmean(w: &[f32]) -> Ternary {
     }
 }
 
+/// bitnet.cpp's ternarization of a 1bitLLM projection (`BitnetModel.weight_quant`), in f32
+/// as torch computes it: `s = 1 / max(mean|W|, 1e-5)`, `W_q = clamp(round(W·s), −1, 1)`
+/// (half to even), and the values written are `W_q / s` cast back to the checkpoint's dtype:
+/// β = `1/s`, rounded to f16 for an f16 checkpoint (bf16 ones are widened to f32 before,
+/// so β stays f32). The mean is `sum / n` with the sum rounded to f32 once (torch sums in f32;
+/// the two agree when the sum is exact, and differ by an ulp of the mean at most otherwise).
+pub fn absmean_1bitllm(w: &[f32], f16_source: bool) -> Ternary {
+    let sum: f64 = w.iter().map(|x| f64::from(x.abs())).sum();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    let mean = (sum as f32) / (w.len().max(1) as f32);
+    let s = 1.0 / mean.max(ABSMEAN_EPS);
+    let values = w
+        .iter()
+        .map(|&x| {
+            let q = (x * s).round_ties_even().clamp(-1.0, 1.0);
+            if q > 0.5 {
+                1
+            } else if q < -0.5 {
+                -1
+            } else {
+                0
+            }
+        })
+        .collect();
+    let beta = 1.0 / s;
+    let beta = if f16_source {
+        half::f16::from_f32(beta).to_f32()
+    } else {
+        beta
+    };
+    Ternary {
+        values,
+        scale: Scale::Tensor(beta),
+    }
+}
+
 /// Decode the packed release's U8 weight (`[n_out/4, n_in]`) and its `weight_scale`.
 pub fn unpack_hf(
     name: &str,

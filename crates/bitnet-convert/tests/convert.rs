@@ -862,3 +862,101 @@ fn llama_conversion_equals_bitnet_cpps_converter() {
         assert_eq!(w["sha256"], hex, "{}", t.name);
     }
 }
+
+/// 1bitLLM's `BitnetForCausalLM` (f16 master weights, SentencePiece `tokenizer.model`, tied
+/// head): `bitnet convert` writes what bitnet.cpp's converter and its `llama-quantize … I2_S`
+/// write (`testdata/golden/convert/1bitllm-f16.json`, made by `make/convert-1bitllm.sh`):
+/// every key and every tensor's bytes.
+#[test]
+fn onebitllm_conversion_equals_bitnet_cpps_converter() {
+    use sha2::{Digest, Sha256};
+    let s =
+        std::fs::read_to_string(bitnet_testdata::golden_str("convert/1bitllm-f16.json")).unwrap();
+    let want: serde_json::Value = serde_json::from_str(&s).unwrap();
+    let vocab_file = GgufFile::open(
+        Path::new(&bitnet_testdata::golden_str("tokenizer/spm-vocab.gguf")),
+        &Limits::default(),
+    )
+    .unwrap();
+    let vocab = synth::vocab_from_gguf(&vocab_file).unwrap();
+    let mut spec = SynthSpec::preset(Preset::Tiny);
+    spec.arch = bitnet_testkit::SynthArch::Bitnet;
+    spec.n_head = 4;
+    spec.n_head_kv = 4;
+    spec.n_ff = 768;
+    spec.seed = 42;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("hf");
+    std::fs::create_dir(&dir).unwrap();
+    write_dir(&spec, &vocab, HfWeights::F16, 1, &dir).unwrap();
+    let out = run(&dir, &Options::default()).unwrap();
+    let got = parse(out);
+
+    // The converted file runs as bitnet.cpp's fork runs its own conversion: exact numerics
+    // give its logits bit for bit (one prompt; the graph's own goldens are 1bitllm-tiny's).
+    let meta: serde_json::Value = serde_json::from_slice(&bitnet_testdata::read(
+        "convert/1bitllm-f16.p1_english.tokens.json",
+    ))
+    .unwrap();
+    let prompt: Vec<u32> = meta["prompt_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| u32::try_from(v.as_u64().unwrap()).unwrap())
+        .collect();
+    // The file's vocabulary tokenizes the prompt as the fork did.
+    let tok = bitnet_tokenizer::Tokenizer::from_gguf(got.metadata(), None).unwrap();
+    let text = String::from_utf8(bitnet_testdata::read("tiny/p1_english.txt")).unwrap();
+    assert_eq!(tok.encode(&text, tok.add_bos(), false).unwrap(), prompt);
+    let want_logits = bitnet_testdata::read_f32("convert/1bitllm-f16.p1_english.logits.f32");
+    let model = bitnet_model::Model::load(&got).unwrap();
+    let pool = bitnet_kernels::Pool::new(1);
+    let mut exec = bitnet_model::Exec {
+        backend: &pool,
+        numerics: bitnet_model::Numerics::Exact,
+        trace: None,
+        scratch: None,
+    };
+    let mut cache = model
+        .new_cache(prompt.len(), bitnet_model::KvType::F16, u64::MAX)
+        .unwrap();
+    let logits = model
+        .forward(&prompt, &mut cache, bitnet_model::Outputs::Last, &mut exec)
+        .unwrap();
+    assert_eq!(logits.len(), want_logits.len());
+    assert!(
+        logits
+            .iter()
+            .zip(&want_logits)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "logits differ from bitnet.cpp's"
+    );
+
+    let mut keys = 0;
+    for (key, value) in got.metadata().iter() {
+        assert_eq!(&digest_value(value), &want["kv"][key], "{key}");
+        keys += 1;
+    }
+    assert_eq!(keys, want["kv"].as_object().unwrap().len(), "the same keys");
+    let tensors = want["tensors"].as_object().unwrap();
+    assert_eq!(got.tensors().len(), tensors.len());
+    for t in got.tensors() {
+        let w = &tensors[&t.name];
+        assert_eq!(w["type"], t.type_id, "{}", t.name);
+        assert_eq!(w["ne"], serde_json::json!(t.dims), "{}", t.name);
+        let data = tensor_data(&got, &t.name);
+        let n: u64 = t.dims.iter().product();
+        let len = usize::try_from(match t.type_id {
+            0 => 4 * n,
+            1 => 2 * n,
+            36 => n / 4 + 4,
+            other => panic!("{}: type {other}", t.name),
+        })
+        .unwrap();
+        let hex = Sha256::digest(&data[..len])
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>();
+        assert_eq!(w["sha256"], hex, "{}", t.name);
+    }
+}

@@ -37,6 +37,8 @@ pub enum HfWeights {
     Bf16,
     /// Four ternary values per byte with a `weight_scale` (`microsoft/bitnet-b1.58-2B-4T`).
     Packed,
+    /// f16 master weights (1bitLLM's `bitnet_b1_58` checkpoints; `--arch bitnet` only).
+    F16,
 }
 
 /// LLaMA-3's split regex as Hugging Face writes it.
@@ -54,6 +56,16 @@ fn bf16_bytes(v: &[f32]) -> Vec<u8> {
 
 fn bf16_round(x: f32) -> f32 {
     half::bf16::from_f32(x).to_f32()
+}
+
+fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+        .collect()
+}
+
+fn f16_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
 }
 
 struct HfTensor {
@@ -76,12 +88,28 @@ pub fn write_dir(
             "HF directories are compared with I2_S".into(),
         ));
     }
-    if spec.arch == SynthArch::Bitnet {
+    let llama = spec.arch == SynthArch::Llama;
+    // 1bitLLM's BitnetForCausalLM: f16 master weights, sub-norms of its own names, a tied
+    // head, a SentencePiece `tokenizer.model`.
+    let onebit = spec.arch == SynthArch::Bitnet;
+    if onebit && weights != HfWeights::F16 {
         return Err(SynthError::Shape(
-            "1bitLLM checkpoints use a SentencePiece vocabulary: not written".into(),
+            "a 1bitLLM checkpoint (--arch bitnet) holds f16 master weights (--hf f16)".into(),
         ));
     }
-    let llama = spec.arch == SynthArch::Llama;
+    if !onebit && weights == HfWeights::F16 {
+        return Err(SynthError::Shape(
+            "f16 master weights are 1bitLLM's format (--arch bitnet)".into(),
+        ));
+    }
+    // The float dtype of the checkpoint's other tensors.
+    type Round = fn(f32) -> f32;
+    type Bytes = fn(&[f32]) -> Vec<u8>;
+    let (fdtype, fround, fbytes): (Dtype, Round, Bytes) = if onebit {
+        (Dtype::F16, f16_round, f16_bytes)
+    } else {
+        (Dtype::BF16, bf16_round, bf16_bytes)
+    };
     std::fs::create_dir_all(dir)?;
     let tokens = match vocab.iter().find(|(k, _)| k == "tokenizer.ggml.tokens") {
         Some((_, Value::Array(Array::String(t)))) => t.clone(),
@@ -101,7 +129,7 @@ pub fn write_dir(
         let raw = synth::embedding_values(seed, synth::name_key(gguf), n_vocab * e);
         let v: Vec<f32> = raw
             .chunks_exact(2)
-            .map(|c| bf16_round(half::f16::from_le_bytes([c[0], c[1]]).to_f32()))
+            .map(|c| fround(half::f16::from_le_bytes([c[0], c[1]]).to_f32()))
             .collect();
         expected.insert(
             gguf.into(),
@@ -111,9 +139,9 @@ pub fn write_dir(
         );
         hf.push(HfTensor {
             name: hf_name.into(),
-            dtype: Dtype::BF16,
+            dtype: fdtype,
             shape: vec![n_vocab, e],
-            data: bf16_bytes(&v),
+            data: fbytes(&v),
         });
     };
     rows("token_embd.weight", "model.embed_tokens.weight", &mut hf);
@@ -125,14 +153,14 @@ pub fn write_dir(
         let raw = synth::norm_values(seed, synth::name_key(&gguf), n);
         let v: Vec<f32> = raw
             .chunks_exact(4)
-            .map(|c| bf16_round(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .map(|c| fround(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
             .collect();
         expected.insert(gguf, v.iter().flat_map(|x| x.to_le_bytes()).collect());
         hf.push(HfTensor {
             name: hf_name,
-            dtype: Dtype::BF16,
+            dtype: fdtype,
             shape: vec![n],
-            data: bf16_bytes(&v),
+            data: fbytes(&v),
         });
     };
     let mut projections: Vec<(String, String, usize, usize)> = Vec::new();
@@ -140,12 +168,17 @@ pub fn write_dir(
         let g = |s: &str| format!("blk.{il}.{s}.weight");
         let h = |s: &str| format!("model.layers.{il}.{s}.weight");
         norm(g("attn_norm"), h("input_layernorm"), e, &mut hf);
+        let (attn_sub, ffn_sub) = if onebit {
+            ("self_attn.inner_attn_ln", "mlp.ffn_layernorm")
+        } else {
+            ("self_attn.attn_sub_norm", "mlp.ffn_sub_norm")
+        };
         if !llama {
-            norm(g("attn_sub_norm"), h("self_attn.attn_sub_norm"), e, &mut hf);
+            norm(g("attn_sub_norm"), h(attn_sub), e, &mut hf);
         }
         norm(g("ffn_norm"), h("post_attention_layernorm"), e, &mut hf);
         if !llama {
-            norm(g("ffn_sub_norm"), h("mlp.ffn_sub_norm"), ff, &mut hf);
+            norm(g("ffn_sub_norm"), h(ffn_sub), ff, &mut hf);
         }
         for (gs, hs, n_in, n_out) in [
             ("attn_q", "self_attn.q_proj", e, e),
@@ -218,6 +251,41 @@ pub fn write_dir(
                     data: bf16_bytes(&w),
                 });
             }
+            HfWeights::F16 => {
+                // Every |W| is a multiple of a power of two `unit` (a/32 or below) with a
+                // small multiplier, so the sum of |W| is exact in f32 whatever the order of
+                // the additions: the mean, 1/mean and the ternary values are those of any
+                // correct implementation of the converter's rule
+                // (`s = 1/mean|W|`, `round(W·s)` clamped, β = f16(1/s)).
+                // a/32 is a small positive float: its exponent fits an i32.
+                #[allow(clippy::cast_possible_truncation)]
+                let unit = 2f32.powi((a / 32.0).log2().floor() as i32);
+                let mut rng = ChaCha8Rng::seed_from_u64(key ^ 0x5EED);
+                let w: Vec<f32> = t
+                    .iter()
+                    .map(|&v| {
+                        let u: f32 = rng.random_range(-1.0f32..1.0);
+                        let x = if v == 0 {
+                            0.1 * a * u
+                        } else {
+                            f32::from(v) * a * (1.0 + 0.25 * u)
+                        };
+                        (x / unit).round() * unit
+                    })
+                    .collect();
+                let sum: f32 = w.iter().map(|x| x.abs()).sum();
+                #[allow(clippy::cast_precision_loss)]
+                let mean = (sum / w.len() as f32).max(1e-5);
+                let s = 1.0 / mean;
+                let beta = f16_round(1.0 / s);
+                expected.insert(gguf, i2s::pack_values(&t_gguf, beta)?);
+                hf.push(HfTensor {
+                    name: hf_name,
+                    dtype: Dtype::F16,
+                    shape: vec![n_out, n_in],
+                    data: f16_bytes(&w),
+                });
+            }
             HfWeights::Packed => {
                 let rows = n_out / 4;
                 let mut packed = vec![0u8; rows * n_in];
@@ -249,8 +317,13 @@ pub fn write_dir(
     }
 
     write_checkpoint(&hf, shards.max(1), dir)?;
-    write_config(spec, vocab, n_vocab, weights, dir)?;
-    write_tokenizer(vocab, spec.pre.as_deref(), dir)?;
+    if onebit {
+        write_config_1bitllm(spec, vocab, n_vocab, dir)?;
+        write_spm_tokenizer(vocab, dir)?;
+    } else {
+        write_config(spec, vocab, n_vocab, weights, dir)?;
+        write_tokenizer(vocab, spec.pre.as_deref(), dir)?;
+    }
 
     synth::write_with(spec, vocab, Vec::new(), &mut |_, _| {}, &mut |name| {
         expected.remove(name)
@@ -445,6 +518,156 @@ fn write_tokenizer(
     if let Some(Value::String(t)) = get("tokenizer.chat_template") {
         tc["chat_template"] = serde_json::json!(t);
     }
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::to_string_pretty(&tc).map_err(io)?,
+    )?;
+    Ok(())
+}
+
+/// `config.json` of a 1bitLLM `BitnetForCausalLM` checkpoint (`bitnet_b1_58-large`'s keys).
+fn write_config_1bitllm(
+    spec: &SynthSpec,
+    vocab: &[(String, Value)],
+    n_vocab: usize,
+    dir: &Path,
+) -> Result<(), SynthError> {
+    let c = serde_json::json!({
+        "architectures": ["BitnetForCausalLM"],
+        "model_type": "llama",
+        "attention_bias": false,
+        "hidden_act": "silu",
+        "hidden_size": spec.n_embd,
+        "intermediate_size": spec.n_ff,
+        "num_hidden_layers": spec.n_layer,
+        "num_attention_heads": spec.n_head,
+        "num_key_value_heads": spec.n_head_kv,
+        "max_position_embeddings": spec.n_ctx,
+        "rms_norm_eps": spec.rms_eps,
+        "rope_theta": spec.rope_base,
+        "rope_scaling": null,
+        "vocab_size": n_vocab,
+        "input_bits": 8,
+        "weight_bits": 1,
+        "tie_word_embeddings": true,
+        "torch_dtype": "float16",
+        "bos_token_id": vocab_u32(vocab, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": vocab_u32(vocab, "tokenizer.ggml.eos_token_id"),
+    });
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(&c).map_err(io)?,
+    )?;
+    Ok(())
+}
+
+/// A protobuf field key (field number, wire type).
+fn pb_key(out: &mut Vec<u8>, field: u32, wire: u32) {
+    pb_varint(out, u64::from((field << 3) | wire));
+}
+
+fn pb_varint(out: &mut Vec<u8>, mut v: u64) {
+    // Each byte holds seven bits of `v` (masked, so the narrowing keeps them all).
+    #[allow(clippy::cast_possible_truncation)]
+    while v >= 0x80 {
+        out.push((v & 0x7F) as u8 | 0x80);
+        v >>= 7;
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    out.push(v as u8);
+}
+
+fn pb_bytes(out: &mut Vec<u8>, field: u32, b: &[u8]) {
+    pb_key(out, field, 2);
+    pb_varint(out, u64::try_from(b.len()).unwrap_or(u64::MAX));
+    out.extend_from_slice(b);
+}
+
+fn pb_uint(out: &mut Vec<u8>, field: u32, v: u64) {
+    pb_key(out, field, 0);
+    pb_varint(out, v);
+}
+
+/// A SentencePiece `ModelProto` (`tokenizer.model`) of a GGUF SentencePiece vocabulary
+/// (`tokenizer.ggml.model = llama`): each piece with its score and type (GGUF's token types
+/// are SentencePiece's), a BPE trainer spec with byte fallback and the special ids, and
+/// LLaMA-2's normalizer (no normalization, a dummy prefix, spaces as U+2581).
+pub fn spm_model_proto(vocab: &[(String, Value)]) -> Result<Vec<u8>, SynthError> {
+    let get = |key: &str| vocab.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+    let tokens = match get("tokenizer.ggml.tokens") {
+        Some(Value::Array(Array::String(t))) => t.clone(),
+        _ => return Err(SynthError::NoVocab),
+    };
+    let scores = match get("tokenizer.ggml.scores") {
+        Some(Value::Array(Array::F32(s))) => s.clone(),
+        _ => vec![0.0; tokens.len()],
+    };
+    let types = match get("tokenizer.ggml.token_type") {
+        Some(Value::Array(Array::I32(t))) => t.clone(),
+        _ => vec![1; tokens.len()],
+    };
+    let mut out = Vec::new();
+    for ((piece, score), ty) in tokens.iter().zip(&scores).zip(&types) {
+        let mut p = Vec::new();
+        pb_bytes(&mut p, 1, piece.as_bytes());
+        pb_key(&mut p, 2, 5);
+        p.extend_from_slice(&score.to_le_bytes());
+        pb_uint(&mut p, 3, u64::try_from(*ty).map_err(io)?);
+        pb_bytes(&mut out, 1, &p);
+    }
+    let id = |key: &str, default: i64| vocab_u32(vocab, key).map_or(default, i64::from);
+    // Negative ids (no such token) are written as protobuf writes an int32: ten bytes.
+    let int = |v: i64| u64::from_le_bytes(v.to_le_bytes());
+    let mut trainer = Vec::new();
+    pb_uint(&mut trainer, 3, 2); // model_type: BPE
+    pb_uint(&mut trainer, 4, u64::try_from(tokens.len()).map_err(io)?); // vocab_size
+    pb_uint(&mut trainer, 35, 1); // byte_fallback
+    pb_uint(
+        &mut trainer,
+        40,
+        int(id("tokenizer.ggml.unknown_token_id", 0)),
+    );
+    pb_uint(&mut trainer, 41, int(id("tokenizer.ggml.bos_token_id", -1)));
+    pb_uint(&mut trainer, 42, int(id("tokenizer.ggml.eos_token_id", -1)));
+    pb_uint(
+        &mut trainer,
+        43,
+        int(id("tokenizer.ggml.padding_token_id", -1)),
+    );
+    pb_bytes(&mut out, 2, &trainer);
+    let mut norm = Vec::new();
+    pb_bytes(&mut norm, 1, b"identity");
+    pb_uint(&mut norm, 3, 1); // add_dummy_prefix
+    pb_uint(&mut norm, 4, 0); // remove_extra_whitespaces
+    pb_uint(&mut norm, 5, 1); // escape_whitespaces
+    pb_bytes(&mut out, 3, &norm);
+    Ok(out)
+}
+
+/// `tokenizer.model` and `tokenizer_config.json` of a SentencePiece vocabulary (1bitLLM's
+/// files: no `tokenizer.json`).
+fn write_spm_tokenizer(vocab: &[(String, Value)], dir: &Path) -> Result<(), SynthError> {
+    std::fs::write(dir.join("tokenizer.model"), spm_model_proto(vocab)?)?;
+    let flag = |key: &str, default: bool| {
+        vocab
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| match v {
+                Value::Bool(b) => Some(*b),
+                _ => None,
+            })
+            .unwrap_or(default)
+    };
+    let tc = serde_json::json!({
+        "add_bos_token": flag("tokenizer.ggml.add_bos_token", true),
+        "add_eos_token": flag("tokenizer.ggml.add_eos_token", false),
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "legacy": false,
+        "model_max_length": 2048,
+        "tokenizer_class": "LlamaTokenizer",
+    });
     std::fs::write(
         dir.join("tokenizer_config.json"),
         serde_json::to_string_pretty(&tc).map_err(io)?,

@@ -16,8 +16,9 @@ pub struct Args {
     out: PathBuf,
     /// Write a Hugging Face model directory instead of a GGUF (for `bitnet convert`): bf16
     /// master weights, or the packed release's U8 weights with a weight_scale
-    /// (BitNetForCausalLM, or LlamaForCausalLM with --arch llama).
-    #[arg(long, value_parser = ["bf16", "packed"])]
+    /// (BitNetForCausalLM, or LlamaForCausalLM with --arch llama); f16 with --arch bitnet:
+    /// 1bitLLM's BitnetForCausalLM (f16 master weights, SentencePiece tokenizer.model).
+    #[arg(long, value_parser = ["bf16", "packed", "f16"])]
     hf: Option<String>,
     /// Architecture: bitnet-b1.58 (2B-4T's graph), llama (ternary Llama/Falcon3 as bitnet.cpp
     /// converts them: SiLU, no sub-norms, normal RoPE, untied LM head) or bitnet (1bitLLM's
@@ -97,16 +98,17 @@ pub fn run(a: Args) -> Result<()> {
         None => synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF)?,
     };
     if let Some(kind) = &a.hf {
-        if spec.arch == SynthArch::Bitnet || a.layout != WeightLayout::I2S {
+        if a.layout != WeightLayout::I2S || (spec.arch == SynthArch::Bitnet) != (kind == "f16") {
             anyhow::bail!(
                 "--hf writes bitnet-b1.58 (BitNetForCausalLM) and llama (LlamaForCausalLM) \
-                 checkpoints, with the i2_s layout"
+                 checkpoints as bf16 or packed, and bitnet (1bitLLM's BitnetForCausalLM) as \
+                 f16, with the i2_s layout"
             );
         }
-        let weights = if kind == "packed" {
-            bitnet_testkit::hf::HfWeights::Packed
-        } else {
-            bitnet_testkit::hf::HfWeights::Bf16
+        let weights = match kind.as_str() {
+            "packed" => bitnet_testkit::hf::HfWeights::Packed,
+            "f16" => bitnet_testkit::hf::HfWeights::F16,
+            _ => bitnet_testkit::hf::HfWeights::Bf16,
         };
         let start = std::time::Instant::now();
         bitnet_testkit::hf::write_dir(&spec, &vocab, weights, 1, &a.out)?;
