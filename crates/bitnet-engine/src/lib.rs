@@ -51,6 +51,7 @@ use bitnet_model::{
 use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
+pub use bitnet_gguf::FileIdentity;
 pub use constrain::{Constraint, ConstraintState, Grammars};
 pub use load::{
     build_lm_head, load, load_file, load_file_async, open_file, repack_weights, Device,
@@ -603,6 +604,18 @@ impl Engine {
     /// The file the model reads (none for an engine whose weights are only on its GPU).
     pub fn file(&self) -> Result<&bitnet_gguf::GgufFile> {
         Ok(self.host()?.file())
+    }
+
+    /// What the memory-mapped model file was when it was loaded (`None` when the engine does
+    /// not read a mapped file: loaded `in_memory`, or weights only on its GPU). Its
+    /// [`FileIdentity::changed`] says whether the file changed since.
+    pub fn mapped_file(&self) -> Option<FileIdentity> {
+        let f = self.file().ok()?;
+        if f.is_mapped() {
+            f.identity().cloned()
+        } else {
+            None
+        }
     }
 
     pub fn pool(&self) -> &Pool {

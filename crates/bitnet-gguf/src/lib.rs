@@ -29,6 +29,7 @@
 //! ```
 
 mod error;
+mod guard;
 mod limits;
 mod mapped;
 mod reader;
@@ -37,6 +38,7 @@ mod value;
 mod writer;
 
 pub use error::GgufError;
+pub use guard::FileIdentity;
 pub use limits::Limits;
 pub use mapped::MappedFile;
 pub use reader::{

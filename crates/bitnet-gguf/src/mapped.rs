@@ -32,6 +32,7 @@ impl MappedFile {
                 offset: u64::try_from(map.len()).unwrap_or(u64::MAX),
             });
         }
+        crate::guard::register(&map, path);
         Ok(MappedFile { map: Some(map) })
     }
 
@@ -78,7 +79,16 @@ impl MappedFile {
         Ok(false)
     }
 
-    pub(crate) fn into_map(self) -> Option<memmap2::Mmap> {
-        self.map
+    pub(crate) fn into_map(mut self) -> Option<memmap2::Mmap> {
+        // The map stays registered: its new owner unregisters it when it drops it.
+        self.map.take()
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        if let Some(m) = &self.map {
+            crate::guard::unregister(m);
+        }
     }
 }

@@ -121,6 +121,16 @@ pub struct GgufFile {
     /// The open file behind a map made by [`GgufFile::open`], for [`GgufFile::read_at`].
     #[cfg_attr(not(unix), allow(dead_code))]
     file: Option<File>,
+    /// What the file was when [`GgufFile::open`] mapped it.
+    identity: Option<crate::FileIdentity>,
+}
+
+impl Drop for GgufFile {
+    fn drop(&mut self) {
+        if let Backing::Mmap(m) = &self.backing {
+            crate::guard::unregister(m);
+        }
+    }
 }
 
 /// Bytes of a transparent huge page on x86-64 and on aarch64 with 4 KiB pages: the piece of a
@@ -245,6 +255,7 @@ impl GgufHeader {
                 base,
                 size: self.size,
                 file: None,
+                identity: None,
             }),
             _ => Err(GgufError::NotInFile { len: bytes.len() }),
         }
@@ -277,7 +288,9 @@ impl GgufFile {
             });
         }
         let parsed = Arc::new(parse(&map, limits)?);
+        crate::guard::register(&map, path);
         Ok(Self {
+            identity: crate::FileIdentity::of(path, &file).ok(),
             backing: Backing::Mmap(map),
             parsed,
             base: 0,
@@ -315,6 +328,7 @@ impl GgufFile {
         let parsed = Arc::new(parse(&bytes, limits)?);
         Ok(Self {
             file: None,
+            identity: None,
             size: to_u64(bytes.len()),
             base: 0,
             backing: Backing::Owned(bytes),
@@ -425,6 +439,7 @@ impl GgufFile {
             base: 0,
             backing,
             file: None,
+            identity: None,
             parsed: Arc::new(Parsed {
                 version: 3,
                 alignment: DEFAULT_ALIGNMENT,
@@ -671,7 +686,15 @@ impl GgufFile {
 
     /// The metadata, keeping nothing else of the file.
     pub fn into_metadata(self) -> Metadata {
-        Arc::try_unwrap(self.parsed).map_or_else(|p| p.metadata.clone(), |p| p.metadata)
+        let parsed = Arc::clone(&self.parsed);
+        drop(self);
+        Arc::try_unwrap(parsed).map_or_else(|p| p.metadata.clone(), |p| p.metadata)
+    }
+
+    /// What the file was when [`GgufFile::open`] mapped it (`None` for a file read into
+    /// memory, which its later changes cannot reach).
+    pub fn identity(&self) -> Option<&crate::FileIdentity> {
+        self.identity.as_ref()
     }
 
     /// Tensor table in file order.

@@ -223,7 +223,21 @@ async fn not_found(req: Request) -> ApiError {
 
 async fn health(State(s): State<AppState>) -> Response {
     let failed = matches!(*s.phase.borrow(), Phase::Failed(_));
-    if s.ready.get().is_some() && !failed {
+    if let Some(ready) = s.ready.get().filter(|_| !failed) {
+        // A mapped model file changed on disk: its next page read may end the process.
+        if let Some(why) = ready.file.as_ref().and_then(|f| f.changed()) {
+            let message = format!(
+                "the model file changed on disk: {why}; restart the server (or serve with \
+                 --in-memory to be immune)"
+            );
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({"status": "error", "error": {
+                    "message": message, "type": "unavailable_error", "param": null, "code": null,
+                }})),
+            )
+                .into_response();
+        }
         if s.draining.load(Relaxed) {
             return (
                 StatusCode::SERVICE_UNAVAILABLE,

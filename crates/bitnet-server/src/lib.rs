@@ -175,6 +175,8 @@ pub(crate) struct Ready {
     slots: Arc<[scheduler::SlotStatus]>,
     /// The grammar compiler over the vocabulary, built at the first constrained request.
     grammars: Arc<std::sync::OnceLock<Result<bitnet_engine::Grammars, String>>>,
+    /// The memory-mapped model file as loaded: `/health` turns unhealthy when it changes.
+    file: Option<bitnet_engine::FileIdentity>,
 }
 
 /// Loading state, as `/health` reports it.
@@ -332,6 +334,7 @@ where
         .max(1);
     let tokenizer = Arc::new(engine.tokenizer.clone());
     let n_vocab = engine.config().n_vocab;
+    let file = engine.mapped_file();
     let cfg = scheduler::SchedConfig {
         parallel: shared.cfg.parallel,
         n_ctx,
@@ -370,6 +373,7 @@ where
         n_ctx_train,
         slots,
         grammars: Arc::default(),
+        file,
     });
     shared.phase.send_replace(Phase::Ready);
     // A panic here would be a bug; if it happens, report it on /health and refuse new

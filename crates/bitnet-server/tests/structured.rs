@@ -220,10 +220,10 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
     // A schema 1,000 deep (beyond the JSON parser's nesting limit of 128): a 400 about the
     // body; a schema of 1,000,000 bytes with the default 1 MiB body limit: 400, 413 or
     // served, in bounded time.
+    let opening = r#"{"type":"array","items":"#.repeat(1000);
+    let closing = "}".repeat(1000);
     let deep1000 = format!(
-        r#"{{"messages":[{{"role":"user","content":"x"}}],"max_tokens":4,"json_schema":{}{}}}"#,
-        r#"{"type":"array","items":"#.repeat(1000),
-        format!("{{\"type\":\"integer\"}}{}", "}".repeat(1000))
+        r#"{{"messages":[{{"role":"user","content":"x"}}],"max_tokens":4,"json_schema":{opening}{{"type":"integer"}}{closing}}}"#
     );
     let r = post(s.addr, CHAT, &deep1000).await;
     assert_eq!(r.status, 400, "{}", r.text());
