@@ -74,14 +74,19 @@ fn dev_ino(_: &std::fs::Metadata) -> Option<(u64, u64)> {
 
 #[cfg(target_os = "linux")]
 mod handler {
-    use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
     use std::sync::{Once, OnceLock};
 
     /// Maps registered at once (more are mapped without the message).
-    const SLOTS: usize = 256;
+    const SLOTS: usize = 128;
+    /// Bytes of a path kept for the message (a longer one is cut, with "…").
+    const PATH_MAX: usize = 480;
     static START: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
     static LEN: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
-    static PATH: [AtomicPtr<u8>; SLOTS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
+    /// Each slot's path, in static storage: nothing to allocate or free, so the handler never
+    /// reads freed memory.
+    static PATH: [[AtomicU8; PATH_MAX]; SLOTS] =
+        [const { [const { AtomicU8::new(0) }; PATH_MAX] }; SLOTS];
     static PATH_LEN: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
     /// Slots claimed (a slot's fields are written before its START is published).
     static CLAIMED: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
@@ -102,17 +107,27 @@ mod handler {
         }
         INSTALL.call_once(install);
         use std::os::unix::ffi::OsStrExt;
+        let bytes = path.as_os_str().as_bytes();
+        let (bytes, cut) = if bytes.len() > PATH_MAX {
+            (&bytes[..PATH_MAX - 3], true)
+        } else {
+            (bytes, false)
+        };
         for i in 0..SLOTS {
             if CLAIMED[i]
                 .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                // The path's bytes live as long as the process: the handler may read them
-                // at any moment, so they are never freed (a few bytes per opened map).
-                let bytes: &'static mut [u8] =
-                    Box::leak(path.as_os_str().as_bytes().to_vec().into_boxed_slice());
-                PATH_LEN[i].store(bytes.len(), Ordering::Relaxed);
-                PATH[i].store(bytes.as_mut_ptr(), Ordering::Relaxed);
+                let mut n = 0;
+                for (dst, &b) in PATH[i].iter().zip(bytes.iter().chain(if cut {
+                    "…".as_bytes()
+                } else {
+                    &[]
+                })) {
+                    dst.store(b, Ordering::Relaxed);
+                    n += 1;
+                }
+                PATH_LEN[i].store(n, Ordering::Relaxed);
                 LEN[i].store(len, Ordering::Relaxed);
                 START[i].store(start, Ordering::Release);
                 return;
@@ -164,23 +179,19 @@ mod handler {
         }
     }
 
-    extern "C" fn on_sigbus(
-        _sig: libc::c_int,
-        info: *mut libc::siginfo_t,
-        _ctx: *mut libc::c_void,
-    ) {
+    extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
         // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler.
         let addr = unsafe { (*info).si_addr() }.addr();
         for i in 0..SLOTS {
             let s = START[i].load(Ordering::Acquire);
             if s != 0 && addr >= s && addr - s < LEN[i].load(Ordering::Relaxed) {
-                let p = PATH[i].load(Ordering::Relaxed);
-                let n = PATH_LEN[i].load(Ordering::Relaxed);
-                write_all(b"bitnet: the model file ");
-                if !p.is_null() {
-                    // SAFETY: `p` and `n` describe a leaked, never-freed byte slice (register).
-                    write_all(unsafe { std::slice::from_raw_parts(p, n) });
+                let mut path = [0u8; PATH_MAX];
+                let n = PATH_LEN[i].load(Ordering::Relaxed).min(PATH_MAX);
+                for (dst, src) in path.iter_mut().zip(&PATH[i]).take(n) {
+                    *dst = src.load(Ordering::Relaxed);
                 }
+                write_all(b"bitnet: the model file ");
+                write_all(&path[..n]);
                 write_all(
                     b" changed while in use (truncated or replaced on disk): its mapped bytes \
                       cannot be read. Restart with the file restored, or load it with \
