@@ -141,7 +141,8 @@ fn chat_roles() {
         "ASSISTANT".parse::<ChatRole>().unwrap(),
         ChatRole::Assistant
     );
-    for bad in ["tool", "", "users", "system "] {
+    assert_eq!("tool".parse::<ChatRole>().unwrap(), ChatRole::Tool);
+    for bad in ["function", "", "users", "system "] {
         assert!(matches!(
             bad.parse::<ChatRole>(),
             Err(TokenizerError::UnknownRole(_))
