@@ -119,11 +119,11 @@ mod handler {
                 .is_ok()
             {
                 let mut n = 0;
-                for (dst, &b) in PATH[i].iter().zip(bytes.iter().chain(if cut {
-                    "…".as_bytes()
-                } else {
-                    &[]
-                })) {
+                for (dst, &b) in
+                    PATH[i]
+                        .iter()
+                        .zip(bytes.iter().chain(if cut { "…".as_bytes() } else { &[] }))
+                {
                     dst.store(b, Ordering::Relaxed);
                     n += 1;
                 }
@@ -179,7 +179,11 @@ mod handler {
         }
     }
 
-    extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    extern "C" fn on_sigbus(
+        _sig: libc::c_int,
+        info: *mut libc::siginfo_t,
+        _ctx: *mut libc::c_void,
+    ) {
         // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler.
         let addr = unsafe { (*info).si_addr() }.addr();
         for i in 0..SLOTS {
