@@ -71,6 +71,8 @@ struct Shard {
 pub struct HfDir {
     pub dir: PathBuf,
     pub config: HfConfig,
+    /// `config.json` as read, for the keys [`HfConfig`] does not name.
+    pub raw_config: serde_json::Value,
     shards: Vec<Shard>,
     tensors: BTreeMap<String, HfTensor>,
 }
@@ -106,7 +108,13 @@ struct ShardIndex {
 impl HfDir {
     /// Open the directory: parse `config.json`, map and validate every shard.
     pub fn open(dir: &Path) -> Result<Self, ConvertError> {
-        let config: HfConfig = read_json(&dir.join("config.json"))?;
+        let config_path = dir.join("config.json");
+        let raw_config: serde_json::Value = read_json(&config_path)?;
+        let config: HfConfig =
+            serde_json::from_value(raw_config.clone()).map_err(|source| ConvertError::Json {
+                path: config_path,
+                source,
+            })?;
         let single = dir.join("model.safetensors");
         let index_path = dir.join("model.safetensors.index.json");
         let (files, index) = if single.is_file() {
@@ -190,6 +198,7 @@ impl HfDir {
         Ok(HfDir {
             dir: dir.to_path_buf(),
             config,
+            raw_config,
             shards,
             tensors,
         })

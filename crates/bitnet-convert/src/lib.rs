@@ -701,6 +701,167 @@ fn cfg_u32(key: &str, v: usize) -> Result<Value, ConvertError> {
         .map_err(|_| cfg_err(key, format!("{v} does not fit in 32 bits")))
 }
 
+/// The dimensions of a Hugging Face `config.json`, checked against the supported maxima.
+#[derive(Clone, Copy)]
+struct HfDims {
+    n_embd: usize,
+    n_ff: usize,
+    n_layer: usize,
+    n_head: usize,
+    n_head_kv: usize,
+    n_ctx: usize,
+    n_vocab: usize,
+    head_dim: usize,
+}
+
+fn hf_dims(c: &hf::HfConfig) -> Result<HfDims, ConvertError> {
+    let n_embd = cfg_usize("hidden_size", c.hidden_size)?;
+    let n_ff = cfg_usize("intermediate_size", c.intermediate_size)?;
+    let n_layer = cfg_usize("num_hidden_layers", c.num_hidden_layers)?;
+    let n_head = cfg_usize("num_attention_heads", c.num_attention_heads)?;
+    let n_head_kv = cfg_usize(
+        "num_key_value_heads",
+        c.num_key_value_heads.unwrap_or(c.num_attention_heads),
+    )?;
+    let n_ctx = cfg_usize("max_position_embeddings", c.max_position_embeddings)?;
+    let n_vocab = cfg_usize("vocab_size", c.vocab_size)?;
+    if n_layer > bitnet_model::config::MAX_LAYERS
+        || n_embd > bitnet_model::config::MAX_EMBD
+        || n_ff > bitnet_model::config::MAX_FF
+        || n_head > bitnet_model::config::MAX_HEADS
+        || n_vocab > bitnet_model::config::MAX_VOCAB
+        || n_ctx > bitnet_model::config::MAX_CTX
+    {
+        return Err(cfg_err(
+            "config",
+            "a dimension exceeds the supported maximum",
+        ));
+    }
+    if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
+        return Err(cfg_err(
+            "num_attention_heads",
+            "hidden_size must be a multiple of the heads, and the heads of the KV heads",
+        ));
+    }
+    Ok(HfDims {
+        n_embd,
+        n_ff,
+        n_layer,
+        n_head,
+        n_head_kv,
+        n_ctx,
+        n_vocab,
+        head_dim: n_embd / n_head,
+    })
+}
+
+/// The checkpoint families [`plan_blocks`] reads.
+#[derive(Clone, Copy, PartialEq)]
+enum HfFamily {
+    /// `BitNetForCausalLM` (2B-4T): packed or bf16 projections, sub-norms.
+    B158,
+    /// A ternary `LlamaForCausalLM`: no sub-norms, Q and K rows permuted.
+    Llama,
+    /// 1bitLLM's `BitnetForCausalLM`: float master weights, its own sub-norm names.
+    OneBit,
+}
+
+/// The block tensors of a Hugging Face checkpoint, in the official file's order.
+fn plan_blocks(
+    d: &HfDir,
+    dims: &HfDims,
+    family: HfFamily,
+    target: Target,
+    plan: &mut Vec<Planned>,
+) -> Result<(), ConvertError> {
+    let HfDims {
+        n_embd,
+        n_ff,
+        n_layer,
+        n_head,
+        n_head_kv,
+        head_dim,
+        ..
+    } = *dims;
+    let n_kv = n_head_kv * head_dim;
+    let llama = family == HfFamily::Llama;
+    for il in 0..n_layer {
+        // llama's blocks have no sub-norms.
+        let roles = FILE_ORDER.iter().copied().filter(|r| {
+            !(llama && matches!(r, LayerTensor::AttnSubNorm | LayerTensor::FfnSubNorm))
+        });
+        for role in roles {
+            let hf = match (family, role) {
+                (HfFamily::OneBit, LayerTensor::AttnSubNorm) => {
+                    format!("model.layers.{il}.self_attn.inner_attn_ln.weight")
+                }
+                (HfFamily::OneBit, LayerTensor::FfnSubNorm) => {
+                    format!("model.layers.{il}.mlp.ffn_layernorm.weight")
+                }
+                _ => hf_layer_name(role, il),
+            };
+            let name = role.name(il);
+            let (n_in, n_out) = match role {
+                LayerTensor::AttnQ | LayerTensor::AttnOutput => (n_embd, n_embd),
+                LayerTensor::AttnK | LayerTensor::AttnV => (n_embd, n_kv),
+                LayerTensor::FfnGate | LayerTensor::FfnUp => (n_embd, n_ff),
+                LayerTensor::FfnDown => (n_ff, n_embd),
+                LayerTensor::FfnSubNorm => (n_ff, 1),
+                _ => (n_embd, 1),
+            };
+            if role.is_projection() {
+                target.layout().check_k(n_in)?;
+                let t = d.require(&hf)?;
+                let source = if family == HfFamily::OneBit {
+                    if t.dtype == Dtype::U8 {
+                        return Err(cfg_err(
+                            "architectures",
+                            "1bitLLM checkpoints hold float master weights, not packed ones",
+                        ));
+                    }
+                    Source::HfTernary1bit { hf, n_out, n_in }
+                } else {
+                    if n_out % 4 != 0 && t.dtype == Dtype::U8 {
+                        return Err(ConvertError::Shape {
+                            name: hf.clone(),
+                            expected: vec![n_out, n_in],
+                            found: t.shape.clone(),
+                        });
+                    }
+                    // bitnet.cpp's converter permutes Q's rows by the query heads and K's by
+                    // the KV heads, so that llama.cpp's normal RoPE pairs the dimensions the
+                    // checkpoint's NEOX-style rotation paired.
+                    let permute = match role {
+                        LayerTensor::AttnQ if llama => Some(n_head),
+                        LayerTensor::AttnK if llama => Some(n_head_kv),
+                        _ => None,
+                    };
+                    Source::HfTernary {
+                        hf,
+                        n_out,
+                        n_in,
+                        permute,
+                    }
+                };
+                plan.push(ternary_entry(name, n_out, n_in, target, source)?);
+            } else {
+                hf::check_shape(&hf, &d.require(&hf)?.shape, &[n_in])?;
+                plan.push(Planned {
+                    name,
+                    dims: vec![u64_of(n_in)],
+                    ty: GgmlType::F32.id(),
+                    size: u64_of(n_in * 4),
+                    source: Source::HfFloat {
+                        hf,
+                        to: GgmlType::F32,
+                    },
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Metadata and tensor plan for a Hugging Face checkpoint: `BitNetForCausalLM` (2B-4T,
 /// architecture `bitnet-b1.58`) or a ternary `LlamaForCausalLM` (Llama3-8B-1.58, Falcon3:
 /// architecture `llama` as bitnet.cpp's converter writes it: no sub-norms, Q and K rows
@@ -730,35 +891,17 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
     if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(cfg_err("rope_scaling", "RoPE scaling is not supported"));
     }
-    let n_embd = cfg_usize("hidden_size", c.hidden_size)?;
-    let n_ff = cfg_usize("intermediate_size", c.intermediate_size)?;
-    let n_layer = cfg_usize("num_hidden_layers", c.num_hidden_layers)?;
-    let n_head = cfg_usize("num_attention_heads", c.num_attention_heads)?;
-    let n_head_kv = cfg_usize(
-        "num_key_value_heads",
-        c.num_key_value_heads.unwrap_or(c.num_attention_heads),
-    )?;
-    let n_ctx = cfg_usize("max_position_embeddings", c.max_position_embeddings)?;
-    let n_vocab = cfg_usize("vocab_size", c.vocab_size)?;
-    if n_layer > bitnet_model::config::MAX_LAYERS
-        || n_embd > bitnet_model::config::MAX_EMBD
-        || n_ff > bitnet_model::config::MAX_FF
-        || n_head > bitnet_model::config::MAX_HEADS
-        || n_vocab > bitnet_model::config::MAX_VOCAB
-        || n_ctx > bitnet_model::config::MAX_CTX
-    {
-        return Err(cfg_err(
-            "config",
-            "a dimension exceeds the supported maximum",
-        ));
-    }
-    if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
-        return Err(cfg_err(
-            "num_attention_heads",
-            "hidden_size must be a multiple of the heads, and the heads of the KV heads",
-        ));
-    }
-    let head_dim = n_embd / n_head;
+    let dims = hf_dims(c)?;
+    let HfDims {
+        n_embd,
+        n_ff,
+        n_layer,
+        n_head,
+        n_head_kv,
+        n_ctx,
+        n_vocab,
+        head_dim,
+    } = dims;
     if let Some(h) = c.head_dim {
         if u64_of(head_dim) != h {
             return Err(cfg_err(
@@ -786,7 +929,6 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
     }
     let eps = positive_f32("rms_norm_eps", c.rms_norm_eps)?;
     let theta = positive_f32("rope_theta", c.rope_theta.unwrap_or(10_000.0))?;
-    let n_kv = n_head_kv * head_dim;
     let k = |s: &str| format!("{arch}.{s}");
     let name = c
         .name_or_path
@@ -862,67 +1004,12 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
             to: GgmlType::F16,
         },
     }];
-    for il in 0..n_layer {
-        // llama's blocks have no sub-norms.
-        let roles = FILE_ORDER.iter().copied().filter(|r| {
-            !(llama && matches!(r, LayerTensor::AttnSubNorm | LayerTensor::FfnSubNorm))
-        });
-        for role in roles {
-            let hf = hf_layer_name(role, il);
-            let name = role.name(il);
-            let (n_in, n_out) = match role {
-                LayerTensor::AttnQ | LayerTensor::AttnOutput => (n_embd, n_embd),
-                LayerTensor::AttnK | LayerTensor::AttnV => (n_embd, n_kv),
-                LayerTensor::FfnGate | LayerTensor::FfnUp => (n_embd, n_ff),
-                LayerTensor::FfnDown => (n_ff, n_embd),
-                LayerTensor::FfnSubNorm => (n_ff, 1),
-                _ => (n_embd, 1),
-            };
-            if role.is_projection() {
-                target.layout().check_k(n_in)?;
-                let t = d.require(&hf)?;
-                if n_out % 4 != 0 && t.dtype == Dtype::U8 {
-                    return Err(ConvertError::Shape {
-                        name: hf.clone(),
-                        expected: vec![n_out, n_in],
-                        found: t.shape.clone(),
-                    });
-                }
-                // bitnet.cpp's converter permutes Q's rows by the query heads and K's by
-                // the KV heads, so that llama.cpp's normal RoPE pairs the dimensions the
-                // checkpoint's NEOX-style rotation paired.
-                let permute = match role {
-                    LayerTensor::AttnQ if llama => Some(n_head),
-                    LayerTensor::AttnK if llama => Some(n_head_kv),
-                    _ => None,
-                };
-                plan.push(ternary_entry(
-                    name,
-                    n_out,
-                    n_in,
-                    target,
-                    Source::HfTernary {
-                        hf,
-                        n_out,
-                        n_in,
-                        permute,
-                    },
-                )?);
-            } else {
-                hf::check_shape(&hf, &d.require(&hf)?.shape, &[n_in])?;
-                plan.push(Planned {
-                    name,
-                    dims: vec![u64_of(n_in)],
-                    ty: GgmlType::F32.id(),
-                    size: u64_of(n_in * 4),
-                    source: Source::HfFloat {
-                        hf,
-                        to: GgmlType::F32,
-                    },
-                });
-            }
-        }
-    }
+    let family = if llama {
+        HfFamily::Llama
+    } else {
+        HfFamily::B158
+    };
+    plan_blocks(d, &dims, family, target, &mut plan)?;
     let norm_hf = "model.norm.weight";
     hf::check_shape(norm_hf, &d.require(norm_hf)?.shape, &[n_embd])?;
     plan.push(Planned {
@@ -960,7 +1047,6 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
 /// float master weights ternarized by the converter's rule ([`ternary::absmean_1bitllm`]).
 fn plan_1bitllm(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
     let c = &d.config;
-    let raw: serde_json::Value = hf::read_json(&d.dir.join("config.json"))?;
     if c.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(cfg_err("rope_scaling", "RoPE scaling is not supported"));
     }
@@ -970,35 +1056,17 @@ fn plan_1bitllm(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
             "false: bitnet.cpp's `bitnet` architecture has no output tensor of its own",
         ));
     }
-    let n_embd = cfg_usize("hidden_size", c.hidden_size)?;
-    let n_ff = cfg_usize("intermediate_size", c.intermediate_size)?;
-    let n_layer = cfg_usize("num_hidden_layers", c.num_hidden_layers)?;
-    let n_head = cfg_usize("num_attention_heads", c.num_attention_heads)?;
-    let n_head_kv = cfg_usize(
-        "num_key_value_heads",
-        c.num_key_value_heads.unwrap_or(c.num_attention_heads),
-    )?;
-    let n_ctx = cfg_usize("max_position_embeddings", c.max_position_embeddings)?;
-    let n_vocab = cfg_usize("vocab_size", c.vocab_size)?;
-    if n_layer > bitnet_model::config::MAX_LAYERS
-        || n_embd > bitnet_model::config::MAX_EMBD
-        || n_ff > bitnet_model::config::MAX_FF
-        || n_head > bitnet_model::config::MAX_HEADS
-        || n_vocab > bitnet_model::config::MAX_VOCAB
-        || n_ctx > bitnet_model::config::MAX_CTX
-    {
-        return Err(cfg_err(
-            "config",
-            "a dimension exceeds the supported maximum",
-        ));
-    }
-    if n_embd % n_head != 0 || n_head % n_head_kv != 0 {
-        return Err(cfg_err(
-            "num_attention_heads",
-            "hidden_size must be a multiple of the heads, and the heads of the KV heads",
-        ));
-    }
-    let head_dim = n_embd / n_head;
+    let dims = hf_dims(c)?;
+    let HfDims {
+        n_embd,
+        n_ff,
+        n_layer,
+        n_head,
+        n_head_kv,
+        n_ctx,
+        n_vocab,
+        ..
+    } = dims;
     match c
         .hidden_act
         .as_deref()
@@ -1014,7 +1082,6 @@ fn plan_1bitllm(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
         }
     }
     let eps = positive_f32("rms_norm_eps", c.rms_norm_eps)?;
-    let n_kv = n_head_kv * head_dim;
     let k = |s: &str| format!("{ARCH_UPSTREAM}.{s}");
     // bitnet.cpp's converter names the model after its folder.
     let name = d
@@ -1062,7 +1129,7 @@ fn plan_1bitllm(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
         (k("rope.scaling.type"), Value::String("linear".into())),
         (k("rope.scaling.factor"), Value::F32(1.0)),
     ]);
-    kv.extend(spm::tokenizer_kv(&d.dir, &raw, n_vocab)?);
+    kv.extend(spm::tokenizer_kv(&d.dir, &d.raw_config, n_vocab)?);
     kv.push(("general.quantization_version".into(), Value::U32(2)));
 
     let embd_hf = "model.embed_tokens.weight";
@@ -1077,55 +1144,7 @@ fn plan_1bitllm(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
             to: GgmlType::F16,
         },
     }];
-    for il in 0..n_layer {
-        for role in FILE_ORDER {
-            let hf = match role {
-                LayerTensor::AttnSubNorm => {
-                    format!("model.layers.{il}.self_attn.inner_attn_ln.weight")
-                }
-                LayerTensor::FfnSubNorm => format!("model.layers.{il}.mlp.ffn_layernorm.weight"),
-                _ => hf_layer_name(role, il),
-            };
-            let name = role.name(il);
-            let (n_in, n_out) = match role {
-                LayerTensor::AttnQ | LayerTensor::AttnOutput => (n_embd, n_embd),
-                LayerTensor::AttnK | LayerTensor::AttnV => (n_embd, n_kv),
-                LayerTensor::FfnGate | LayerTensor::FfnUp => (n_embd, n_ff),
-                LayerTensor::FfnDown => (n_ff, n_embd),
-                LayerTensor::FfnSubNorm => (n_ff, 1),
-                _ => (n_embd, 1),
-            };
-            if role.is_projection() {
-                target.layout().check_k(n_in)?;
-                let t = d.require(&hf)?;
-                if t.dtype == Dtype::U8 {
-                    return Err(cfg_err(
-                        "architectures",
-                        "1bitLLM checkpoints hold float master weights, not packed ones",
-                    ));
-                }
-                plan.push(ternary_entry(
-                    name,
-                    n_out,
-                    n_in,
-                    target,
-                    Source::HfTernary1bit { hf, n_out, n_in },
-                )?);
-            } else {
-                hf::check_shape(&hf, &d.require(&hf)?.shape, &[n_in])?;
-                plan.push(Planned {
-                    name,
-                    dims: vec![u64_of(n_in)],
-                    ty: GgmlType::F32.id(),
-                    size: u64_of(n_in * 4),
-                    source: Source::HfFloat {
-                        hf,
-                        to: GgmlType::F32,
-                    },
-                });
-            }
-        }
-    }
+    plan_blocks(d, &dims, HfFamily::OneBit, target, &mut plan)?;
     let norm_hf = "model.norm.weight";
     hf::check_shape(norm_hf, &d.require(norm_hf)?.shape, &[n_embd])?;
     plan.push(Planned {

@@ -790,6 +790,33 @@ fn digest_value(v: &Value) -> serde_json::Value {
     body
 }
 
+/// Every tensor of `got` has the type, dimensions and SHA-256 of its bytes (I2_S: the codes
+/// and the scale) that a digest file made by make/gguf_digest.py records, and no other.
+fn assert_tensors_match(got: &GgufFile, want: &serde_json::Value) {
+    use sha2::{Digest, Sha256};
+    let tensors = want.as_object().unwrap();
+    assert_eq!(got.tensors().len(), tensors.len());
+    for t in got.tensors() {
+        let w = &tensors[&t.name];
+        assert_eq!(w["type"], t.type_id, "{}", t.name);
+        assert_eq!(w["ne"], serde_json::json!(t.dims), "{}", t.name);
+        let data = tensor_data(got, &t.name);
+        let n: u64 = t.dims.iter().product();
+        let len = usize::try_from(match t.type_id {
+            0 => 4 * n,
+            1 => 2 * n,
+            36 => n / 4 + 4,
+            other => panic!("{}: type {other}", t.name),
+        })
+        .unwrap();
+        let hex = Sha256::digest(&data[..len])
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>();
+        assert_eq!(w["sha256"], hex, "{}", t.name);
+    }
+}
+
 /// bitnet.cpp's own converter (`convert-hf-to-gguf-bitnet.py --outtype f32`, then its
 /// `llama-quantize … I2_S 1`, as its setup_env.py runs them) on a packed LlamaForCausalLM
 /// checkpoint with LLaMA-3's tokenizer, kept as a digest (testdata/golden/convert/
@@ -799,7 +826,6 @@ fn digest_value(v: &Value) -> serde_json::Value {
 /// BOS text in front, is checked against the reference's list with that prefix taken off.
 #[test]
 fn llama_conversion_equals_bitnet_cpps_converter() {
-    use sha2::{Digest, Sha256};
     let s =
         std::fs::read_to_string(bitnet_testdata::golden_str("convert/llama-packed.json")).unwrap();
     let want: serde_json::Value = serde_json::from_str(&s).unwrap();
@@ -840,27 +866,7 @@ fn llama_conversion_equals_bitnet_cpps_converter() {
     let n_want = want["kv"].as_object().unwrap().len() + known.len();
     assert_eq!(keys, n_want, "the same keys");
 
-    let tensors = want["tensors"].as_object().unwrap();
-    assert_eq!(got.tensors().len(), tensors.len());
-    for t in got.tensors() {
-        let w = &tensors[&t.name];
-        assert_eq!(w["type"], t.type_id, "{}", t.name);
-        assert_eq!(w["ne"], serde_json::json!(t.dims), "{}", t.name);
-        let data = tensor_data(&got, &t.name);
-        let n: u64 = t.dims.iter().product();
-        let len = usize::try_from(match t.type_id {
-            0 => 4 * n,
-            1 => 2 * n,
-            36 => n / 4 + 4,
-            other => panic!("{}: type {other}", t.name),
-        })
-        .unwrap();
-        let hex = Sha256::digest(&data[..len])
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>();
-        assert_eq!(w["sha256"], hex, "{}", t.name);
-    }
+    assert_tensors_match(&got, &want["tensors"]);
 }
 
 /// 1bitLLM's `BitnetForCausalLM` (f16 master weights, SentencePiece `tokenizer.model`, tied
@@ -869,7 +875,6 @@ fn llama_conversion_equals_bitnet_cpps_converter() {
 /// every key and every tensor's bytes.
 #[test]
 fn onebitllm_conversion_equals_bitnet_cpps_converter() {
-    use sha2::{Digest, Sha256};
     let s =
         std::fs::read_to_string(bitnet_testdata::golden_str("convert/1bitllm-f16.json")).unwrap();
     let want: serde_json::Value = serde_json::from_str(&s).unwrap();
@@ -938,25 +943,5 @@ fn onebitllm_conversion_equals_bitnet_cpps_converter() {
         keys += 1;
     }
     assert_eq!(keys, want["kv"].as_object().unwrap().len(), "the same keys");
-    let tensors = want["tensors"].as_object().unwrap();
-    assert_eq!(got.tensors().len(), tensors.len());
-    for t in got.tensors() {
-        let w = &tensors[&t.name];
-        assert_eq!(w["type"], t.type_id, "{}", t.name);
-        assert_eq!(w["ne"], serde_json::json!(t.dims), "{}", t.name);
-        let data = tensor_data(&got, &t.name);
-        let n: u64 = t.dims.iter().product();
-        let len = usize::try_from(match t.type_id {
-            0 => 4 * n,
-            1 => 2 * n,
-            36 => n / 4 + 4,
-            other => panic!("{}: type {other}", t.name),
-        })
-        .unwrap();
-        let hex = Sha256::digest(&data[..len])
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>();
-        assert_eq!(w["sha256"], hex, "{}", t.name);
-    }
+    assert_tensors_match(&got, &want["tensors"]);
 }

@@ -10,30 +10,12 @@
 #
 #   REF=<the build folder of llama-tiny.sh> testdata/golden/make/convert-1bitllm.sh
 #
-# The converter runs in the virtual environment convert-llama.sh makes (it makes it when
-# missing); sentencepiece reads the tokenizer.model.
-set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../.." && pwd)
-REF=${REF:?set REF as for llama-tiny.sh}
-src=$REF/bitnet.cpp
-venv=$REF/convert-venv
-if [[ ! -x $venv/bin/python ]]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch 'transformers>=4.46.3,<5.0.0' 'numpy~=1.26.4' \
-    'sentencepiece~=0.2.0' 'protobuf>=4.21.0,<5.0.0' safetensors
-fi
-bitnet=${BITNET:-$root/target/release/bitnet}
-[[ -x $bitnet ]] || (cd "$root" && cargo build --release -p bitnet-cli)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# The converter runs in the virtual environment of convert-env.sh; sentencepiece reads the
+# tokenizer.model.
+. "$(dirname "$0")/convert-env.sh"
 "$bitnet" synth --hf f16 --arch bitnet --preset tiny --n-head 4 --n-head-kv 4 --n-ff 768 \
   --seed 42 --vocab "$root/testdata/golden/tokenizer/spm-vocab.gguf" --quiet -o "$tmp/hf"
-PYTHONPATH=$src/3rdparty/llama.cpp/gguf-py:$src/utils "$venv/bin/python" \
-  "$src/utils/convert-hf-to-gguf-bitnet.py" "$tmp/hf" --outtype f32 --outfile "$tmp/f32.gguf" \
-  >"$tmp/convert.log" 2>&1 || { tail -20 "$tmp/convert.log"; exit 1; }
-"$src/build-avx2/bin/llama-quantize" "$tmp/f32.gguf" "$tmp/i2_s.gguf" I2_S 1 \
-  >"$tmp/quantize.log" 2>&1 || { tail -20 "$tmp/quantize.log"; exit 1; }
+convert_and_quantize "$tmp/hf"
 out=$root/testdata/golden/convert/1bitllm-f16.json
 mkdir -p "$(dirname "$out")"
 python3 "$here/gguf_digest.py" "$tmp/i2_s.gguf" "$out"

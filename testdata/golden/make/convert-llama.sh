@@ -9,38 +9,17 @@
 #
 #   REF=<the build folder of llama-tiny.sh> testdata/golden/make/convert-llama.sh
 #
-# The converter runs in a virtual environment under $REF with the versions bitnet.cpp's
-# requirements pin where PyPI still serves them (transformers >=4.46.3,<5, numpy ~1.26.4,
-# sentencepiece ~0.2.0, protobuf <5) and the current torch (its pinned ~2.2.1 comes from
-# PyTorch's own index; torch only unpacks and divides here).
+# The converter runs in the virtual environment of convert-env.sh.
 #
 # One known difference is recorded, not hidden: this converter writes each added token's text
 # as tokenizer.decode(tokenizer.encode(text)), and LLaMA-3's tokenizer adds BOS when encoding,
 # so every special token's text is written with "<|begin_of_text|>" in front (the bug that
 # llama.cpp's converter fixed with add_special_tokens=False, PR 10883). The digest keeps the
 # tokens as written and, beside them, the hash of the same list with that prefix taken off.
-set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../.." && pwd)
-REF=${REF:?set REF as for llama-tiny.sh}
-src=$REF/bitnet.cpp
-venv=$REF/convert-venv
-if [[ ! -x $venv/bin/python ]]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch 'transformers>=4.46.3,<5.0.0' 'numpy~=1.26.4' \
-    'sentencepiece~=0.2.0' 'protobuf>=4.21.0,<5.0.0' safetensors
-fi
-bitnet=${BITNET:-$root/target/release/bitnet}
-[[ -x $bitnet ]] || (cd "$root" && cargo build --release -p bitnet-cli)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/convert-env.sh"
 "$bitnet" synth --hf packed --arch llama --preset tiny --seed 42 \
   --vocab "$root/testdata/golden/tokenizer/llama3-vocab.gguf" --quiet -o "$tmp/hf"
-PYTHONPATH=$src/3rdparty/llama.cpp/gguf-py:$src/utils "$venv/bin/python" \
-  "$src/utils/convert-hf-to-gguf-bitnet.py" "$tmp/hf" --outtype f32 --outfile "$tmp/f32.gguf" \
-  >"$tmp/convert.log" 2>&1 || { tail -20 "$tmp/convert.log"; exit 1; }
-"$src/build-avx2/bin/llama-quantize" "$tmp/f32.gguf" "$tmp/i2_s.gguf" I2_S 1 \
-  >"$tmp/quantize.log" 2>&1 || { tail -20 "$tmp/quantize.log"; exit 1; }
+convert_and_quantize "$tmp/hf"
 out=$root/testdata/golden/convert/llama-packed.json
 mkdir -p "$(dirname "$out")"
 python3 "$here/gguf_digest.py" "$tmp/i2_s.gguf" "$out" \

@@ -1,0 +1,32 @@
+# Sourced by the convert-*.sh scripts: the folders, the converter's virtual environment, the
+# bitnet binary and a scratch folder removed on exit.
+#
+# The converter runs in a virtual environment under $REF with the versions bitnet.cpp's
+# requirements pin where PyPI still serves them (transformers >=4.46.3,<5, numpy ~1.26.4,
+# sentencepiece ~0.2.0, protobuf <5) and the current torch (its pinned ~2.2.1 comes from
+# PyTorch's own index; torch only unpacks and divides here). It is made when missing.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+REF=${REF:?set REF as for llama-tiny.sh}
+src=$REF/bitnet.cpp
+venv=$REF/convert-venv
+if [[ ! -x $venv/bin/python ]]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q torch 'transformers>=4.46.3,<5.0.0' 'numpy~=1.26.4' \
+    'sentencepiece~=0.2.0' 'protobuf>=4.21.0,<5.0.0' safetensors
+fi
+bitnet=${BITNET:-$root/target/release/bitnet}
+[[ -x $bitnet ]] || (cd "$root" && cargo build --release -p bitnet-cli)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# convert_and_quantize HF_DIR: bitnet.cpp's converter (--outtype f32) then its llama-quantize
+# to I2_S, as its setup_env.py runs them; leaves $tmp/f32.gguf and $tmp/i2_s.gguf.
+convert_and_quantize() {
+  PYTHONPATH=$src/3rdparty/llama.cpp/gguf-py:$src/utils "$venv/bin/python" \
+    "$src/utils/convert-hf-to-gguf-bitnet.py" "$1" --outtype f32 --outfile "$tmp/f32.gguf" \
+    >"$tmp/convert.log" 2>&1 || { tail -20 "$tmp/convert.log"; exit 1; }
+  "$src/build-avx2/bin/llama-quantize" "$tmp/f32.gguf" "$tmp/i2_s.gguf" I2_S 1 \
+    >"$tmp/quantize.log" 2>&1 || { tail -20 "$tmp/quantize.log"; exit 1; }
+}
