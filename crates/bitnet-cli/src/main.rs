@@ -34,6 +34,8 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Perplexity of a text (llama-perplexity's method), and KL divergence against a saved base.
     Perplexity(cmd::perplexity::Args),
+    /// Embeddings of texts (an embedding model's vectors; llama-embedding style).
+    Embed(cmd::embed::Args),
     /// Show the token ids and pieces of a text.
     Tokenize(cmd::tokenize::Args),
     /// Serve an OpenAI-compatible HTTP API.
@@ -50,6 +52,7 @@ fn main() -> std::process::ExitCode {
         Command::Logits(a) => cmd::logits::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),
+        Command::Embed(a) => cmd::embed::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(a) => cmd::bench::run(a),

@@ -30,6 +30,7 @@
 
 pub mod budget;
 mod constrain;
+mod embed;
 mod load;
 mod pread;
 pub mod quality;
@@ -53,6 +54,7 @@ use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 pub use bitnet_gguf::FileIdentity;
 pub use constrain::{Constraint, ConstraintState, Grammars};
+pub use embed::EmbedOptions;
 pub use load::{
     build_lm_head, load, load_file, load_file_async, open_file, repack_weights, Device,
     LmHeadFormat, LoadEvent, LoadOptions,

@@ -323,10 +323,10 @@ pub(crate) fn ty_of(m: &RowMatrix<'_>, what: &str) -> Result<u32> {
 /// The kernels build the `bitnet*` block (sub-norms, NEOX RoPE): any other architecture is
 /// refused before a device is opened, so `--device auto` can fall back to the CPU.
 pub fn check_architecture(c: &Config) -> Result<()> {
-    if !c.sub_norms || c.rope_style != RopeStyle::Neox {
+    if !c.sub_norms || c.rope_style != RopeStyle::Neox || c.norm_in || c.qk_norm {
         return Err(GpuError::Unsupported(format!(
-            "architecture '{}' on the GPU (its blocks have no sub-norms and use normal RoPE): \
-             run it on the CPU",
+            "architecture '{}' on the GPU (the GPU runs the `bitnet*` blocks: sub-norms, NEOX \
+             RoPE): run it on the CPU",
             c.arch
         )));
     }
@@ -489,6 +489,11 @@ impl GpuModel {
         let act_mode = match c.activation {
             Activation::Relu2 => 1,
             Activation::Silu => 2,
+            Activation::Gelu => {
+                return Err(GpuError::Unsupported(
+                    "GELU on the GPU: run the model on the CPU".into(),
+                ))
+            }
         };
         // The decode kernels take inputs of up to MV_MAX_IN values that fit their workgroup
         // memory, in at most the dispatch's workgroups.

@@ -169,7 +169,7 @@ pub fn softmax_exact(w: &mut [f32]) {
 }
 
 /// Shape of an [`attend`] call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ExactShape {
     /// Query heads.
     pub n_head: usize,
@@ -177,6 +177,23 @@ pub struct ExactShape {
     pub n_head_kv: usize,
     /// Elements per head.
     pub head_dim: usize,
+    /// The factor of K·Q before the mask (`1/sqrtf(head_dim)`, see [`ExactShape::new`]; 1 where
+    /// the graph scales Q itself, as Gemma 3's does).
+    pub kq_scale: f32,
+}
+
+impl ExactShape {
+    /// The shape with the usual factor `1/sqrtf(head_dim)`.
+    pub fn new(n_head: usize, n_head_kv: usize, head_dim: usize) -> Self {
+        #[allow(clippy::cast_precision_loss)]
+        let kq_scale = 1.0f32 / (head_dim as f32).sqrt();
+        ExactShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+            kq_scale,
+        }
+    }
 }
 
 /// bitnet.cpp's attention for `n` query rows `q` (`[n][n_head·head_dim]`, roped) at positions
@@ -187,7 +204,7 @@ pub struct ExactShape {
 /// more rows (ggml's permuted Q is then contiguous and llamafile's tinyBLAS takes the product
 /// with Q in f32: `kq_j = dot_tinyblas(k_j, q)`, when head_dim is a multiple of 8); the KV
 /// length padded to a multiple of 32
-/// with a `-inf` mask; `w = kq · (1/sqrtf(head_dim)) + mask`; [`softmax_exact`]; then for a
+/// with a `-inf` mask; `w = kq · kq_scale + mask` (`kq_scale` usually `1/sqrtf(head_dim)`); [`softmax_exact`]; then for a
 /// one-row batch P is rounded to f16 and `out_i = dot_f16_ggml(p, v_col_i)`, for a larger batch
 /// P stays f32 and `out_i = dot_tinyblas(v_col_i, p)`. Query head `h` reads KV head
 /// `h / (n_head / n_head_kv)`. Work items (query row, head) run on `pool`; the selected tier
@@ -254,6 +271,7 @@ pub fn attend_on(
         d,
         gqa,
         kq_tinyblas: shape.n_head == 1 && n > 1 && d.is_multiple_of(8),
+        kq_scale: shape.kq_scale,
         n_head: shape.n_head,
         kv_w,
         pos0,
@@ -282,6 +300,7 @@ struct Job<'a> {
     gqa: usize,
     /// K·Q by tinyBLAS with Q in f32 (see [`attend`]).
     kq_tinyblas: bool,
+    kq_scale: f32,
     n_head: usize,
     kv_w: usize,
     pos0: usize,
@@ -334,8 +353,7 @@ fn item_impl(job: &Job<'_>, t: usize, h: usize, sc: &mut ItemScratch, o: &mut [f
     let g = h / job.gqa;
     let qpos = job.pos0 + t;
     let n_kv = job.pos0 + job.n;
-    #[allow(clippy::cast_precision_loss)]
-    let scale = 1.0f32 / (d as f32).sqrt();
+    let scale = job.kq_scale;
     let n_embd = job.n_head * d;
     let qsrc = &job.q[t * n_embd + h * d..][..d];
     for (dst, &x) in sc.qh.iter_mut().zip(qsrc) {
@@ -421,7 +439,7 @@ mod tests {
         let n_embd = s.n_head * d;
         let n_kv = pos0 + n;
         let n_pad = n_kv.div_ceil(32) * 32;
-        let scale = 1.0f32 / (d as f32).sqrt();
+        let scale = s.kq_scale;
         let mut out = vec![0.0f32; n * n_embd];
         // One query head and several rows: ggml hands K·Q to tinyBLAS with Q in f32.
         let tinyblas_kq = s.n_head == 1 && n > 1 && d % 8 == 0;
@@ -492,11 +510,7 @@ mod tests {
             (1, 1, 256),
             (1, 1, 36),
         ] {
-            let shape = ExactShape {
-                n_head,
-                n_head_kv,
-                head_dim: d,
-            };
+            let shape = ExactShape::new(n_head, n_head_kv, d);
             for (pos0, n) in [(0usize, 1usize), (0, 7), (33, 1), (70, 5), (5, 40)] {
                 let n_kv = pos0 + n;
                 // Q in f32 (the kernel rounds it to f16 where ggml does).
@@ -532,17 +546,9 @@ mod tests {
     #[test]
     fn bad_shapes_are_errors() {
         let pool = Pool::new(1);
-        let s = ExactShape {
-            n_head: 3,
-            n_head_kv: 2,
-            head_dim: 4,
-        };
+        let s = ExactShape::new(3, 2, 4);
         assert!(attend(&s, &[], &[], &[], 0, 0, &mut [], &pool).is_err());
-        let s = ExactShape {
-            n_head: 2,
-            n_head_kv: 1,
-            head_dim: 4,
-        };
+        let s = ExactShape::new(2, 1, 4);
         let mut out = [0.0f32; 8];
         assert!(attend(&s, &[0.0; 8], &[0.0; 3], &[0.0; 4], 0, 1, &mut out, &pool).is_err());
         assert!(attend(&s, &[0.0; 8], &[0.0; 4], &[0.0; 4], 0, 1, &mut out, &pool).is_ok());

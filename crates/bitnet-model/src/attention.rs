@@ -38,17 +38,14 @@ pub(crate) fn attend(
                 n_head_kv: c.n_head_kv,
                 head_dim: c.head_dim,
             };
-            #[allow(clippy::cast_precision_loss)]
-            let scale = 1.0 / (c.head_dim as f32).sqrt();
-            attn::attend(&shape, q, k, v, layout, pos0, n, scale, out, pool)?;
+            attn::attend(&shape, q, k, v, layout, pos0, n, c.kq_scale(), out, pool)?;
         }
         Numerics::Exact => {
             let (mut k, mut v) = (Vec::new(), Vec::new());
             cache.read(layer, n_kv_pos, &mut k, &mut v);
             let shape = exact::ExactShape {
-                n_head: c.n_head,
-                n_head_kv: c.n_head_kv,
-                head_dim: c.head_dim,
+                kq_scale: c.kq_scale(),
+                ..exact::ExactShape::new(c.n_head, c.n_head_kv, c.head_dim)
             };
             exact::attend(&shape, q, &k, &v, pos0, n, out, pool)?;
         }

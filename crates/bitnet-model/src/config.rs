@@ -19,6 +19,58 @@ pub enum Activation {
     Relu2,
     /// `silu(gate) * up` (1bitLLM `bitnet` models).
     Silu,
+    /// `gelu(gate) * up`, GELU's tanh form through ggml's f16 table (Gemma 3).
+    Gelu,
+}
+
+/// How an embedding model reduces a sequence's hidden states to one vector
+/// (`{arch}.pooling_type`, llama.cpp's numbering).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// No pooling (0): one vector per position.
+    None,
+    /// The mean of every position.
+    Mean,
+    /// The first position.
+    Cls,
+    /// The last position (bitnet.cpp's embedding models: the appended EOS).
+    Last,
+}
+
+impl Pooling {
+    /// llama.cpp's `pooling_type` number.
+    pub fn from_id(id: u64) -> Option<Self> {
+        Some(match id {
+            0 => Pooling::None,
+            1 => Pooling::Mean,
+            2 => Pooling::Cls,
+            3 => Pooling::Last,
+            _ => return None,
+        })
+    }
+
+    /// The name llama.cpp's `--pooling` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::None => "none",
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+        }
+    }
+}
+
+impl std::str::FromStr for Pooling {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "none" => Ok(Pooling::None),
+            "mean" => Ok(Pooling::Mean),
+            "cls" => Ok(Pooling::Cls),
+            "last" => Ok(Pooling::Last),
+            other => Err(format!("{other:?}: pooling is none, mean, cls or last")),
+        }
+    }
 }
 
 /// How RoPE pairs the dimensions of a head.
@@ -52,6 +104,23 @@ pub struct Config {
     /// Whether each block has `attn_sub_norm` and `ffn_sub_norm` (the `bitnet*`
     /// architectures; not `llama`).
     pub sub_norms: bool,
+    /// Whether every projection RMS-normalizes its input with weights of its own first
+    /// (`blk.N.{attn_q,…,ffn_down}_norm_in`: bitnet.cpp's embedding models). Set at load from
+    /// the tensors present.
+    pub norm_in: bool,
+    /// Whether Q and K are RMS-normalized per head before RoPE (`attn_q_norm`, `attn_k_norm`:
+    /// `qwen3`, `gemma3`).
+    pub qk_norm: bool,
+    /// Whether the attention and FFN outputs are RMS-normalized before the residual add
+    /// (`post_attention_norm`, `post_ffw_norm`: `gemma3`).
+    pub post_norms: bool,
+    /// A factor on the embedding rows (`gemma3`: `sqrt(n_embd)`).
+    pub embd_scale: Option<f32>,
+    /// Whether Q is scaled by `1/sqrt(head_dim)` after RoPE and K·Q by 1 (`gemma3`'s graph),
+    /// rather than K·Q by `1/sqrt(head_dim)`.
+    pub q_prescale: bool,
+    /// `{arch}.pooling_type` of an embedding model (`None`: the file names none).
+    pub pooling: Option<Pooling>,
 }
 
 fn bad(key: &str, value: impl ToString, why: &'static str) -> ModelError {
@@ -102,12 +171,21 @@ impl Config {
         };
         // bitnet.cpp's fork: the `bitnet*` graphs (ReLU² or SiLU, sub-norms, NEOX RoPE) and
         // `llama` with ternary projections (SiLU, no sub-norms, normal RoPE).
+        // bitnet.cpp's embedding models (`qwen3`, `gemma3` with ternary projections; their
+        // per-projection input norms are found at load): SiLU or GELU, no sub-norms, NEOX RoPE,
+        // per-head Q/K norms; Gemma 3 also post-norms, scaled embeddings and a scaled Q.
         let (default_act, rope_style, sub_norms) = match arch.as_str() {
             "bitnet-b1.58" | "bitnet-25" => (Activation::Relu2, RopeStyle::Neox, true),
             "bitnet" => (Activation::Silu, RopeStyle::Neox, true),
             "llama" => (Activation::Silu, RopeStyle::Norm, false),
+            "qwen3" => (Activation::Silu, RopeStyle::Neox, false),
+            "gemma3" => (Activation::Gelu, RopeStyle::Neox, false),
             _ => return Err(ModelError::UnsupportedArch(arch)),
         };
+        let (qk_norm, gemma) = (
+            matches!(arch.as_str(), "qwen3" | "gemma3"),
+            arch == "gemma3",
+        );
         let k = |s: &str| format!("{arch}.{s}");
 
         let n_embd = count(md, &k("embedding_length"), MAX_EMBD)?;
@@ -117,11 +195,31 @@ impl Config {
         let n_head_kv = opt_count(md, &k("attention.head_count_kv"), MAX_HEADS)?.unwrap_or(n_head);
         let n_ctx_train = count(md, &k("context_length"), MAX_CTX)?;
 
-        if n_embd % n_head != 0 {
+        // `key_length` (Qwen 3, Gemma 3: a head wider than n_embd / n_head); else n_embd / n_head.
+        let key_length = opt_count(md, &k("attention.key_length"), MAX_EMBD)?;
+        let value_length = opt_count(md, &k("attention.value_length"), MAX_EMBD)?;
+        if value_length.is_some_and(|v| Some(v) != key_length.or(Some(n_embd / n_head))) {
+            return Err(bad(
+                &k("attention.value_length"),
+                value_length.unwrap_or(0),
+                "differs from the key length",
+            ));
+        }
+        if key_length.is_none() && n_embd % n_head != 0 {
             return Err(bad(
                 &k("embedding_length"),
                 n_embd,
                 "not a multiple of head_count",
+            ));
+        }
+        if n_head
+            .checked_mul(key_length.unwrap_or(1))
+            .is_none_or(|w| w > MAX_EMBD)
+        {
+            return Err(bad(
+                &k("attention.key_length"),
+                key_length.unwrap_or(0),
+                "head_count times key_length exceeds the supported maximum",
             ));
         }
         if n_head % n_head_kv != 0 {
@@ -131,7 +229,7 @@ impl Config {
                 "does not divide head_count",
             ));
         }
-        let head_dim = n_embd / n_head;
+        let head_dim = key_length.unwrap_or(n_embd / n_head);
         let n_rot = opt_count(md, &k("rope.dimension_count"), MAX_EMBD)?.unwrap_or(head_dim);
         if n_rot % 2 != 0 || n_rot > head_dim {
             return Err(bad(
@@ -147,6 +245,24 @@ impl Config {
                 "head dimension must be even",
             ));
         }
+        // Gemma 3's sliding-window layers are not implemented: refuse, never run them as
+        // global ones (bitnet.cpp's embedding converter writes no window).
+        if md.get(&k("attention.sliding_window")).is_some() {
+            return Err(ModelError::Unsupported(format!(
+                "sliding-window attention ({})",
+                k("attention.sliding_window")
+            )));
+        }
+        let pooling = match md.get(&k("pooling_type")) {
+            None => None,
+            Some(_) => {
+                let id = md.get_uint(&k("pooling_type"))?;
+                Some(
+                    Pooling::from_id(id)
+                        .ok_or_else(|| bad(&k("pooling_type"), id, "is not 0, 1, 2 or 3"))?,
+                )
+            }
+        };
 
         let eps_key = k("attention.layer_norm_rms_epsilon");
         let rms_eps = md.get_f32(&eps_key)?;
@@ -196,7 +312,30 @@ impl Config {
             activation,
             rope_style,
             sub_norms,
+            norm_in: false,
+            qk_norm,
+            post_norms: gemma,
+            #[allow(clippy::cast_precision_loss)]
+            embd_scale: gemma.then(|| (n_embd as f32).sqrt()),
+            q_prescale: gemma,
+            pooling,
         })
+    }
+
+    /// Width of Q rows and of the attention output (`n_head * head_dim`).
+    pub fn n_embd_q(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// The factor of K·Q in attention: `1/sqrt(head_dim)`, or 1 where Q was scaled.
+    pub fn kq_scale(&self) -> f32 {
+        #[allow(clippy::cast_precision_loss)]
+        let s = 1.0 / (self.head_dim as f32).sqrt();
+        if self.q_prescale {
+            1.0
+        } else {
+            s
+        }
     }
 
     /// Width of K and V rows (`n_head_kv * head_dim`).
@@ -249,6 +388,7 @@ fn activation_from_metadata(md: &Metadata, arch: &str) -> Result<Option<Activati
             return match s.to_ascii_lowercase().as_str() {
                 "relu2" | "relu_squared" | "relu²" | "squared_relu" => Ok(Some(Activation::Relu2)),
                 "silu" | "swish" => Ok(Some(Activation::Silu)),
+                "gelu" => Ok(Some(Activation::Gelu)),
                 _ => Err(ModelError::UnknownActivation(s.to_string())),
             };
         }

@@ -16,9 +16,9 @@ mod owned;
 
 pub use approx::{ApproxHead, ApproxOptions, RowReader};
 pub use backend::Backend;
-pub use config::{Activation, Config, RopeStyle};
+pub use config::{Activation, Config, Pooling, RopeStyle};
 pub use error::{ModelError, Result};
 pub use kv_cache::{KvCache, KvType};
-pub use model::{Exec, Layer, Model, Outputs, Scratch, Seq, TraceEvent};
+pub use model::{Exec, Layer, Model, NormIn, Outputs, Scratch, Seq, TraceEvent};
 pub use numerics::Numerics;
 pub use owned::OwnedModel;

@@ -7,7 +7,7 @@ use bitnet_kernels::{act, RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 
 use crate::approx::ApproxHead;
 use crate::backend::Backend;
-use crate::config::{Activation, Config};
+use crate::config::{Activation, Config, Pooling};
 use crate::kv_cache::{KvCache, KvType};
 use crate::names::{self, LayerTensor};
 use crate::numerics::{self, Numerics, RopeRow};
@@ -38,6 +38,32 @@ pub struct Layer<'a> {
     pub ffn_sub_norm: Option<Vec<f32>>,
     /// [n_embd][n_ff]
     pub w_down: TernaryMatrix<'a>,
+    /// The projections' own input norms, where the file has them (bitnet.cpp's embedding
+    /// models).
+    pub norm_in: Option<NormIn>,
+    /// [head_dim] each: per-head Q and K norms (`qwen3`, `gemma3`).
+    pub attn_q_norm: Option<Vec<f32>>,
+    pub attn_k_norm: Option<Vec<f32>>,
+    /// [n_embd] each: norms of the attention and FFN outputs (`gemma3`).
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffw_norm: Option<Vec<f32>>,
+}
+
+/// The input norm of each projection (`blk.N.{attn_q,…,ffn_down}_norm_in`): the projection
+/// RMS-normalizes its input with these weights before quantizing it.
+#[derive(Debug, Clone)]
+pub struct NormIn {
+    /// [n_embd] each.
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    /// [n_head * head_dim]
+    pub o: Vec<f32>,
+    /// [n_embd] each.
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// [n_ff]
+    pub down: Vec<f32>,
 }
 
 /// A loaded model: config, weights borrowed from the GGUF map, and run options.
@@ -137,6 +163,8 @@ pub struct Exec<'p> {
 pub struct Scratch {
     /// Normed rows (`n × n_embd`, or `n × n_ff` before the down projection).
     a: Vec<f32>,
+    /// A projection's own input norm of them, or a post-norm (embedding models).
+    b: Vec<f32>,
     /// Their int8 codes and per-row scales.
     xq: Vec<i8>,
     s: Vec<f32>,
@@ -155,7 +183,8 @@ impl Scratch {
     /// Bytes held (its allocated capacity).
     pub fn capacity_bytes(&self) -> usize {
         let f = [
-            &self.a, &self.s, &self.q, &self.k, &self.v, &self.o, &self.t, &self.g, &self.up,
+            &self.a, &self.b, &self.s, &self.q, &self.k, &self.v, &self.o, &self.t, &self.g,
+            &self.up,
         ];
         f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.xq.capacity()
     }
@@ -248,22 +277,29 @@ fn require<'f>(file: &'f GgufFile, name: &str) -> Result<&'f TensorInfo> {
         .ok_or_else(|| ModelError::MissingTensor(name.to_string()))
 }
 
-/// An F32 vector (norm weights), copied out of the map and checked for NaN/Inf.
+/// An F32 vector (norm weights; F16 ones, as bitnet.cpp's embedding converter writes them,
+/// widened exactly), copied out of the map and checked for NaN/Inf.
 fn bind_f32(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
     let t = require(file, name)?;
     check_dims(t, &[len as u64])?;
-    if t.ggml_type != GgmlType::F32 {
-        return Err(ModelError::WrongType {
-            name: name.to_string(),
-            expected: "F32",
-            found: t.ggml_type.name().to_string(),
-        });
-    }
     let bytes = file.tensor_data(t)?;
-    let v: Vec<f32> = bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let v: Vec<f32> = match t.ggml_type {
+        GgmlType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        GgmlType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(ModelError::WrongType {
+                name: name.to_string(),
+                expected: "F32 or F16",
+                found: other.name().to_string(),
+            })
+        }
+    };
     if let Some(index) = v.iter().position(|x| !x.is_finite()) {
         return Err(ModelError::NonFinite {
             name: name.to_string(),
@@ -389,7 +425,43 @@ impl<'a> Layer<'a> {
 
     fn bind(file: &'a GgufFile, c: &Config, il: usize, release: bool) -> Result<Self> {
         let n = |t: LayerTensor| t.name(il);
-        let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
+        let (e, kv, ff, qd) = (c.n_embd, c.n_embd_kv(), c.n_ff, c.n_embd_q());
+        // A tensor the architecture has (bound) or has not (refused where present: it would
+        // be silently ignored).
+        let optional = |has: bool, name: String, len: usize| -> Result<Option<Vec<f32>>> {
+            if has {
+                return bind_f32(file, &name, len).map(Some);
+            }
+            match file.tensor(&name) {
+                Some(_) => Err(ModelError::UnexpectedTensor(name)),
+                None => Ok(None),
+            }
+        };
+        let norm_in =
+            |t: LayerTensor, len: usize| optional(c.norm_in, names::norm_in_name(t, il), len);
+        let norm_in = match (
+            norm_in(LayerTensor::AttnQ, e)?,
+            norm_in(LayerTensor::AttnK, e)?,
+            norm_in(LayerTensor::AttnV, e)?,
+            norm_in(LayerTensor::AttnOutput, qd)?,
+            norm_in(LayerTensor::FfnGate, e)?,
+            norm_in(LayerTensor::FfnUp, e)?,
+            norm_in(LayerTensor::FfnDown, ff)?,
+        ) {
+            (Some(q), Some(k), Some(v), Some(o), Some(gate), Some(up), Some(down)) => {
+                Some(NormIn {
+                    q,
+                    k,
+                    v,
+                    o,
+                    gate,
+                    up,
+                    down,
+                })
+            }
+            _ => None,
+        };
+        let block = |stem: &str| names::block_tensor(il, stem);
         let sub_norm = |t: LayerTensor, len: usize| -> Result<Option<Vec<f32>>> {
             if c.sub_norms {
                 return bind_f32(file, &n(t), len).map(Some);
@@ -402,16 +474,21 @@ impl<'a> Layer<'a> {
         };
         Ok(Layer {
             attn_norm: bind_f32(file, &n(LayerTensor::AttnNorm), e)?,
-            wq: bind_ternary(file, &n(LayerTensor::AttnQ), e, e, release)?,
+            wq: bind_ternary(file, &n(LayerTensor::AttnQ), e, qd, release)?,
             wk: bind_ternary(file, &n(LayerTensor::AttnK), e, kv, release)?,
             wv: bind_ternary(file, &n(LayerTensor::AttnV), e, kv, release)?,
             attn_sub_norm: sub_norm(LayerTensor::AttnSubNorm, e)?,
-            wo: bind_ternary(file, &n(LayerTensor::AttnOutput), e, e, release)?,
+            wo: bind_ternary(file, &n(LayerTensor::AttnOutput), qd, e, release)?,
             ffn_norm: bind_f32(file, &n(LayerTensor::FfnNorm), e)?,
             w_gate: bind_ternary(file, &n(LayerTensor::FfnGate), e, ff, release)?,
             w_up: bind_ternary(file, &n(LayerTensor::FfnUp), e, ff, release)?,
             ffn_sub_norm: sub_norm(LayerTensor::FfnSubNorm, ff)?,
             w_down: bind_ternary(file, &n(LayerTensor::FfnDown), ff, e, release)?,
+            norm_in,
+            attn_q_norm: optional(c.qk_norm, block(names::ATTN_Q_NORM), c.head_dim)?,
+            attn_k_norm: optional(c.qk_norm, block(names::ATTN_K_NORM), c.head_dim)?,
+            post_attn_norm: optional(c.post_norms, block(names::POST_ATTN_NORM), e)?,
+            post_ffw_norm: optional(c.post_norms, block(names::POST_FFW_NORM), e)?,
         })
     }
 }
@@ -437,7 +514,13 @@ impl<'a> Model<'a> {
     fn load_with(file: &'a GgufFile, release: bool) -> Result<Self> {
         let embd = require(file, names::TOKEN_EMBD)?;
         let vocab_rows = embd.dims.get(1).copied();
-        let config = Config::from_metadata(file.metadata(), vocab_rows)?;
+        let mut config = Config::from_metadata(file.metadata(), vocab_rows)?;
+        // bitnet.cpp's embedding models normalize each projection's input (`*_norm_in`); the
+        // architecture names alone do not say it, the tensors do.
+        config.norm_in = matches!(config.arch.as_str(), "qwen3" | "gemma3")
+            && file
+                .tensor(&names::norm_in_name(LayerTensor::AttnQ, 0))
+                .is_some();
         let c = &config;
         let tok_embd = bind_rows(file, embd, c.n_vocab, c.n_embd)?;
         let output = match file.tensor(names::OUTPUT) {
@@ -524,10 +607,10 @@ impl<'a> Model<'a> {
         Ok(out.pop().unwrap_or_default())
     }
 
-    /// Evaluate several sequences in one pass: their tokens share every ternary matmul
-    /// (continuous batching), attention runs per sequence over its own cache. Returns the
-    /// logits of each sequence as [`Model::forward`] would.
-    pub fn forward_seqs(&self, seqs: &mut [Seq<'_>], exec: &mut Exec<'_>) -> Result<Vec<Vec<f32>>> {
+    /// The blocks over several sequences in one pass: their tokens share every ternary matmul
+    /// (continuous batching), attention runs per sequence over its own cache, each cache
+    /// advances by its tokens. Returns the hidden states `[n][n_embd]` before the output norm.
+    fn run_blocks(&self, seqs: &mut [Seq<'_>], exec: &mut Exec<'_>) -> Result<Vec<f32>> {
         let c = &self.config;
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if n == 0 || seqs.iter().any(|s| s.tokens.is_empty()) {
@@ -563,6 +646,9 @@ impl<'a> Model<'a> {
                 n_vocab: c.n_vocab,
             })?;
             exec.backend.embedding_row(&self.tok_embd, r, row)?;
+            if let Some(f) = c.embd_scale {
+                row.iter_mut().for_each(|x| *x *= f);
+            }
         }
         exec.emit("inp_embd", None, &h, n);
 
@@ -584,15 +670,27 @@ impl<'a> Model<'a> {
         exec.scratch = taken;
         blocks?;
 
+        for s in seqs.iter_mut() {
+            s.cache.advance(s.tokens.len());
+        }
+        Ok(h)
+    }
+
+    /// Evaluate several sequences in one pass: their tokens share every ternary matmul
+    /// (continuous batching), attention runs per sequence over its own cache. Returns the
+    /// logits of each sequence as [`Model::forward`] would.
+    pub fn forward_seqs(&self, seqs: &mut [Seq<'_>], exec: &mut Exec<'_>) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let h = self.run_blocks(seqs, exec)?;
+
         // logits = E · RMS(h, output_norm). Fast numerics: one head pass for every output row
         // of every sequence (the head is the largest read of a decode step; a row's logits
         // do not depend on the other rows of the call). Exact numerics: per sequence, since
         // the reference's accumulation order depends on the number of rows.
         let mut per_seq: Vec<Vec<usize>> = Vec::with_capacity(seqs.len());
         let mut first = 0;
-        for s in seqs.iter_mut() {
+        for s in seqs.iter() {
             let len = s.tokens.len();
-            s.cache.advance(len);
             per_seq.push(match s.outputs {
                 Outputs::None => Vec::new(),
                 Outputs::Last => vec![first + len - 1],
@@ -642,6 +740,54 @@ impl<'a> Model<'a> {
         Ok(result)
     }
 
+    /// Embeddings of several sequences in one pass (as [`Model::forward_seqs`] runs them):
+    /// for each, the output-normed hidden states reduced by `pooling` — one `n_embd` vector, or
+    /// for [`Pooling::None`] one per position — not yet L2-normalized
+    /// ([`numerics::l2_normalized`]). The sequences' `outputs` are not used.
+    pub fn embed_seqs(
+        &self,
+        seqs: &mut [Seq<'_>],
+        pooling: Pooling,
+        exec: &mut Exec<'_>,
+    ) -> Result<Vec<Vec<f32>>> {
+        let e = self.config.n_embd;
+        let h = self.run_blocks(seqs, exec)?;
+        let norm = numerics::rms_norm_for(exec.numerics);
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut first = 0;
+        for s in seqs.iter() {
+            let len = s.tokens.len();
+            let rows: Vec<usize> = match pooling {
+                Pooling::Last => vec![first + len - 1],
+                Pooling::Cls => vec![first],
+                Pooling::Mean | Pooling::None => (first..first + len).collect(),
+            };
+            let mut hn = vec![0.0f32; rows.len() * e];
+            for (dst, &r) in hn.chunks_exact_mut(e).zip(&rows) {
+                norm(
+                    &h[r * e..(r + 1) * e],
+                    &self.output_norm,
+                    self.config.rms_eps,
+                    dst,
+                );
+            }
+            exec.emit("result_norm", None, &hn, rows.len());
+            if pooling == Pooling::Mean {
+                // llama.cpp's mean: every row times 1/n, summed in order.
+                #[allow(clippy::cast_precision_loss)]
+                let w = 1.0 / len as f32;
+                let mut m = vec![0.0f32; e];
+                for row in hn.chunks_exact(e) {
+                    m.iter_mut().zip(row).for_each(|(a, &x)| *a += x * w);
+                }
+                hn = m;
+            }
+            out.push(hn);
+            first += len;
+        }
+        Ok(out)
+    }
+
     /// One transformer block, in place on `h` ([n][n_embd]), its intermediates in `sc`.
     #[allow(clippy::too_many_arguments)]
     fn block(
@@ -656,34 +802,81 @@ impl<'a> Model<'a> {
     ) -> Result<()> {
         let c = &self.config;
         let n = ropes.len();
-        let (e, kv, ff) = (c.n_embd, c.n_embd_kv(), c.n_ff);
+        let (e, kv, ff, qd) = (c.n_embd, c.n_embd_kv(), c.n_ff, c.n_embd_q());
         let li = Some(il);
 
         // 1. a = RMS(h, attn_norm)
         self.norm_rows(h, &l.attn_norm, e, &mut sc.a, exec)?;
         exec.emit("attn_norm", li, &sc.a, n);
-        // 2. Q, K, V = Lin(Wq, a), Lin(Wk, a), Lin(Wv, a)
-        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
-        self.lin(&l.wq, &sc.xq, &sc.s, n, exec, &mut sc.q)?;
-        self.lin(&l.wk, &sc.xq, &sc.s, n, exec, &mut sc.k)?;
-        self.lin(&l.wv, &sc.xq, &sc.s, n, exec, &mut sc.v)?;
+        // 2. Q, K, V = Lin(Wq, a), Lin(Wk, a), Lin(Wv, a); where each projection has an input
+        //    norm of its own, Lin(W, RMS(a, W's norm_in))
+        match &l.norm_in {
+            None => {
+                quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
+                self.lin(&l.wq, &sc.xq, &sc.s, n, exec, &mut sc.q)?;
+                self.lin(&l.wk, &sc.xq, &sc.s, n, exec, &mut sc.k)?;
+                self.lin(&l.wv, &sc.xq, &sc.s, n, exec, &mut sc.v)?;
+            }
+            Some(ni) => {
+                for (w, nw, out) in [
+                    (&l.wq, &ni.q, &mut sc.q),
+                    (&l.wk, &ni.k, &mut sc.k),
+                    (&l.wv, &ni.v, &mut sc.v),
+                ] {
+                    self.norm_rows(&sc.a, nw, e, &mut sc.b, exec)?;
+                    quantize_rows(&sc.b, e, &mut sc.xq, &mut sc.s, exec)?;
+                    self.lin(w, &sc.xq, &sc.s, n, exec, out)?;
+                }
+            }
+        }
         exec.emit("Qcur", li, &sc.q, n);
         exec.emit("Kcur", li, &sc.k, n);
         exec.emit("Vcur", li, &sc.v, n);
-        // 3. Q, K = RoPE(Q, pos), RoPE(K, pos) (NEOX, or normal for `llama`)
-        let (hd, n_rot, nm) = (c.head_dim, c.n_rot, exec.numerics);
+        // 2b. Q, K = RMS(Q, attn_q_norm), RMS(K, attn_k_norm), head by head (qwen3, gemma3)
+        let hd = c.head_dim;
+        if let (Some(qn), Some(kn)) = (&l.attn_q_norm, &l.attn_k_norm) {
+            let (eps, norm) = (c.rms_eps, numerics::rms_norm_for(exec.numerics));
+            each_row2(
+                exec,
+                &mut sc.q[..n * qd],
+                qd,
+                &mut sc.k[..n * kv],
+                kv,
+                &|_, qs, ks| {
+                    let mut tmp = vec![0.0f32; hd];
+                    for head in qs.chunks_exact_mut(hd) {
+                        norm(head, qn, eps, &mut tmp);
+                        head.copy_from_slice(&tmp);
+                    }
+                    for head in ks.chunks_exact_mut(hd) {
+                        norm(head, kn, eps, &mut tmp);
+                        head.copy_from_slice(&tmp);
+                    }
+                },
+            )?;
+            exec.emit("Qcur_normed", li, &sc.q, n);
+            exec.emit("Kcur_normed", li, &sc.k, n);
+        }
+        // 3. Q, K = RoPE(Q, pos), RoPE(K, pos) (NEOX, or normal for `llama`); gemma3 then
+        //    scales Q by 1/sqrt(head_dim) (and attention K·Q by 1)
+        let (n_rot, nm) = (c.n_rot, exec.numerics);
         let rope_head = numerics::rope_for(c.rope_style);
+        #[allow(clippy::cast_precision_loss)]
+        let q_scale = c.q_prescale.then(|| 1.0 / (hd as f32).sqrt());
         each_row2(
             exec,
-            &mut sc.q[..n * e],
-            e,
+            &mut sc.q[..n * qd],
+            qd,
             &mut sc.k[..n * kv],
             kv,
             &|r, qs, ks| {
-                let rows = qs.chunks_exact_mut(e).zip(ks.chunks_exact_mut(kv));
+                let rows = qs.chunks_exact_mut(qd).zip(ks.chunks_exact_mut(kv));
                 for (rope, (qr, kr)) in ropes[r].iter().zip(rows) {
                     for head in qr.chunks_exact_mut(hd).chain(kr.chunks_exact_mut(hd)) {
                         rope_head(&mut head[..n_rot], rope, nm);
+                    }
+                    if let Some(f) = q_scale {
+                        qr.iter_mut().for_each(|x| *x *= f);
                     }
                 }
             },
@@ -691,7 +884,7 @@ impl<'a> Model<'a> {
         exec.emit("q_rope", li, &sc.q, n);
         exec.emit("k_rope", li, &sc.k, n);
         // 4. O = Attn(Q, K, V) over each sequence's cache (causal, GQA)
-        let o = sized(&mut sc.o, n * e);
+        let o = sized(&mut sc.o, n * qd);
         let mut first = 0;
         for sq in seqs.iter_mut() {
             let (len, pos0) = (sq.tokens.len(), sq.cache.len());
@@ -704,38 +897,57 @@ impl<'a> Model<'a> {
             );
             exec.backend.attention(
                 c,
-                &sc.q[rows.start * e..rows.end * e],
+                &sc.q[rows.start * qd..rows.end * qd],
                 sq.cache,
                 il,
                 pos0,
                 len,
                 exec.numerics,
-                &mut o[rows.start * e..rows.end * e],
+                &mut o[rows.start * qd..rows.end * qd],
             )?;
             first += len;
         }
         exec.emit("kqv_out", li, &sc.o, n);
-        // 5. O = RMS(O, attn_sub_norm), where the architecture has it
-        let o_in = self.sub_norm(
-            &sc.o,
-            l.attn_sub_norm.as_deref(),
-            e,
-            &mut sc.a,
-            exec,
-            ("attn_sub_norm", li, n),
-        )?;
-        // 6. h = h + Lin(Wo, O)
-        quantize_rows(o_in, e, &mut sc.xq, &mut sc.s, exec)?;
+        // 5. O = RMS(O, attn_sub_norm), where the architecture has it (or Wo's input norm)
+        let o_norm = match &l.norm_in {
+            Some(ni) => Some(ni.o.as_slice()),
+            None => l.attn_sub_norm.as_deref(),
+        };
+        let o_in = self.sub_norm(&sc.o, o_norm, qd, &mut sc.a, exec, ("attn_sub_norm", li, n))?;
+        // 6. h = h + Lin(Wo, O) (gemma3: h + RMS(Lin(Wo, O), post_attention_norm))
+        quantize_rows(o_in, qd, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.wo, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
-        add_in_place(h, &sc.t, e, exec)?;
+        let t = self.sub_norm(
+            &sc.t,
+            l.post_attn_norm.as_deref(),
+            e,
+            &mut sc.b,
+            exec,
+            ("attn_post_norm", li, n),
+        )?;
+        add_in_place(h, t, e, exec)?;
         exec.emit("ffn_inp", li, h, n);
         // 7. f = RMS(h, ffn_norm)
         self.norm_rows(h, &l.ffn_norm, e, &mut sc.a, exec)?;
         exec.emit("ffn_norm", li, &sc.a, n);
-        // 8. g = act(Lin(Wgate, f)) * Lin(Wup, f)
-        quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
-        self.lin(&l.w_gate, &sc.xq, &sc.s, n, exec, &mut sc.g)?;
-        self.lin(&l.w_up, &sc.xq, &sc.s, n, exec, &mut sc.up)?;
+        // 8. g = act(Lin(Wgate, f)) * Lin(Wup, f) (with their input norms, where they have them)
+        match &l.norm_in {
+            None => {
+                quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
+                self.lin(&l.w_gate, &sc.xq, &sc.s, n, exec, &mut sc.g)?;
+                self.lin(&l.w_up, &sc.xq, &sc.s, n, exec, &mut sc.up)?;
+            }
+            Some(ni) => {
+                for (w, nw, out) in [
+                    (&l.w_gate, &ni.gate, &mut sc.g),
+                    (&l.w_up, &ni.up, &mut sc.up),
+                ] {
+                    self.norm_rows(&sc.a, nw, e, &mut sc.b, exec)?;
+                    quantize_rows(&sc.b, e, &mut sc.xq, &mut sc.s, exec)?;
+                    self.lin(w, &sc.xq, &sc.s, n, exec, out)?;
+                }
+            }
+        }
         let (act, up) = (c.activation, &sc.up);
         each_row(exec, &mut sc.g[..n * ff], ff, &|r, gs| {
             let us = &up[r.start * ff..r.end * ff];
@@ -744,28 +956,37 @@ impl<'a> Model<'a> {
                     let r = g.max(0.0);
                     *g = (r * r) * u;
                 }),
-                Activation::Silu => {
+                Activation::Silu | Activation::Gelu => {
                     for (grow, urow) in gs.chunks_exact_mut(ff).zip(us.chunks_exact(ff)) {
-                        numerics::silu_row(grow);
+                        if act == Activation::Silu {
+                            numerics::silu_row(grow);
+                        } else {
+                            numerics::gelu_row(grow);
+                        }
                         grow.iter_mut().zip(urow).for_each(|(g, &u)| *g *= u);
                     }
                 }
             }
         })?;
         exec.emit("ffn_act", li, &sc.g, n);
-        // 9. g = RMS(g, ffn_sub_norm), where the architecture has it
-        let g_in = self.sub_norm(
-            &sc.g,
-            l.ffn_sub_norm.as_deref(),
-            ff,
-            &mut sc.a,
-            exec,
-            ("ffn_sub_norm", li, n),
-        )?;
-        // 10. h = h + Lin(Wdown, g)
+        // 9. g = RMS(g, ffn_sub_norm), where the architecture has it (or Wdown's input norm)
+        let g_norm = match &l.norm_in {
+            Some(ni) => Some(ni.down.as_slice()),
+            None => l.ffn_sub_norm.as_deref(),
+        };
+        let g_in = self.sub_norm(&sc.g, g_norm, ff, &mut sc.a, exec, ("ffn_sub_norm", li, n))?;
+        // 10. h = h + Lin(Wdown, g) (gemma3: h + RMS(Lin(Wdown, g), post_ffw_norm))
         quantize_rows(g_in, ff, &mut sc.xq, &mut sc.s, exec)?;
         self.lin(&l.w_down, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
-        add_in_place(h, &sc.t, e, exec)?;
+        let t = self.sub_norm(
+            &sc.t,
+            l.post_ffw_norm.as_deref(),
+            e,
+            &mut sc.b,
+            exec,
+            ("ffn_post_norm", li, n),
+        )?;
+        add_in_place(h, t, e, exec)?;
         exec.emit("l_out", li, h, n);
         Ok(())
     }

@@ -7,6 +7,24 @@ pub const OUTPUT: &str = "output.weight";
 /// Llama 3.1-style RoPE frequency factors (not supported; a file with them is refused).
 pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
+/// Per-head Q and K norms (`qwen3`, `gemma3`), `[head_dim]`.
+pub const ATTN_Q_NORM: &str = "attn_q_norm";
+pub const ATTN_K_NORM: &str = "attn_k_norm";
+/// Gemma 3's norms of the attention and FFN outputs, `[n_embd]`.
+pub const POST_ATTN_NORM: &str = "post_attention_norm";
+pub const POST_FFW_NORM: &str = "post_ffw_norm";
+
+/// `blk.{layer}.{stem}.weight` for a stem outside [`LayerTensor`].
+pub fn block_tensor(layer: usize, stem: &str) -> String {
+    format!("blk.{layer}.{stem}.weight")
+}
+
+/// The input norm of a projection in bitnet.cpp's embedding models
+/// (`blk.{layer}.attn_q_norm_in.weight`, …), whose width is the projection's input.
+pub fn norm_in_name(projection: LayerTensor, layer: usize) -> String {
+    format!("blk.{layer}.{}_norm_in.weight", projection.stem())
+}
+
 /// Per-layer tensors, by role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerTensor {
@@ -74,10 +92,12 @@ impl LayerTensor {
     /// The expected ggml `ne` (row length first) for a given config.
     pub fn dims(self, c: &crate::Config) -> Vec<u64> {
         let (e, kv, ff) = (c.n_embd as u64, c.n_embd_kv() as u64, c.n_ff as u64);
+        let q = c.n_embd_q() as u64;
         match self {
             LayerTensor::AttnNorm | LayerTensor::AttnSubNorm | LayerTensor::FfnNorm => vec![e],
             LayerTensor::FfnSubNorm => vec![ff],
-            LayerTensor::AttnQ | LayerTensor::AttnOutput => vec![e, e],
+            LayerTensor::AttnQ => vec![e, q],
+            LayerTensor::AttnOutput => vec![q, e],
             LayerTensor::AttnK | LayerTensor::AttnV => vec![e, kv],
             LayerTensor::FfnGate | LayerTensor::FfnUp => vec![e, ff],
             LayerTensor::FfnDown => vec![ff, e],

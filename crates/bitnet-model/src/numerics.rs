@@ -192,6 +192,48 @@ pub fn silu_row(x: &mut [f32]) {
     }
 }
 
+/// GELU (tanh form) of one row in place, as ggml's `ggml_vec_gelu_f32` computes it with
+/// `GGML_GELU_FP16`: `x ≤ −10` → 0, `x ≥ 10` → x, else x rounded to f16 and looked up in a
+/// table of `f16(0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²))))` over every f16 value. Both
+/// numerics use it.
+pub fn gelu_row(x: &mut [f32]) {
+    let table = gelu_table();
+    for v in x.iter_mut() {
+        if *v <= -10.0 {
+            *v = 0.0;
+        } else if *v < 10.0 {
+            let i = usize::from(half::f16::from_f32(*v).to_bits());
+            *v = half::f16::from_bits(table[i]).to_f32();
+        }
+    }
+}
+
+/// ggml's `ggml_gelu_f32`.
+fn gelu_f32(x: f32) -> f32 {
+    const GELU_COEF_A: f32 = 0.044715;
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+fn gelu_table() -> &'static [u16] {
+    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|i| half::f16::from_f32(gelu_f32(half::f16::from_bits(i).to_f32())).to_bits())
+            .collect()
+    })
+}
+
+/// The L2-normalized copy of `v`, as llama.cpp's `common_embd_normalize(…, 2)` computes it:
+/// the sum of the f32 squares in f64, its square root, `v · f32(1 / root)` (a zero vector
+/// stays zero).
+pub fn l2_normalized(v: &[f32]) -> Vec<f32> {
+    let sum: f64 = v.iter().map(|&x| f64::from(x * x)).sum::<f64>().sqrt();
+    #[allow(clippy::cast_possible_truncation)]
+    let norm = if sum > 0.0 { (1.0 / sum) as f32 } else { 0.0 };
+    v.iter().map(|&x| x * norm).collect()
+}
+
 /// [`rope_neox`] turned back (fast numerics): dim i and i + n_rot/2 of `head` (a whole head;
 /// dims past n_rot pass through) rotated by minus the angles of `rope`,
 /// `(x0, x1) -> (x0 c + x1 s, x1 c − x0 s)`. The context shift moves cached keys to earlier
@@ -213,6 +255,26 @@ pub use bitnet_kernels::exact::{dot_f16_ggml, dot_tinyblas, round_f16, softmax_e
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gelu_follows_ggmls_table() {
+        // Outside (−10, 10) GELU is cut off; inside, the f16 table value of the rounded input.
+        let mut x = vec![-20.0f32, -10.0, 10.0, 25.0, 0.0, 1.0, -1.0, 0.5];
+        gelu_row(&mut x);
+        assert_eq!(&x[..5], &[0.0, 0.0, 10.0, 25.0, 0.0]);
+        // gelu(1) = 0.841192, gelu(−1) = −0.158808, gelu(0.5) = 0.345714 (tanh form), each
+        // rounded to f16.
+        for (got, want) in x[5..].iter().zip([0.841_192_f32, -0.158_808, 0.345_714]) {
+            assert_eq!(*got, half::f16::from_f32(want).to_f32(), "{want}");
+        }
+    }
+
+    #[test]
+    fn l2_normalization() {
+        let v = l2_normalized(&[3.0, 4.0]);
+        assert_eq!(v, vec![0.6, 0.8]);
+        assert_eq!(l2_normalized(&[0.0, 0.0]), vec![0.0, 0.0]);
+    }
 
     #[test]
     fn rms_norm_unit_vector() {

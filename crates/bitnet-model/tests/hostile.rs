@@ -129,7 +129,7 @@ fn vocab_size_disagrees_with_embedding() {
 
 #[test]
 fn unknown_activation_is_rejected_and_silu_is_honoured() {
-    let e = load_edited(|kv, _| kv.push((format!("{A}.hidden_act"), Value::String("gelu".into()))));
+    let e = load_edited(|kv, _| kv.push((format!("{A}.hidden_act"), Value::String("tanh".into()))));
     assert!(matches!(e, ModelError::UnknownActivation(_)), "{e}");
     let bytes = rewrite(&base(), |kv, _| {
         kv.push((format!("{A}.hidden_act"), Value::String("silu".into())))

@@ -90,6 +90,13 @@ pub enum SynthArch {
     /// `bitnet`, 1bitLLM's bitnet_b1_58 models as bitnet.cpp converts them: sub-norms, SiLU,
     /// NEOX RoPE, tied LM head.
     Bitnet,
+    /// `qwen3` as bitnet.cpp's embedding converter writes bitnet-embedding-0.6b: an input
+    /// norm per projection (`*_norm_in`), per-head Q/K norms, SiLU, NEOX RoPE, `key_length`,
+    /// F16 norms, last-token pooling, EOS appended (`add_eos_token`), no LM head.
+    Qwen3,
+    /// `gemma3` as that converter writes bitnet-embedding-270m: as [`SynthArch::Qwen3`] plus
+    /// post-attention and post-FFN norms, GELU, scaled embeddings (no EOS appended).
+    Gemma3,
 }
 
 impl SynthArch {
@@ -99,7 +106,14 @@ impl SynthArch {
             SynthArch::BitnetB158 => "bitnet-b1.58",
             SynthArch::Llama => "llama",
             SynthArch::Bitnet => "bitnet",
+            SynthArch::Qwen3 => "qwen3",
+            SynthArch::Gemma3 => "gemma3",
         }
+    }
+
+    /// Whether this is one of bitnet.cpp's embedding architectures.
+    pub fn is_embedding(self) -> bool {
+        matches!(self, SynthArch::Qwen3 | SynthArch::Gemma3)
     }
 }
 
@@ -110,8 +124,10 @@ impl std::str::FromStr for SynthArch {
             "bitnet-b1.58" => Ok(SynthArch::BitnetB158),
             "llama" => Ok(SynthArch::Llama),
             "bitnet" => Ok(SynthArch::Bitnet),
+            "qwen3" => Ok(SynthArch::Qwen3),
+            "gemma3" => Ok(SynthArch::Gemma3),
             _ => Err(format!(
-                "unknown architecture '{s}' (bitnet-b1.58, llama, bitnet)"
+                "unknown architecture '{s}' (bitnet-b1.58, llama, bitnet, qwen3, gemma3)"
             )),
         }
     }
@@ -135,6 +151,12 @@ pub enum Preset {
     /// Falcon3-7B-1.58bit's: 28 layers, embedding 3072, 12 / 4 heads of 256, FFN 23040, and
     /// the rest as [`Preset::Falcon3_1B`].
     Falcon3_7B,
+    /// bitnet-embedding-0.6b's shapes (`qwen3`): 28 layers, embedding 1024, 16 / 8 heads of
+    /// 128, FFN 3072, context 32768, RoPE base 1e6, RMS ε 1e-6, Qwen's pre-tokenizer named.
+    Embed0_6B,
+    /// bitnet-embedding-270m's (`gemma3`): 18 layers, embedding 640, 4 / 1 heads of 256,
+    /// FFN 2048, context 32768, RoPE base 10000, RMS ε 1e-6.
+    Embed270M,
 }
 
 impl std::str::FromStr for Preset {
@@ -147,8 +169,11 @@ impl std::str::FromStr for Preset {
             "8b" => Ok(Preset::L8B),
             "falcon3-1b" => Ok(Preset::Falcon3_1B),
             "falcon3-7b" => Ok(Preset::Falcon3_7B),
+            "embed-0.6b" => Ok(Preset::Embed0_6B),
+            "embed-270m" => Ok(Preset::Embed270M),
             _ => Err(format!(
-                "unknown preset '{s}' (tiny, small, 2b, 8b, falcon3-1b, falcon3-7b)"
+                "unknown preset '{s}' (tiny, small, 2b, 8b, falcon3-1b, falcon3-7b, embed-0.6b, \
+                 embed-270m)"
             )),
         }
     }
@@ -178,6 +203,9 @@ pub struct SynthSpec {
     pub rms_eps: f32,
     /// `tokenizer.ggml.pre` to write (replacing the vocabulary's, if it has one).
     pub pre: Option<String>,
+    /// Elements per attention head, written as `key_length`/`value_length` (`None`:
+    /// `n_embd / n_head`, and no such keys).
+    pub head_dim: Option<usize>,
 }
 
 impl SynthSpec {
@@ -189,8 +217,11 @@ impl SynthSpec {
             Preset::L8B => ("bitnet-synth-8b", 4096, 32, 14336, 32, 8, 8192),
             Preset::Falcon3_1B => ("bitnet-synth-falcon3-1b", 2048, 18, 8192, 8, 4, 8192),
             Preset::Falcon3_7B => ("bitnet-synth-falcon3-7b", 3072, 28, 23040, 12, 4, 8192),
+            Preset::Embed0_6B => ("bitnet-synth-embed-0.6b", 1024, 28, 3072, 16, 8, 32768),
+            Preset::Embed270M => ("bitnet-synth-embed-270m", 640, 18, 2048, 4, 1, 32768),
         };
         let falcon3 = matches!(p, Preset::Falcon3_1B | Preset::Falcon3_7B);
+        let (qwen, gemma) = (p == Preset::Embed0_6B, p == Preset::Embed270M);
         SynthSpec {
             name: name.into(),
             n_embd,
@@ -205,12 +236,32 @@ impl SynthSpec {
             silu: false,
             arch: if falcon3 || p == Preset::L8B {
                 SynthArch::Llama
+            } else if qwen {
+                SynthArch::Qwen3
+            } else if gemma {
+                SynthArch::Gemma3
             } else {
                 SynthArch::BitnetB158
             },
-            rope_base: if falcon3 { 1_000_042.0 } else { 500_000.0 },
-            rms_eps: if falcon3 { 1e-6 } else { 1e-5 },
-            pre: falcon3.then(|| "falcon3".to_string()),
+            rope_base: match p {
+                _ if falcon3 => 1_000_042.0,
+                Preset::Embed0_6B => 1_000_000.0,
+                Preset::Embed270M => 10_000.0,
+                _ => 500_000.0,
+            },
+            rms_eps: if falcon3 || qwen || gemma { 1e-6 } else { 1e-5 },
+            pre: if falcon3 {
+                Some("falcon3".to_string())
+            } else if qwen {
+                Some("qwen2".to_string())
+            } else {
+                None
+            },
+            head_dim: match p {
+                Preset::Embed0_6B => Some(128),
+                Preset::Embed270M => Some(256),
+                _ => None,
+            },
         }
     }
 
@@ -230,17 +281,31 @@ impl SynthSpec {
         if dims.iter().any(|&d| d > MAX_DIM) {
             return bad("dimension too large");
         }
-        if !self.n_embd.is_multiple_of(self.n_head) || !self.n_head.is_multiple_of(self.n_head_kv) {
+        if (self.head_dim.is_none() && !self.n_embd.is_multiple_of(self.n_head))
+            || !self.n_head.is_multiple_of(self.n_head_kv)
+        {
             return bad("n_embd must be a multiple of n_head, and n_head of n_head_kv");
+        }
+        if self
+            .head_dim
+            .is_some_and(|d| d == 0 || d % 2 != 0 || d > MAX_DIM)
+        {
+            return bad("the head dimension must be even and at least 2");
+        }
+        if self.head_dim.is_some() && !self.arch.is_embedding() {
+            return bad("a head dimension of its own needs --arch qwen3 or gemma3");
         }
         let blk = match self.layout {
             WeightLayout::I2S | WeightLayout::F32 => 128,
             WeightLayout::Tq2_0 | WeightLayout::Tq1_0 | WeightLayout::Qk256 => 256,
             WeightLayout::BitNet32F16 | WeightLayout::Split32WithSibling => 32,
         };
-        if !self.n_embd.is_multiple_of(blk) || !self.n_ff.is_multiple_of(blk) {
+        if !self.n_embd.is_multiple_of(blk)
+            || !self.n_ff.is_multiple_of(blk)
+            || !(self.n_head * self.head_dim()).is_multiple_of(blk)
+        {
             return Err(SynthError::Shape(format!(
-                "n_embd and n_ff must be multiples of {blk} for {:?}",
+                "n_embd, n_ff and n_head × head_dim must be multiples of {blk} for {:?}",
                 self.layout
             )));
         }
@@ -248,7 +313,7 @@ impl SynthSpec {
     }
 
     fn head_dim(&self) -> usize {
-        self.n_embd / self.n_head
+        self.head_dim.unwrap_or(self.n_embd / self.n_head)
     }
 }
 
@@ -315,6 +380,43 @@ fn plan(spec: &SynthSpec, n_vocab: usize) -> Vec<Planned> {
                 });
             }
         };
+        if spec.arch.is_embedding() {
+            // bitnet.cpp's embedding converter's order: the checkpoint's, as named.
+            let (hd, qd) = (spec.head_dim(), spec.n_head * spec.head_dim());
+            v.push(norm("attn_norm", e));
+            proj(&mut v, "attn_q", e, qd);
+            proj(&mut v, "attn_k", e, kv);
+            proj(&mut v, "attn_v", e, kv);
+            proj(&mut v, "attn_output", qd, e);
+            v.push(norm("attn_q_norm", hd));
+            v.push(norm("attn_k_norm", hd));
+            for (stem, n) in [
+                ("attn_q_norm_in", e),
+                ("attn_k_norm_in", e),
+                ("attn_v_norm_in", e),
+                ("attn_output_norm_in", qd),
+            ] {
+                v.push(norm(stem, n));
+            }
+            proj(&mut v, "ffn_gate", e, ff);
+            proj(&mut v, "ffn_up", e, ff);
+            proj(&mut v, "ffn_down", ff, e);
+            for (stem, n) in [
+                ("ffn_gate_norm_in", e),
+                ("ffn_up_norm_in", e),
+                ("ffn_down_norm_in", ff),
+            ] {
+                v.push(norm(stem, n));
+            }
+            if spec.arch == SynthArch::Gemma3 {
+                v.push(norm("post_attention_norm", e));
+                v.push(norm("ffn_norm", e));
+                v.push(norm("post_ffw_norm", e));
+            } else {
+                v.push(norm("ffn_norm", e));
+            }
+            continue;
+        }
         v.push(norm("attn_norm", e));
         proj(&mut v, "attn_q", e, e);
         proj(&mut v, "attn_k", e, kv);
@@ -362,6 +464,10 @@ fn tensor_type_and_size(spec: &SynthSpec, p: &Planned) -> Result<(u32, u64), Syn
     Ok(match p.kind {
         Kind::Embedding if spec.layout == WeightLayout::F32 => (0, size(n * 4)),
         Kind::Embedding => (1, size(n * 2)),
+        // bitnet.cpp's embedding converter writes its norms as F16.
+        Kind::Norm if spec.arch.is_embedding() && spec.layout != WeightLayout::F32 => {
+            (1, size(n * 2))
+        }
         Kind::Norm | Kind::Scales => (0, size(n * 4)),
         Kind::Projection { n_out, n_in } => {
             let bytes = match spec.layout {
@@ -595,10 +701,13 @@ pub(crate) fn write_with<W: Write>(
         &format!("{arch}.attention.head_count_kv"),
         u32v(spec.n_head_kv),
     )?;
-    gw.add_kv(
-        "tokenizer.ggml.add_bos_token",
-        get("tokenizer.ggml.add_bos_token").unwrap_or(Value::Bool(true)),
-    )?;
+    // Qwen's vocabulary has no BOS in front (llama.cpp's `qwen2` pre-tokenizer adds none).
+    let add_bos = if spec.arch == SynthArch::Qwen3 {
+        Value::Bool(false)
+    } else {
+        get("tokenizer.ggml.add_bos_token").unwrap_or(Value::Bool(true))
+    };
+    gw.add_kv("tokenizer.ggml.add_bos_token", add_bos)?;
     gw.add_kv(
         &format!("{arch}.attention.layer_norm_rms_epsilon"),
         Value::F32(spec.rms_eps),
@@ -616,6 +725,18 @@ pub(crate) fn write_with<W: Write>(
     gw.add_kv("general.file_type", Value::U32(file_type))?;
     if spec.silu && spec.arch == SynthArch::BitnetB158 {
         gw.add_kv(&format!("{arch}.hidden_act"), Value::String("silu".into()))?;
+    }
+    if let Some(hd) = spec.head_dim {
+        gw.add_kv(&format!("{arch}.attention.key_length"), u32v(hd))?;
+        gw.add_kv(&format!("{arch}.attention.value_length"), u32v(hd))?;
+    }
+    if spec.arch.is_embedding() {
+        // LLAMA_POOLING_TYPE_LAST, from the checkpoints' sentence-transformers config.
+        gw.add_kv(&format!("{arch}.pooling_type"), Value::U32(3))?;
+    }
+    if spec.arch == SynthArch::Qwen3 {
+        // The converter's: EOS appended, for last-token pooling.
+        gw.add_kv("tokenizer.ggml.add_eos_token", Value::Bool(true))?;
     }
     for key in [
         "tokenizer.ggml.model",
@@ -646,7 +767,8 @@ pub(crate) fn write_with<W: Write>(
             "tokenizer.ggml.padding_token_id",
             "tokenizer.chat_template",
         ];
-        let replaced = spec.pre.is_some() && k == "tokenizer.ggml.pre";
+        let replaced = (spec.pre.is_some() && k == "tokenizer.ggml.pre")
+            || (spec.arch == SynthArch::Qwen3 && k == "tokenizer.ggml.add_eos_token");
         if !known.contains(&k.as_str()) && !replaced {
             gw.add_kv(k, v.clone())?;
         }
@@ -681,6 +803,15 @@ pub(crate) fn write_with<W: Write>(
                 })
             }
             Kind::Embedding => embedding_values(spec.seed, ti, n),
+            Kind::Norm if spec.arch.is_embedding() && spec.layout != WeightLayout::F32 => {
+                norm_values(spec.seed, ti, n)
+                    .chunks_exact(4)
+                    .flat_map(|c| {
+                        let x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        half::f16::from_f32(x).to_le_bytes()
+                    })
+                    .collect()
+            }
             Kind::Norm => norm_values(spec.seed, ti, n),
             Kind::Projection { n_in, .. } => {
                 let values = ternary_values(spec.seed, ti, n, spec.layout == WeightLayout::Qk256);

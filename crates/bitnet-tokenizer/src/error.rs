@@ -16,7 +16,9 @@ pub enum TokenizerError {
     UnsupportedModel(String),
 
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not implement.
-    #[error("unknown pre-tokenizer {0:?} (known: llama-bpe/llama3, default, gpt-2)")]
+    #[error(
+        "unknown pre-tokenizer {0:?} (known: llama-bpe/llama3, default, gpt-2, falcon3, qwen2)"
+    )]
     UnknownPreTokenizer(String),
 
     /// The token list is empty.

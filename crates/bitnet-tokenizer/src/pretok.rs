@@ -37,10 +37,15 @@ pub enum PreTokenizer {
     /// Falcon3's (and Falcon-E's; llama.cpp `falcon3`, `falcon_e`): punctuation runs (with
     /// the backtick), then the GPT-2 regex, then every digit alone.
     Falcon3,
+    /// Qwen 2's and Qwen 3's (llama.cpp `qwen2`): the LLaMA-3 regex with every digit alone.
+    Qwen2,
 }
 
 /// The LLaMA-3 split regex (docs/MODEL.md).
 pub const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Qwen 2's split regex (its `tokenizer.json`; llama.cpp `LLAMA_VOCAB_PRE_TYPE_QWEN2`).
+pub const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The GPT-2 split regex.
 pub const GPT2_REGEX: &str =
@@ -66,6 +71,7 @@ impl PreTokenizer {
             "default" => Ok(Self::Default),
             "gpt-2" | "gpt2" => Ok(Self::Gpt2),
             "falcon3" | "falcon_e" => Ok(Self::Falcon3),
+            "qwen2" => Ok(Self::Qwen2),
             other => Err(TokenizerError::UnknownPreTokenizer(truncate(other, 64))),
         }
     }
@@ -77,6 +83,7 @@ impl PreTokenizer {
             Self::Default => &DEFAULT_REGEXES,
             Self::Gpt2 => std::slice::from_ref(&GPT2_REGEX),
             Self::Falcon3 => &FALCON3_REGEXES,
+            Self::Qwen2 => std::slice::from_ref(&QWEN2_REGEX),
         }
     }
 
@@ -225,11 +232,12 @@ mod tests {
     use proptest::prelude::Strategy;
     use proptest::prelude::*;
 
-    const ALL: [PreTokenizer; 4] = [
+    const ALL: [PreTokenizer; 5] = [
         PreTokenizer::Llama3,
         PreTokenizer::Default,
         PreTokenizer::Gpt2,
         PreTokenizer::Falcon3,
+        PreTokenizer::Qwen2,
     ];
 
     fn index(pre: PreTokenizer) -> usize {
@@ -238,8 +246,8 @@ mod tests {
 
     /// Compiled once per test binary: the Unicode classes make compilation slow.
     fn splitter(pre: PreTokenizer) -> &'static Splitter {
-        static CELLS: [std::sync::OnceLock<Splitter>; 4] =
-            [const { std::sync::OnceLock::new() }; 4];
+        static CELLS: [std::sync::OnceLock<Splitter>; 5] =
+            [const { std::sync::OnceLock::new() }; 5];
         CELLS[index(pre)].get_or_init(|| Splitter::new(pre).unwrap())
     }
 
@@ -322,8 +330,8 @@ mod tests {
     /// The original patterns on a backtracking engine, with HF `Split`/`Isolated`
     /// semantics: the oracle for the rewrite.
     fn oracle(pre: PreTokenizer, text: &str) -> Vec<String> {
-        static CELLS: [std::sync::OnceLock<Vec<fancy_regex::Regex>>; 4] =
-            [const { std::sync::OnceLock::new() }; 4];
+        static CELLS: [std::sync::OnceLock<Vec<fancy_regex::Regex>>; 5] =
+            [const { std::sync::OnceLock::new() }; 5];
         let regexes = CELLS[index(pre)].get_or_init(|| {
             pre.regexes()
                 .iter()

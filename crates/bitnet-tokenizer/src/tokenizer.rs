@@ -112,6 +112,7 @@ pub struct Tokenizer {
     eom: Option<u32>,
     pad: Option<u32>,
     add_bos: bool,
+    add_eos: bool,
     /// End-of-generation ids, sorted, no duplicates.
     eog: Vec<u32>,
     llama3_vocab: bool,
@@ -292,6 +293,7 @@ impl Tokenizer {
             None => llama3_vocab,
         };
         let add_bos = v.add_bos.unwrap_or(spm_model || llama3_pre) && bos.is_some();
+        let add_eos = v.add_eos.unwrap_or(false) && eos.is_some();
         Ok(Self {
             splitter: Splitter::new(pre)?,
             pre,
@@ -311,6 +313,7 @@ impl Tokenizer {
             eom,
             pad,
             add_bos,
+            add_eos,
             eog,
             llama3_vocab,
             chat_format: crate::ChatFormat::Bitnet,
@@ -352,6 +355,13 @@ impl Tokenizer {
     /// llama.cpp decides); always false without a BOS id.
     pub fn add_bos(&self) -> bool {
         self.add_bos
+    }
+
+    /// Whether an input ends with EOS (`tokenizer.ggml.add_eos_token`; false without an EOS
+    /// id). Embedding models that pool the last position ask for it (Qwen 3's); llama.cpp
+    /// appends it wherever it adds special tokens, this crate where a caller asks (embeddings).
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
     }
 
     /// The active pre-tokenizer.

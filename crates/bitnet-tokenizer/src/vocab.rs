@@ -18,6 +18,7 @@ pub mod keys {
     pub const EOM_ID: &str = "tokenizer.ggml.eom_token_id";
     pub const PAD_ID: &str = "tokenizer.ggml.padding_token_id";
     pub const ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
+    pub const ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
     pub const ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 }
 
@@ -92,6 +93,8 @@ pub struct VocabData {
     pub pad: Option<i64>,
     /// `tokenizer.ggml.add_bos_token`.
     pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.add_eos_token`.
+    pub add_eos: Option<bool>,
     /// `tokenizer.ggml.scores` (SentencePiece vocabularies rank their pieces by them).
     pub scores: Option<Vec<f32>>,
     /// `tokenizer.ggml.add_space_prefix` (SentencePiece; llama.cpp's default: true).
@@ -153,6 +156,7 @@ impl VocabData {
             eom: opt_int(md, keys::EOM_ID)?,
             pad: opt_int(md, keys::PAD_ID)?,
             add_bos: opt_bool(md, keys::ADD_BOS)?,
+            add_eos: opt_bool(md, keys::ADD_EOS)?,
             // Only a SentencePiece vocabulary needs the values.
             scores: scores.filter(|_| spm),
             add_space_prefix: opt_bool(md, keys::ADD_SPACE_PREFIX)?,

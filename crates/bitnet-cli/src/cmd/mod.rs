@@ -2,6 +2,7 @@ pub mod bench;
 pub mod chat;
 pub mod common;
 pub mod convert;
+pub mod embed;
 pub mod inspect;
 pub mod logits;
 pub mod perplexity;

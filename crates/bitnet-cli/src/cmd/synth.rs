@@ -22,8 +22,10 @@ pub struct Args {
     hf: Option<String>,
     /// Architecture: bitnet-b1.58 (2B-4T's graph), llama (ternary Llama/Falcon3 as bitnet.cpp
     /// converts them: SiLU, no sub-norms, normal RoPE, untied LM head) or bitnet (1bitLLM's
-    /// bitnet_b1_58: SiLU, sub-norms, NEOX RoPE, tied head).
-    /// (Default: llama for the 8b and falcon3-* presets, else bitnet-b1.58.)
+    /// bitnet_b1_58: SiLU, sub-norms, NEOX RoPE, tied head), qwen3 or gemma3 (bitnet.cpp's
+    /// embedding models: an input norm per projection, per-head Q/K norms, last-token pooling).
+    /// (Default: llama for the 8b and falcon3-* presets, qwen3 for embed-0.6b, gemma3 for
+    /// embed-270m, else bitnet-b1.58.)
     #[arg(long)]
     arch: Option<SynthArch>,
     /// FFN activation of bitnet-b1.58: relu2 (2B-4T) or silu (written as `<arch>.hidden_act`).
@@ -31,7 +33,8 @@ pub struct Args {
     #[arg(long, value_parser = ["relu2", "silu"])]
     activation: Option<String>,
     /// Shape preset: tiny, small, 2b (the full 2B-4T shapes), 8b (Llama3-8B-1.58's shapes),
-    /// falcon3-1b or falcon3-7b (Falcon3-*-1.58bit's shapes, RoPE base, ε and pre-tokenizer).
+    /// falcon3-1b or falcon3-7b (Falcon3-*-1.58bit's shapes, RoPE base, ε and pre-tokenizer),
+    /// embed-0.6b or embed-270m (bitnet-embedding-0.6b's and -270m's shapes).
     #[arg(long, default_value = "tiny")]
     preset: Preset,
     /// Name this pre-tokenizer (`tokenizer.ggml.pre`, e.g. falcon3 or llama-bpe) in the file.
@@ -60,6 +63,10 @@ pub struct Args {
     n_head_kv: Option<usize>,
     #[arg(long)]
     n_ctx: Option<usize>,
+    /// Elements per attention head, when not n_embd / n_head (qwen3, gemma3: written as
+    /// `key_length` and `value_length`).
+    #[arg(long)]
+    head_dim: Option<usize>,
     /// Hide the progress bar.
     #[arg(long)]
     quiet: bool,
@@ -75,6 +82,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     if a.pre.is_some() {
         spec.pre = a.pre.clone();
+    }
+    if a.head_dim.is_some() {
+        spec.head_dim = a.head_dim;
+    }
+    if a.arch == Some(SynthArch::Qwen3) && a.pre.is_none() && spec.pre.is_none() {
+        spec.pre = Some("qwen2".into());
     }
     if spec.arch != SynthArch::BitnetB158 && a.activation.as_deref() == Some("relu2") {
         anyhow::bail!(
@@ -98,6 +111,9 @@ pub fn run(a: Args) -> Result<()> {
         None => synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF)?,
     };
     if let Some(kind) = &a.hf {
+        if spec.arch.is_embedding() {
+            anyhow::bail!("--hf does not write the embedding architectures (qwen3, gemma3)");
+        }
         if a.layout != WeightLayout::I2S || (spec.arch == SynthArch::Bitnet) != (kind == "f16") {
             anyhow::bail!(
                 "--hf writes bitnet-b1.58 (BitNetForCausalLM) and llama (LlamaForCausalLM) \
