@@ -17,6 +17,17 @@ pub struct EmbedOptions {
     pub raw: bool,
 }
 
+/// [`Engine::embed_tokens`] with a tokenizer of its own (a server's handlers hold one).
+pub fn embed_tokens(tok: &bitnet_tokenizer::Tokenizer, text: &str) -> Result<Vec<u32>> {
+    let mut ids = tok.encode(text, tok.add_bos(), true)?;
+    if tok.add_eos() {
+        if let Some(eos) = tok.eos() {
+            ids.push(eos);
+        }
+    }
+    Ok(ids)
+}
+
 impl Engine {
     /// The pooling [`Engine::embed`] uses with `opts`.
     pub fn pooling(&self, opts: &EmbedOptions) -> Pooling {
@@ -29,25 +40,15 @@ impl Engine {
     /// special-token text parsed, EOS appended where the file asks (`add_eos_token`: the
     /// last-token pooling of Qwen 3's embedding model reads it).
     pub fn embed_tokens(&self, text: &str) -> Result<Vec<u32>> {
-        let tok = &self.tokenizer;
-        let mut ids = tok.encode(text, tok.add_bos(), true)?;
-        if tok.add_eos() {
-            if let Some(eos) = tok.eos() {
-                ids.push(eos);
-            }
-        }
-        Ok(ids)
+        embed_tokens(&self.tokenizer, text)
     }
 
     /// One vector per input (for [`Pooling::None`], `n_embd` values per position, one after
     /// another). Inputs run whole, each over a cache of its own, several in one forward pass
-    /// while their tokens fit a prefill batch (`n_batch`; a longer input runs alone). CPU only.
+    /// while their tokens fit a prefill batch (`n_batch`; a longer input runs alone). They run
+    /// on the CPU, also for an engine that generates on a GPU (its weights are on the host
+    /// too; a model streamed onto a GPU has none there: [`EngineError::WeightsOnDevice`]).
     pub fn embed(&self, inputs: &[Vec<u32>], opts: &EmbedOptions) -> Result<Vec<Vec<f32>>> {
-        if self.gpu().is_some() {
-            return Err(EngineError::Device(
-                "embeddings run on the CPU: load the model with --device cpu".into(),
-            ));
-        }
         let model = self.model()?;
         let c = self.config();
         for ids in inputs {

@@ -54,7 +54,7 @@ use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 pub use bitnet_gguf::FileIdentity;
 pub use constrain::{Constraint, ConstraintState, Grammars};
-pub use embed::EmbedOptions;
+pub use embed::{embed_tokens, EmbedOptions};
 pub use load::{
     build_lm_head, load, load_file, load_file_async, open_file, repack_weights, Device,
     LmHeadFormat, LoadEvent, LoadOptions,

@@ -9,7 +9,11 @@ use bitnet_gguf::{GgufFile, Limits};
 use bitnet_model::{numerics, Exec, KvType, Model, Numerics, Outputs, Pooling, Seq};
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum();
     let na: f64 = a.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
     let nb: f64 = b.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
     dot / (na.sqrt() * nb.sqrt())
@@ -24,7 +28,11 @@ fn check(arch: &str, gemma: bool) {
     assert!(c.norm_in && c.qk_norm);
     assert_eq!(c.post_norms, gemma);
     assert_eq!(c.pooling, Some(Pooling::Last));
-    assert_ne!(c.head_dim, c.n_embd / c.n_head, "{arch}: key_length is its own");
+    assert_ne!(
+        c.head_dim,
+        c.n_embd / c.n_head,
+        "{arch}: key_length is its own"
+    );
     let prompts: serde_json::Value = serde_json::from_slice(&bitnet_testdata::read(&format!(
         "embed/{arch}-converted.prompts.json"
     )))
@@ -69,13 +77,18 @@ fn check(arch: &str, gemma: bool) {
             .embed_seqs(&mut seqs, Pooling::Last, &mut exec)
             .unwrap();
         for ((name, _), v) in prompts.iter().zip(&got) {
-            let want = bitnet_testdata::read_f32(&format!("embed/{arch}-converted.{name}.embd.f32"));
+            let want =
+                bitnet_testdata::read_f32(&format!("embed/{arch}-converted.{name}.embd.f32"));
             let v = numerics::l2_normalized(v);
             let cos = cosine(&v, &want);
             eprintln!("{arch} {numerics:?} {name}: cosine {cos:.7}");
             // Exact numerics also rounds Q and P to f16 where bitnet.cpp's kernels do; the
             // oracle computes them in f32.
-            let gate = if numerics == Numerics::Fast { 0.9999 } else { 0.999 };
+            let gate = if numerics == Numerics::Fast {
+                0.9999
+            } else {
+                0.999
+            };
             assert!(cos >= gate, "{arch} {numerics:?} {name}: cosine {cos}");
         }
     }

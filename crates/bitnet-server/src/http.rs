@@ -34,7 +34,7 @@ use crate::scheduler::{GenEvent, Job, Msg, Ticket};
 use crate::{Phase, Ready, ServerError, Shared};
 use bitnet_engine::tools::{split_reply, ToolCallParser, ToolEvent};
 
-type AppState = Arc<Shared>;
+pub(crate) type AppState = Arc<Shared>;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -57,6 +57,7 @@ fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/embeddings", post(crate::embeddings::route))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize_route))
@@ -197,7 +198,7 @@ async fn gate(State(s): State<AppState>, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-fn loading_error(s: &Shared) -> ApiError {
+pub(crate) fn loading_error(s: &Shared) -> ApiError {
     match &*s.phase.borrow() {
         Phase::Failed(e) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -287,7 +288,10 @@ async fn models(State(s): State<AppState>) -> Json<Value> {
 }
 
 /// A JSON object body for the llama-server endpoints.
-async fn json_object(s: &Shared, req: Request) -> Result<serde_json::Map<String, Value>, ApiError> {
+pub(crate) async fn json_object(
+    s: &Shared,
+    req: Request,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
     let body = read_body(s, req).await?;
     match serde_json::from_slice(&body) {
         Ok(Value::Object(o)) => Ok(o),
@@ -505,7 +509,7 @@ fn tokenize(tok: &Tokenizer, input: &Input) -> Result<Vec<u32>, ApiError> {
 }
 
 /// Runs a tokenization on a blocking thread: a large text must not stall the runtime.
-async fn tokenize_blocking<T: Send + 'static>(
+pub(crate) async fn tokenize_blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.map_err(|e| {
@@ -524,7 +528,7 @@ fn random_u64() -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(COUNTER.fetch_add(1, Relaxed))
 }
 
-fn unavailable(msg: &str) -> ApiError {
+pub(crate) fn unavailable(msg: &str) -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable_error", msg).retry_after(1)
 }
 

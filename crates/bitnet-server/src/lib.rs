@@ -25,6 +25,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+mod embeddings;
 mod http;
 pub mod metrics;
 mod scheduler;
@@ -172,6 +173,9 @@ pub(crate) struct Ready {
     n_ctx: usize,
     n_vocab: usize,
     n_ctx_train: usize,
+    /// Width of an embedding, and the pooling the file asks for (`/v1/embeddings`).
+    n_embd: usize,
+    pooling: bitnet_model::Pooling,
     slots: Arc<[scheduler::SlotStatus]>,
     /// The grammar compiler over the vocabulary, built at the first constrained request.
     grammars: Arc<std::sync::OnceLock<Result<bitnet_engine::Grammars, String>>>,
@@ -334,6 +338,8 @@ where
         .max(1);
     let tokenizer = Arc::new(engine.tokenizer.clone());
     let n_vocab = engine.config().n_vocab;
+    let n_embd = engine.config().n_embd;
+    let pooling = engine.pooling(&bitnet_engine::EmbedOptions::default());
     let file = engine.mapped_file();
     let cfg = scheduler::SchedConfig {
         parallel: shared.cfg.parallel,
@@ -371,6 +377,8 @@ where
         n_ctx,
         n_vocab,
         n_ctx_train,
+        n_embd,
+        pooling,
         slots,
         grammars: Arc::default(),
         file,

@@ -93,10 +93,21 @@ pub(crate) enum GenEvent {
     },
 }
 
+/// An embeddings request, validated and tokenized: run whole between two passes.
+#[derive(Debug)]
+pub(crate) struct EmbedJob {
+    pub inputs: Vec<Vec<u32>>,
+    pub opts: bitnet_engine::EmbedOptions,
+    pub reply: tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>, String>>,
+    /// Counts the job as in flight until it is dropped.
+    pub _ticket: Ticket,
+}
+
 /// Messages to the scheduler thread.
 #[derive(Debug)]
 pub(crate) enum Msg {
     Job(Job),
+    Embed(EmbedJob),
     /// Stop taking new work; end whatever is still running at `deadline` with an error.
     Drain {
         deadline: Instant,
@@ -254,6 +265,19 @@ impl Scheduler {
     fn on_msg(&mut self, m: Msg) {
         match m {
             Msg::Job(j) => self.waiting.push_back(j),
+            Msg::Embed(e) => {
+                // A client that went away gets nothing computed.
+                if !e.reply.is_closed() {
+                    let r = self
+                        .engine
+                        .embed(&e.inputs, &e.opts)
+                        .map_err(|x| x.to_string());
+                    if r.is_err() {
+                        self.metrics.errors.fetch_add(1, Relaxed);
+                    }
+                    let _ = e.reply.send(r);
+                }
+            }
             Msg::Drain { deadline } => self.drain_deadline = Some(deadline),
         }
     }
