@@ -317,6 +317,27 @@ int32_t bitnet_forward(const struct bitnet_engine *engine,
                        float *logits,
                        size_t capacity);
 
+// The embedding of one input: `text` (NUL-terminated; tokenized as `bitnet embed` does: BOS
+// where the vocabulary adds it, EOS where the file asks), or, when `text` is null, the
+// `n_ids` token ids `ids` as given. The vector is the file's pooling (last token for
+// bitnet.cpp's embedding models and files that name none), L2-normalized when `normalize`.
+// Writes its `n_embd` floats to `out` and the count to `*n_out`; if `capacity` is too small
+// nothing is written to `out` and the call fails with `BITNET_ERR_BUFFER` (pass capacity 0
+// to ask for the count). A file whose pooling is none is refused (`BITNET_ERR_INVALID`).
+//
+// # Safety
+// `engine` is a live handle; `text` is null or NUL-terminated; `ids` has `n_ids` values
+// (or `n_ids` is 0); `out` is null (capacity 0) or has room for `capacity` floats; `n_out`
+// is writable.
+int32_t bitnet_embed(const struct bitnet_engine *engine,
+                     const char *text,
+                     const uint32_t *ids,
+                     size_t n_ids,
+                     bool normalize,
+                     float *out,
+                     size_t capacity,
+                     size_t *n_out);
+
 // Speeds of the last generation and memory use.
 //
 // # Safety

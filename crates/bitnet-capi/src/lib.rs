@@ -896,6 +896,103 @@ pub unsafe extern "C" fn bitnet_forward(
     })
 }
 
+/// The embedding of one input: `text` (NUL-terminated; tokenized as `bitnet embed` does: BOS
+/// where the vocabulary adds it, EOS where the file asks), or, when `text` is null, the
+/// `n_ids` token ids `ids` as given. The vector is the file's pooling (last token for
+/// bitnet.cpp's embedding models and files that name none), L2-normalized when `normalize`.
+/// Writes its `n_embd` floats to `out` and the count to `*n_out`; if `capacity` is too small
+/// nothing is written to `out` and the call fails with `BITNET_ERR_BUFFER` (pass capacity 0
+/// to ask for the count). A file whose pooling is none is refused (`BITNET_ERR_INVALID`).
+///
+/// # Safety
+/// `engine` is a live handle; `text` is null or NUL-terminated; `ids` has `n_ids` values
+/// (or `n_ids` is 0); `out` is null (capacity 0) or has room for `capacity` floats; `n_out`
+/// is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bitnet_embed(
+    engine: *const bitnet_engine,
+    text: *const c_char,
+    ids: *const u32,
+    n_ids: usize,
+    normalize: bool,
+    out: *mut f32,
+    capacity: usize,
+    n_out: *mut usize,
+) -> i32 {
+    guard(|| {
+        let n_out = not_null(n_out, "n_out")?.cast_mut();
+        // SAFETY: a live handle (the caller's contract).
+        let g = unsafe { lock(engine) }?;
+        let engine = &g.engine;
+        let opts = ::bitnet_engine::EmbedOptions {
+            pooling: None,
+            raw: !normalize,
+        };
+        if engine.pooling(&opts) == bitnet_model::Pooling::None {
+            return Err(invalid(
+                "the file's pooling_type is none: it has no vector per input",
+            ));
+        }
+        let input: Vec<u32> = if text.is_null() {
+            // SAFETY: `n_ids` readable values (the caller's contract).
+            unsafe { c_slice(ids, n_ids, "ids") }?.to_vec()
+        } else {
+            // SAFETY: NUL-terminated (the caller's contract).
+            let text = unsafe { c_str(text, "text") }?;
+            if text.is_empty() {
+                return Err(invalid("`text` is empty"));
+            }
+            engine.embed_tokens(text).map_err(engine_err)?
+        };
+        let c = engine.config();
+        if input.is_empty() {
+            return Err(invalid("the input has no tokens"));
+        }
+        if let Some(&bad) = input
+            .iter()
+            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= c.n_vocab))
+        {
+            return Err(invalid(format!(
+                "token id {bad} is not below n_vocab = {}",
+                c.n_vocab
+            )));
+        }
+        if input.len() > g.session.n_ctx() {
+            return Err(invalid(format!(
+                "{} tokens do not fit in the context of {}",
+                input.len(),
+                g.session.n_ctx()
+            )));
+        }
+        // SAFETY: writable (the caller's contract).
+        unsafe { n_out.write(c.n_embd) };
+        if capacity < c.n_embd {
+            return Err(Fail(
+                BITNET_ERR_BUFFER,
+                format!(
+                    "the vector needs {} floats; capacity is {capacity}",
+                    c.n_embd
+                ),
+            ));
+        }
+        let out = not_null(out, "out")?.cast_mut();
+        let v = engine
+            .embed(std::slice::from_ref(&input), &opts)
+            .map_err(engine_err)?
+            .pop()
+            .unwrap_or_default();
+        if v.len() != c.n_embd {
+            return Err(Fail(
+                BITNET_ERR_ENGINE,
+                format!("expected {} values, got {}", c.n_embd, v.len()),
+            ));
+        }
+        // SAFETY: room for `capacity` >= n_embd floats; distinct allocations.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), out, v.len()) };
+        Ok(())
+    })
+}
+
 /// Speeds of the last generation and memory use.
 ///
 /// # Safety

@@ -796,3 +796,167 @@ fn structured_output_through_the_c_api() {
         assert!(!last_error().is_empty());
     }
 }
+
+/// `bitnet_embed` on the file bitnet.cpp's embedding converter writes (gemma3,
+/// testdata/golden/embed): the numpy oracle's vectors (fast numerics: cosine ≥ 0.9999; exact:
+/// its exact variant bit for bit), the count query, a text, and bad arguments.
+#[test]
+fn embeddings() {
+    let path = bitnet_testdata::golden("embed/gemma3-converted.gguf");
+    let path = CString::new(path.to_str().unwrap()).unwrap();
+    let prompts: serde_json::Value = serde_json::from_slice(&bitnet_testdata::read(
+        "embed/gemma3-converted.prompts.json",
+    ))
+    .unwrap();
+    let p = &prompts[1];
+    let name = p["name"].as_str().unwrap();
+    let ids: Vec<u32> = p["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| u32::try_from(v.as_u64().unwrap()).unwrap())
+        .collect();
+    for numerics in [BITNET_NUMERICS_FAST, BITNET_NUMERICS_EXACT] {
+        let mut e = null_mut();
+        let c = bitnet_config { numerics, ..cfg() };
+        // SAFETY: valid pointers.
+        assert_eq!(unsafe { bitnet_load(path.as_ptr(), &c, &mut e) }, BITNET_OK);
+        let e = Engine(e);
+        let mut n = 0usize;
+        // SAFETY: valid pointers; a null `out` with capacity 0 asks for the count.
+        let rc = unsafe {
+            bitnet_embed(
+                e.0,
+                null(),
+                ids.as_ptr(),
+                ids.len(),
+                true,
+                null_mut(),
+                0,
+                &mut n,
+            )
+        };
+        assert_eq!((rc, n), (BITNET_ERR_BUFFER, 128));
+        let mut v = vec![0.0f32; n];
+        // SAFETY: room for n floats.
+        let rc = unsafe {
+            bitnet_embed(
+                e.0,
+                null(),
+                ids.as_ptr(),
+                ids.len(),
+                true,
+                v.as_mut_ptr(),
+                n,
+                &mut n,
+            )
+        };
+        assert_eq!(rc, BITNET_OK, "{}", last_error());
+        if numerics == BITNET_NUMERICS_EXACT {
+            let want =
+                bitnet_testdata::read_f32(&format!("embed/gemma3-converted.{name}.exact.embd.f32"));
+            assert!(bitnet_testdata::first_bit_difference(&v, &want).is_none());
+        } else {
+            let want =
+                bitnet_testdata::read_f32(&format!("embed/gemma3-converted.{name}.embd.f32"));
+            let dot: f64 = v
+                .iter()
+                .zip(&want)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            let na: f64 = v.iter().map(|&a| f64::from(a) * f64::from(a)).sum();
+            let nb: f64 = want.iter().map(|&a| f64::from(a) * f64::from(a)).sum();
+            assert!(dot / (na * nb).sqrt() >= 0.9999);
+        }
+        // A text, raw: not of unit length.
+        let text = CString::new("hello world").unwrap();
+        // SAFETY: valid pointers.
+        let rc = unsafe {
+            bitnet_embed(
+                e.0,
+                text.as_ptr(),
+                null(),
+                0,
+                false,
+                v.as_mut_ptr(),
+                v.len(),
+                &mut n,
+            )
+        };
+        assert_eq!(rc, BITNET_OK, "{}", last_error());
+        let norm: f32 = v.iter().map(|x| x * x).sum();
+        assert!((norm - 1.0).abs() > 1e-3);
+        // Bad arguments.
+        let empty = CString::new("").unwrap();
+        // SAFETY: valid pointers, each bad in the way its case says.
+        unsafe {
+            assert_eq!(
+                bitnet_embed(
+                    e.0,
+                    empty.as_ptr(),
+                    null(),
+                    0,
+                    true,
+                    v.as_mut_ptr(),
+                    v.len(),
+                    &mut n
+                ),
+                BITNET_ERR_INVALID
+            );
+            assert_eq!(
+                bitnet_embed(
+                    e.0,
+                    null(),
+                    null(),
+                    0,
+                    true,
+                    v.as_mut_ptr(),
+                    v.len(),
+                    &mut n
+                ),
+                BITNET_ERR_INVALID
+            );
+            let bad = [1_000_000u32];
+            assert_eq!(
+                bitnet_embed(
+                    e.0,
+                    null(),
+                    bad.as_ptr(),
+                    1,
+                    true,
+                    v.as_mut_ptr(),
+                    v.len(),
+                    &mut n
+                ),
+                BITNET_ERR_INVALID
+            );
+            assert!(last_error().contains("n_vocab"));
+            assert_eq!(
+                bitnet_embed(
+                    null(),
+                    text.as_ptr(),
+                    null(),
+                    0,
+                    true,
+                    v.as_mut_ptr(),
+                    v.len(),
+                    &mut n
+                ),
+                BITNET_ERR_NULL
+            );
+            assert_eq!(
+                bitnet_embed(
+                    e.0,
+                    text.as_ptr(),
+                    null(),
+                    0,
+                    true,
+                    v.as_mut_ptr(),
+                    v.len(),
+                    null_mut()
+                ),
+                BITNET_ERR_NULL
+            );
+        }
+    }
+}

@@ -2,7 +2,9 @@
 //! per-head Q/K norms, last-token pooling; Gemma 3's post-norms, GELU and scaled embeddings)
 //! against an independent reference: the numpy oracle `testdata/golden/make/embed_ref.py`,
 //! written from bitnet.cpp's guide and converter, whose vectors `make/embed.sh` keeps in
-//! `testdata/golden/embed` for two synthetic models. Both numerics: cosine ≥ 0.9999 per vector.
+//! `testdata/golden/embed` for two synthetic models: cosine ≥ 0.9999 per vector with fast
+//! numerics; with exact numerics the vectors of the oracle's exact variant, bit for bit, in a
+//! batch of inputs or alone, on 1 and 2 threads.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
@@ -111,15 +113,22 @@ fn check(name: &str) {
                 assert_eq!(got.len(), want.len(), "{name} {key}");
                 let cos = cosine(got, want);
                 eprintln!("{name} {numerics:?} {threads}t {key}: cosine {cos:.7}");
-                // The oracle computes in f32 with f16 K/V; exact numerics also round where
-                // bitnet.cpp's kernels do (Q and P to f16 in attention), which int8 activation
-                // quantization amplifies a little.
+                // The oracle's default variant computes in f32 with f16 K/V; exact numerics
+                // also round where bitnet.cpp's kernels do (Q and P to f16 in attention),
+                // which int8 activation quantization amplifies a little. Its exact variant
+                // follows those paths: bit for bit.
                 let gate = if numerics == Numerics::Fast {
                     0.9999
                 } else {
                     0.999
                 };
                 assert!(cos >= gate, "{name} {numerics:?} {key}: cosine {cos}");
+                if numerics == Numerics::Exact {
+                    let exact =
+                        bitnet_testdata::read_f32(&format!("embed/{name}.{key}.exact.embd.f32"));
+                    let diff = bitnet_testdata::first_bit_difference(got, &exact);
+                    assert!(diff.is_none(), "{name} {key}: exact differs at {diff:?}");
+                }
                 let norm: f64 = got.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
                 assert!((norm - 1.0).abs() < 1e-5, "{name} {key}: |v|² {norm}");
                 let alone = e

@@ -2,7 +2,9 @@
 //! --outtype i2_s` on tiny synthetic `qwen3` and `gemma3_text` checkpoints: F16 norms, one I2_S
 //! scale per tensor, `key_length` ≠ n_embd / n_head, last-token pooling; made by
 //! `testdata/golden/make/embed-convert.sh`) bind and embed as the numpy oracle `embed_ref.py`
-//! does: cosine ≥ 0.9999 per vector with fast numerics (every prompt in one batched pass).
+//! does: cosine ≥ 0.9999 per vector with fast numerics, and with exact numerics bit for bit
+//! the vectors of the oracle's exact variant (bitnet.cpp's float paths); every prompt in one
+//! batched pass.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use bitnet_gguf::{GgufFile, Limits};
@@ -83,13 +85,21 @@ fn check(arch: &str, gemma: bool) {
             let cos = cosine(&v, &want);
             eprintln!("{arch} {numerics:?} {name}: cosine {cos:.7}");
             // Exact numerics also rounds Q and P to f16 where bitnet.cpp's kernels do; the
-            // oracle computes them in f32.
+            // oracle's default variant computes them in f32.
             let gate = if numerics == Numerics::Fast {
                 0.9999
             } else {
                 0.999
             };
             assert!(cos >= gate, "{arch} {numerics:?} {name}: cosine {cos}");
+            if numerics == Numerics::Exact {
+                // The oracle's exact variant (bitnet.cpp's float paths): bit for bit.
+                let exact = bitnet_testdata::read_f32(&format!(
+                    "embed/{arch}-converted.{name}.exact.embd.f32"
+                ));
+                let diff = bitnet_testdata::first_bit_difference(&v, &exact);
+                assert!(diff.is_none(), "{arch} {name}: exact differs at {diff:?}");
+            }
         }
     }
 }

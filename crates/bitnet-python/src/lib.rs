@@ -365,6 +365,87 @@ impl NativeModel {
         }
     }
 
+    /// Embeddings of `inputs` (texts, or lists of token ids used as given), one float32 row
+    /// each (2-D array, `len(inputs)` × n_embd): the file's pooling (or `pooling`: "none",
+    /// "mean", "cls", "last"), L2-normalized unless `normalize` is false. With "none" each
+    /// input must be alone and its rows are the positions. Texts are tokenized as
+    /// `bitnet embed` does (BOS where the vocabulary adds it, EOS where the file asks).
+    /// Returns the vectors and the number of tokens read.
+    #[pyo3(signature = (inputs, normalize=true, pooling=None))]
+    fn embed<'py>(
+        &self,
+        py: Python<'py>,
+        inputs: Vec<Bound<'py, PyAny>>,
+        normalize: bool,
+        pooling: Option<&str>,
+    ) -> PyResult<(Bound<'py, PyAny>, usize)> {
+        let pooling = pooling
+            .map(str::parse::<bitnet_model::Pooling>)
+            .transpose()
+            .map_err(PyValueError::new_err)?;
+        if inputs.is_empty() {
+            return Err(PyValueError::new_err("no inputs"));
+        }
+        let mut ids: Vec<Vec<u32>> = Vec::with_capacity(inputs.len());
+        for (i, item) in inputs.iter().enumerate() {
+            let t: Vec<u32> = if let Ok(text) = item.extract::<String>() {
+                if text.is_empty() {
+                    return Err(PyValueError::new_err(format!(
+                        "input {i} is an empty string"
+                    )));
+                }
+                bitnet_engine::embed_tokens(&self.tokenizer, &text)
+                    .map_err(|e| PyValueError::new_err(format!("input {i}: {e}")))?
+            } else if let Ok(list) = item.extract::<Vec<u32>>() {
+                list
+            } else {
+                return Err(PyValueError::new_err(format!(
+                    "input {i} is neither a string nor a list of token ids"
+                )));
+            };
+            if t.is_empty() {
+                return Err(PyValueError::new_err(format!("input {i} has no tokens")));
+            }
+            if let Some(bad) = t
+                .iter()
+                .find(|&&x| usize::try_from(x).map_or(true, |x| x >= self.n_vocab))
+            {
+                return Err(PyValueError::new_err(format!(
+                    "input {i}: token id {bad} is not below n_vocab={}",
+                    self.n_vocab
+                )));
+            }
+            if t.len() > self.n_ctx {
+                return Err(PyValueError::new_err(format!(
+                    "input {i} has {} tokens; the context holds {}",
+                    t.len(),
+                    self.n_ctx
+                )));
+            }
+            ids.push(t);
+        }
+        let per_position = pooling == Some(bitnet_model::Pooling::None);
+        if per_position && ids.len() != 1 {
+            return Err(PyValueError::new_err(
+                "pooling \"none\" gives one row per position: embed one input at a time",
+            ));
+        }
+        let n_tokens: usize = ids.iter().map(Vec::len).sum();
+        let inner = Arc::clone(&self.inner);
+        let opts = bitnet_engine::EmbedOptions {
+            pooling,
+            raw: !normalize,
+        };
+        let rows = py
+            .detach(move || lock(&inner).engine.embed(&ids, &opts))
+            .map_err(engine_err)?;
+        let n_rows = if per_position { n_tokens } else { rows.len() };
+        let flat: Vec<f32> = rows.into_iter().flatten().collect();
+        let width = flat.len() / n_rows.max(1);
+        let arr = PyArray1::from_vec(py, flat).reshape([n_rows, width])?;
+        Ok((arr.into_any(), n_tokens))
+    }
+
     /// Starts generating after `prompt` (token ids); returns a [`Stream`] of text pieces.
     /// `constraint`: `(kind, text)` with kind `json_schema` (the schema as JSON text),
     /// `json_object`, `grammar` (llguidance Lark) or `regex`; checked here (`ValueError`).

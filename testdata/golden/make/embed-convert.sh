@@ -5,7 +5,9 @@
 # synthetic vocabulary, and the two enum members its bundled gguf-py lacks) on tiny synthetic
 # checkpoints of both shapes (embed_hf.py build: ternary projections times a scale, F16/F32
 # norms, last-token pooling), and the oracle's vectors (embed_ref.py) for the prompts of ids
-# embed_hf.py writes beside each checkpoint. The tests run the converter's files as they are.
+# embed_hf.py writes beside each checkpoint: NAME.embd.f32 (its default f32 variant) and
+# NAME.exact.embd.f32 (--variant exact, bitnet.cpp's float paths). The tests run the converter's
+# files as they are.
 #
 #   REF=<the build folder of llama-tiny.sh> MIRROR=<folder with microsoft+BitNet/repo> \
 #     testdata/golden/make/embed-convert.sh
@@ -29,6 +31,11 @@ for a in qwen3 gemma3; do
     "$tmp/$a.out" >/dev/null
   for f in "$tmp/$a.out"/*.embd.f32; do
     cp "$f" "$out/$a-converted.$(basename "$f")"
+  done
+  python3 "$here/embed_ref.py" batch "$out/$a-converted.gguf" "$out/$a-converted.prompts.json" \
+    "$tmp/$a.exact" --variant exact >/dev/null
+  for f in "$tmp/$a.exact"/*.embd.f32; do
+    cp "$f" "$out/$a-converted.$(basename "$f" .embd.f32).exact.embd.f32"
   done
 done
 echo "wrote $out"

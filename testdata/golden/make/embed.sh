@@ -11,7 +11,8 @@
 # MODEL.json, so a test notices a changed generator), `bitnet tokenize` turns each prompt
 # into the ids the oracle and the tests feed (EOS appended where the file asks, as the engine
 # does; the ids are inputs, not checked), and embed_ref.py writes MODEL.NAME.embd.f32 (the
-# L2-normalized vector, little-endian f32) for each.
+# L2-normalized vector, little-endian f32) for each, and with --variant exact (bitnet.cpp's float
+# paths: its kernels' roundings and accumulation orders) MODEL.NAME.exact.embd.f32.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -65,6 +66,11 @@ PY
   python3 "$here/embed_ref.py" batch "$tmp/$m.gguf" "$tmp/$m.prompts.json" "$tmp/$m.out"
   for f in "$tmp/$m.out"/*.embd.f32; do
     cp "$f" "$out/$m.$(basename "$f")"
+  done
+  python3 "$here/embed_ref.py" batch "$tmp/$m.gguf" "$tmp/$m.prompts.json" "$tmp/$m.exact" \
+    --variant exact
+  for f in "$tmp/$m.exact"/*.embd.f32; do
+    cp "$f" "$out/$m.$(basename "$f" .embd.f32).exact.embd.f32"
   done
 done
 echo "wrote $out"

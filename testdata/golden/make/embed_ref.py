@@ -75,6 +75,31 @@ Choices where the guide is silent (each with a switch where it matters):
     quantisation does to the vectors).
   * Pooling none (--pooling none, or pooling_type 0): every row, each L2-normalised.
 
+--variant exact (default --variant f32 = everything above): bitnet.cpp's float paths as the
+generative oracle shared/tools/bitnet_ref.py --variant exact established them bit for bit
+(x86 AVX2 + FMA + F16C, LLAMAFILE, 1 thread; code copied from it and adapted, see the section
+"exact variant" below), applied to the embedding graphs:
+  * the same as f32 (already bitnet.cpp's arithmetic): rms_norm (every norm: attn/ffn/output,
+    each projection's *_norm_in, the per-head Q/K norms over rows of head_dim, Gemma's post-norms)
+    then times the weight; int8 activation quant + exact ternary matmul; Gemma's embedding scale
+    f32(x * sqrtf(n_embd)) and Q scale f32(q * (1/sqrtf(head_dim))) after RoPE; GELU through the
+    f16 table; f32 residual adds; K and V rounded to f16 (the cache); pooling, L2 normalisation.
+  * RoPE: ggml_rope_cache_init with glibc powf/cosf/sinf (ctypes) of the iterated f32 angle, the
+    rotation FMA-contracted: fma(x0, c, -(x1*s)), fma(x0, s, x1*c), on the first n_rot dims
+    (dim i pairs with i + n_rot/2), the rest passed through.
+  * attention (n_kv = pos0 + n padded to a multiple of 32; padded keys/values are zero and masked
+    with -inf): K.Q = ggml_vec_dot_f16 with Q rounded to f16 (the permuted Q is not contiguous and
+    is converted to the f16 vec_dot type; past the last whole chunk of 32 the products are added in
+    f64) -- except with ONE query head and >= 2 rows, where the permuted Q is contiguous and
+    llamafile's tinyBLAS (F16 K x F32 Q) takes it with Q in f32 (when head_dim % 8 == 0);
+    soft_max_ext: w = kq * kq_scale + mask (kq_scale = 1/sqrtf(head_dim) for qwen3, 1.0 for gemma3),
+    ggml_v_expf(w - max), sums of 8-lane groups added in f64, p = e * f32(1/sum); P.V = tinyBLAS
+    (F16 V x F32 P) for >= 2 rows, P rounded to f16 and ggml_vec_dot_f16 for one row.
+  * SiLU: ggml_vec_silu_f32: whole groups of 8 from the row start x / (1 + ggml_v_expf(0 - x)),
+    the ragged tail x / (1 + expf(-x)) with glibc's expf; times up in f32.
+  It requires ternary projections with activation quant (I2_S, or --ternarize-float) and refuses
+  --no-act-quant, --kv f32, --q16, --gelu exact and --silu plain (exact fixes those choices).
+
 What the converter writes (and does not): {arch}.embedding_length, block_count,
 feed_forward_length, attention.head_count(_kv), attention.key_length = value_length =
 rope.dimension_count = head_dim, rope.freq_base, attention.layer_norm_rms_epsilon, pooling_type,
@@ -94,8 +119,8 @@ Usage:
   embed_ref.py decode-check MODEL_I2S.gguf MODEL_F32.gguf
   embed_ref.py compare DIR_A DIR_B         cosine / max|d| of every NAME.embd.f32 present in both
   embed_ref.py info MODEL.gguf             metadata and tensor table
-options: --no-act-quant --gelu {table,exact} --silu {ggml,plain} --kv {f16,f32} --q16
-         --swa N --pooling {file,none,mean,cls,last} --ternarize-float
+options: --variant {f32,exact} --no-act-quant --gelu {table,exact} --silu {ggml,plain}
+         --kv {f16,f32} --q16 --swa N --pooling {file,none,mean,cls,last} --ternarize-float
 """
 import argparse
 import json
@@ -107,6 +132,18 @@ import sys
 import numpy as np
 
 F16, F32, F64 = np.float16, np.float32, np.float64
+
+try:        # glibc's cosf/sinf/powf/expf, the library bitnet.cpp calls (--variant exact)
+    import ctypes
+    import ctypes.util
+    _libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    for _fn in ("cosf", "sinf", "expf"):
+        getattr(_libm, _fn).restype = ctypes.c_float
+        getattr(_libm, _fn).argtypes = [ctypes.c_float]
+    _libm.powf.restype = ctypes.c_float
+    _libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
+except (OSError, AttributeError):  # pragma: no cover
+    _libm = None
 
 # ----------------------------------------------------------------------------------------------
 # GGUF reader (v2/v3, little-endian)
@@ -447,11 +484,190 @@ def l2_normalize(v):
 
 
 # ----------------------------------------------------------------------------------------------
+# exact variant: bitnet.cpp's CPU kernels bit for bit (x86 AVX2 + FMA + F16C, LLAMAFILE), copied
+# from shared/tools/bitnet_ref.py --variant exact and adapted (head_dim / n_rot / kq_scale as
+# parameters, leftovers past 32 in vec_dot_f16, one-head tinyBLAS K.Q, SiLU's libm tail).
+# embed_ref_selftest.py checks each against bitnet_ref.py bit for bit.
+# ----------------------------------------------------------------------------------------------
+def _libm_required():
+    if _libm is None:
+        raise RuntimeError("--variant exact needs glibc's libm (ctypes) for cosf/sinf/powf/expf")
+
+
+def libm_expf(x):
+    """glibc expf, element-wise."""
+    _libm_required()
+    x = np.asarray(x, F32)
+    return np.array([_libm.expf(float(v)) for v in x.reshape(-1)], dtype=F32).reshape(x.shape)
+
+
+def silu_exact(x):
+    """ggml_vec_silu_f32 (AVX2 + FMA) over the last axis: whole groups of 8 from the row start
+    ggml_v_silu = x / (1 + ggml_v_expf(0 - x)); the ragged tail ggml_silu_f32 = x / (1.0f + expf(-x))
+    with glibc expf."""
+    x = np.asarray(x, F32)
+    n = x.shape[-1]
+    n8 = n - n % 8
+    y = np.empty_like(x)
+    xa = x[..., :n8]
+    y[..., :n8] = (xa / (F32(1) + v_expf((F32(0) - xa).astype(F32))).astype(F32)).astype(F32)
+    if n8 < n:
+        xt = x[..., n8:]
+        y[..., n8:] = (xt / (F32(1) + libm_expf((-xt).astype(F32))).astype(F32)).astype(F32)
+    return y
+
+
+def vec_dot_f16(X, Y):
+    """ggml_vec_dot_f16 (AVX2/F16C): rows of X [M,n] . rows of Y [N,n] (values already f16) -> [M,N].
+    4 accumulators x 8 lanes over whole chunks of 32, FMA (f16*f16 products are exact in f32), then
+    GGML_F32x8_REDUCE: (a0+a2)+(a1+a3), lo+hi 128-bit halves, hadd, hadd; the sum is widened to
+    f64 (ggml_float) and the products past the last whole chunk (f32, exact) added in order, then
+    rounded to f32.  (bitnet_ref.py's version, plus the leftover loop it never needed.)"""
+    X = np.asarray(X, F32)
+    Y = np.asarray(Y, F32)
+    n = X.shape[1]
+    M, N = X.shape[0], Y.shape[0]
+    npc = n - n % 32
+    acc = np.zeros((M, N, 4, 8), F32)
+    if npc:
+        Xr = X[:, :npc].reshape(M, npc // 32, 4, 8)
+        Yr = Y[:, :npc].reshape(N, npc // 32, 4, 8)
+        for i in range(npc // 32):
+            acc = (acc + (Xr[:, None, i] * Yr[None, :, i]).astype(F32)).astype(F32)
+    a0 = (acc[..., 0, :] + acc[..., 2, :]).astype(F32)
+    a1 = (acc[..., 1, :] + acc[..., 3, :]).astype(F32)
+    a = (a0 + a1).astype(F32)
+    t0 = (a[..., 0:4] + a[..., 4:8]).astype(F32)
+    r = ((t0[..., 0] + t0[..., 1]).astype(F32) + (t0[..., 2] + t0[..., 3]).astype(F32)).astype(F32)
+    if npc == n:
+        return r
+    s = r.astype(F64)
+    for i in range(npc, n):
+        s = s + (X[:, None, i] * Y[None, :, i]).astype(F32).astype(F64)
+    return s.astype(F32)
+
+
+def tinyblas_f16_f32(A, B, rows_per_chunk=8):
+    """llamafile tinyBLAS<8, __m256, __m256, ggml_fp16_t, float, float> (AVX2+FMA):
+    C[j, i] = hsum(8 lanes of fma(A[i, l..l+7], B[j, l..l+7], acc)) with A f16 values, B f32.
+    hsum: t = lo+hi halves; (t0+t2)+(t1+t3). Returns [N, M]. (k % 8 == 0, else llamafile refuses.)"""
+    A = np.asarray(A, F32)
+    B = np.asarray(B, F32)
+    M, k = A.shape
+    N = B.shape[0]
+    assert k % 8 == 0
+    A64 = A.reshape(M, k // 8, 8).astype(F64)
+    out = np.empty((N, M), F32)
+    for j0 in range(0, N, rows_per_chunk):
+        Bc = B[j0:j0 + rows_per_chunk].reshape(-1, k // 8, 8).astype(F64)
+        acc = np.zeros((Bc.shape[0], M, 8), F64)
+        for l in range(k // 8):
+            acc = (acc + Bc[:, None, l, :] * A64[None, :, l, :]).astype(F32).astype(F64)
+        acc = acc.astype(F32)
+        t = (acc[..., 0:4] + acc[..., 4:8]).astype(F32)
+        out[j0:j0 + Bc.shape[0]] = ((t[..., 0] + t[..., 2]).astype(F32)
+                                    + (t[..., 1] + t[..., 3]).astype(F32)).astype(F32)
+    return out
+
+
+def softmax_exact(kq, mask, scale):
+    """ggml_compute_forward_soft_max_f32: w = kq*scale + mask; e = ggml_v_expf(w - max);
+    sum: per 8-lane group in f32 ((l+l4) then (a0+a2)+(a1+a3)), groups added into an f64;
+    p = e * (float)(1.0/sum).  kq, mask: [T, P] with P a multiple of 8 (n_kv is padded to 32).
+    scale: the graph's kq_scale (bitnet_ref.py: always 1/sqrtf(128))."""
+    w = ((kq * F32(scale)).astype(F32) + mask).astype(F32)
+    mx = w.max(axis=1, keepdims=True)
+    e = v_expf((w - mx).astype(F32))
+    T, P = e.shape
+    assert P % 8 == 0
+    er = e.reshape(T, P // 8, 8)
+    t = (er[..., 4:8] + er[..., 0:4]).astype(F32)
+    gsum = ((t[..., 0] + t[..., 2]).astype(F32) + (t[..., 1] + t[..., 3]).astype(F32)).astype(F32)
+    ssum = np.cumsum(gsum.astype(F64), axis=1)[:, -1]          # sequential f64 accumulation
+    inv = (1.0 / ssum).astype(F32)
+    return (e * inv[:, None]).astype(F32)
+
+
+def rope_tables_libm(positions, n_rot, base):
+    """ggml_rope_cache_init with glibc powf/cosf/sinf: theta_scale = powf(base, -2.0f/n_rot),
+    theta_0 = pos, theta_{i+1} = theta_i * theta_scale in f32. -> cos, sin [T, n_rot/2]."""
+    _libm_required()
+    theta_scale = F32(_libm.powf(float(F32(base)), float(F32(-2.0) / F32(n_rot))))
+    cos = np.empty((len(positions), n_rot // 2), F32)
+    sin = np.empty((len(positions), n_rot // 2), F32)
+    for r, p in enumerate(positions):
+        th = F32(p)
+        for i in range(n_rot // 2):
+            cos[r, i] = _libm.cosf(float(th))
+            sin[r, i] = _libm.sinf(float(th))
+            th = F32(th * theta_scale)
+    return cos, sin
+
+
+def apply_rope_fma(x, cos, sin):
+    """NEOX rotation as clang -O3 -mfma contracts it (-ffp-contract=on, LHS product fused):
+    x0*c - x1*s -> fma(x0, c, -(x1*s));  x0*s + x1*c -> fma(x0, s, x1*c).  x: [T, H, D] f32; the
+    first n_rot = 2*cos.shape[1] dims rotate (dim i pairs with i + n_rot/2), dims >= n_rot pass."""
+    n_rot = 2 * cos.shape[1]
+    half = n_rot // 2
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    x0, x1 = x[..., :half], x[..., half:n_rot]
+    o0 = fma32(x0, c, -(x1 * s).astype(F32))
+    o1 = fma32(x0, s, (x1 * c).astype(F32))
+    return np.concatenate([o0, o1, x[..., n_rot:]], axis=-1).astype(F32)
+
+
+def attention_exact(q, k_all, v_all, pos0, n_head_kv, kq_scale, swa=0, kq_path="auto"):
+    """bitnet.cpp's (non-flash) attention for n = T query rows at positions pos0.. over the cache.
+    q: [T, H, D] f32 (roped, and for gemma3 already scaled); k_all, v_all: [pos0+T, Hkv, D] holding
+    f16 values (the cache). Query head h reads KV head h // (H / Hkv).
+    K.Q: Q rounded to f16 and ggml_vec_dot_f16 -- or, with one query head and >= 2 rows (the permuted
+    Q is then contiguous and llamafile_sgemm takes it; it refuses n < 2 and k % 8 != 0), tinyBLAS
+    with Q in f32.  kq_path: "auto" (that rule), "vec_dot" or "tinyblas" (forced, for the selftest).
+    mask: causal (and sliding window swa > 0: qpos - j < swa), n_kv padded to 32 with -inf;
+    softmax_exact with kq_scale; P.V: one row -> P rounded to f16, ggml_vec_dot_f16; >= 2 rows ->
+    tinyBLAS F16 V x F32 P."""
+    T, H, D = q.shape
+    P = k_all.shape[0]
+    assert P == pos0 + T and v_all.shape[0] == P
+    assert H % n_head_kv == 0
+    grp = H // n_head_kv
+    Ppad = (P + 31) // 32 * 32
+    qpos = pos0 + np.arange(T)[:, None]
+    j = np.arange(Ppad)[None, :]
+    allowed = (j <= qpos) & (j < P)
+    if swa:
+        allowed &= (qpos - j) < swa
+    maskp = np.where(allowed, F32(0), F32(-np.inf)).astype(F32)
+    if kq_path == "auto":
+        kq_path = "tinyblas" if (H == 1 and T >= 2 and D % 8 == 0) else "vec_dot"
+    out = np.empty((T, H, D), dtype=F32)
+    for h in range(H):
+        kvh = h // grp
+        kh = np.zeros((Ppad, D), F32)
+        kh[:P] = np.asarray(k_all[:, kvh, :], F32)
+        vh = np.zeros((Ppad, D), F32)
+        vh[:P] = np.asarray(v_all[:, kvh, :], F32)
+        if kq_path == "tinyblas":                       # tinyBLAS F16(K) x F32(Q): Q stays f32
+            kq = tinyblas_f16_f32(kh, q[:, h, :])
+        else:                                           # Q -> f16, ggml_vec_dot_f16
+            kq = vec_dot_f16(q[:, h, :].astype(F16).astype(F32), kh)
+        p = softmax_exact(kq, maskp, kq_scale)
+        if T == 1:   # llamafile_sgemm refuses n < 2: P -> f16, ggml_vec_dot_f16 over positions
+            out[:, h, :] = vec_dot_f16(p.astype(F16).astype(F32), vh.T)
+        else:        # tinyBLAS F16(V) x F32(P): P stays f32
+            out[:, h, :] = tinyblas_f16_f32(vh.T, p)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # model
 # ----------------------------------------------------------------------------------------------
 class Opts:
     def __init__(self, act_quant=True, gelu="table", silu="ggml", kv="f16", q16=False, swa=None,
-                 pooling="file", ternarize_float=False):
+                 pooling="file", ternarize_float=False, variant="f32"):
+        self.variant = variant
         self.act_quant = act_quant
         self.gelu = gelu
         self.silu = silu
@@ -563,6 +779,15 @@ class Model:
         known = {"token_embd.weight", "output_norm.weight"} | {
             f"blk.{il}.{k}.weight" for il in range(self.n_layer) for k in list(PROJ) + norms}
         self.unused = sorted(set(g.tensors) - known)
+        if opts.variant == "exact":
+            bad = [k for k, v in (("--no-act-quant", not opts.act_quant), ("--kv f32", opts.kv != "f16"),
+                                  ("--q16", opts.q16), ("--gelu exact", opts.gelu != "table"),
+                                  ("--silu plain", opts.silu != "ggml")) if v]
+            if bad:
+                raise SystemExit(f"--variant exact fixes these choices itself: {', '.join(bad)}")
+            if not all(L[k].ternary for L in self.layers for k in PROJ):
+                raise SystemExit("--variant exact needs ternary projections (I2_S, or --ternarize-float)")
+            _libm_required()
 
     def describe(self):
         L0 = self.layers[0]
@@ -570,7 +795,7 @@ class Model:
                 f"head_dim={self.head_dim} n_rot={self.n_rot} n_ff={self.n_ff} vocab={self.n_vocab} "
                 f"base={float(self.base):g} eps={float(self.eps):g} pooling={POOL_NAMES.get(self.pooling_type)} "
                 f"swa={self.swa or 'none'} token_embd={self.emb_type} proj={L0['attn_q'].kind} "
-                f"code3={self.n_code3}" + (f" UNUSED TENSORS={self.unused}" if self.unused else ""))
+                f"code3={self.n_code3} variant={self.opts.variant}" + (f" UNUSED TENSORS={self.unused}" if self.unused else ""))
 
     def bitlinear(self, L, k, x):
         """y = P(rms_norm(x) * P_norm_in)."""
@@ -579,15 +804,19 @@ class Model:
     def layer_is_swa(self, il):
         return self.arch == "gemma3" and self.swa > 0 and (il + 1) % 6 != 0
 
+    def kq_scale(self):
+        if self.arch == "gemma3":
+            return F32(1.0)                                     # Q was scaled after RoPE
+        return F32(F32(1.0) / np.sqrt(F32(self.head_dim)))     # 1.0f/sqrtf(head_dim)
+
     def attention(self, q, k, v, swa):
         """q: [T, H, D], k/v: [T, Hkv, D] (already rounded as the cache stores them)."""
         o = self.opts
         T, H, D = q.shape
         grp = self.n_head // self.n_head_kv
-        if self.arch == "gemma3":
-            scale = F32(1.0)                                    # Q was scaled after RoPE
-        else:
-            scale = F32(F32(1.0) / np.sqrt(F32(D)))            # 1.0f/sqrtf(head_dim)
+        scale = self.kq_scale()
+        if o.variant == "exact":
+            return attention_exact(q, k, v, 0, self.n_head_kv, scale, self.swa if swa else 0)
         i = np.arange(T)[:, None]
         j = np.arange(T)[None, :]
         allowed = j <= i
@@ -615,17 +844,26 @@ class Model:
         if self.arch == "gemma3":
             x = (x * F32(np.sqrt(F32(self.n_embd)))).astype(F32)            # sqrtf(n_embd)
         pos = np.arange(T)
+        exact = o.variant == "exact"
+        tables = {}
         for il, L in enumerate(self.layers):
             swa = self.layer_is_swa(il)
             base = self.base_swa if swa else self.base
+            if exact and float(base) not in tables:
+                tables[float(base)] = rope_tables_libm(pos, self.n_rot, base)
             h = rms_norm(x, L["attn_norm"], self.eps)
             q = self.bitlinear(L, "attn_q", h).reshape(T, H, D)
             k = self.bitlinear(L, "attn_k", h).reshape(T, Hkv, D)
             v = self.bitlinear(L, "attn_v", h).reshape(T, Hkv, D)
             q = rms_norm(q, L["attn_q_norm"], self.eps)
             k = rms_norm(k, L["attn_k_norm"], self.eps)
-            q = rope_neox(q, pos, self.n_rot, base)
-            k = rope_neox(k, pos, self.n_rot, base)
+            if exact:
+                cos, sin = tables[float(base)]
+                q = apply_rope_fma(q, cos, sin)
+                k = apply_rope_fma(k, cos, sin)
+            else:
+                q = rope_neox(q, pos, self.n_rot, base)
+                k = rope_neox(k, pos, self.n_rot, base)
             if self.arch == "gemma3":
                 q = (q * F32(F32(1.0) / np.sqrt(F32(D)))).astype(F32)       # f_attention_scale
             if o.kv == "f16":
@@ -639,7 +877,10 @@ class Model:
             h = rms_norm(x, L["ffn_norm"], self.eps)
             gt = self.bitlinear(L, "ffn_gate", h)
             up = self.bitlinear(L, "ffn_up", h)
-            act = gelu(gt, o.gelu) if self.arch == "gemma3" else silu(gt, o.silu)
+            if self.arch == "gemma3":
+                act = gelu(gt, o.gelu)
+            else:
+                act = silu_exact(gt) if exact else silu(gt, o.silu)
             f = self.bitlinear(L, "ffn_down", (act * up).astype(F32))
             if self.arch == "gemma3":
                 f = rms_norm(f, L["post_ffw_norm"], self.eps)
@@ -756,6 +997,8 @@ def compare_dirs(da, db):
 
 
 def add_opts(p):
+    p.add_argument("--variant", choices=["f32", "exact"], default="f32",
+                   help="f32: the reference above; exact: bitnet.cpp's float paths (see the header)")
     p.add_argument("--no-act-quant", action="store_true", help="ternary weights, plain float matmul")
     p.add_argument("--gelu", choices=["table", "exact"], default="table")
     p.add_argument("--silu", choices=["ggml", "plain"], default="ggml")
@@ -769,7 +1012,7 @@ def add_opts(p):
 
 def opts_from(a):
     return Opts(act_quant=not a.no_act_quant, gelu=a.gelu, silu=a.silu, kv=a.kv, q16=a.q16, swa=a.swa,
-                pooling=a.pooling, ternarize_float=a.ternarize_float)
+                pooling=a.pooling, ternarize_float=a.ternarize_float, variant=a.variant)
 
 
 def main():

@@ -44,6 +44,9 @@ pub fn run(a: Args) -> Result<()> {
     if texts.is_empty() {
         bail!("give the inputs as arguments or with -f FILE");
     }
+    if let Some(i) = texts.iter().position(String::is_empty) {
+        bail!("input {} is an empty string", i + 1);
+    }
     let engine = load_engine(&a.model)?;
     let opts = EmbedOptions {
         pooling: a.pooling,

@@ -184,6 +184,41 @@ class Model:
         (n_vocab,)), or with all=True every position (shape (len(ids), n_vocab))."""
         return self._m.logits(list(ids), all)
 
+    # -- embeddings --------------------------------------------------------------
+    def embed(self, input, normalize=True, pooling=None, return_count=False):
+        """Embeddings, as llama-cpp-python's `Llama.embed`: for one text (or one list of
+        token ids) a list of floats, for a list of them a list of lists. The vector is the
+        file's pooling (last token for bitnet.cpp's embedding models; or `pooling`: "mean",
+        "cls", "last", or "none" for one vector per position of a single input),
+        L2-normalized unless `normalize=False`. `return_count=True` also returns the number
+        of tokens read."""
+        single = isinstance(input, (str, bytes, bytearray)) or (
+            isinstance(input, (list, tuple)) and len(input) > 0
+            and all(isinstance(t, int) for t in input))
+        items = [input] if single else list(input)
+        items = [bytes(t).decode("utf-8") if isinstance(t, (bytes, bytearray)) else
+                 (list(t) if isinstance(t, tuple) else t) for t in items]
+        rows, count = self._m.embed(items, normalize, pooling)
+        out = rows.tolist()
+        if single and pooling != "none":
+            out = out[0]
+        return (out, count) if return_count else out
+
+    def create_embedding(self, input, model=None):
+        """The OpenAI embeddings response for `input` (a string or a list of strings or of
+        token-id lists), as llama-cpp-python's `Llama.create_embedding` returns it."""
+        single = isinstance(input, str) or (
+            isinstance(input, (list, tuple)) and len(input) > 0
+            and all(isinstance(t, int) for t in input))
+        vecs, count = self.embed([input] if single else input, return_count=True)
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": v}
+                     for i, v in enumerate(vecs)],
+            "model": model or os.path.basename(self.path),
+            "usage": {"prompt_tokens": count, "total_tokens": count},
+        }
+
     # -- generation --------------------------------------------------------------
     def _start(self, prompt_ids, max_tokens, sampling):
         constraint = _constraint(sampling)
