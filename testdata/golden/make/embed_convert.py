@@ -4,9 +4,9 @@ on a synthetic checkpoint from embed_hf.py:
 
   PYTHONPATH=GGUF_PY_DIR embed_convert.py CONVERTER.py MODEL_DIR --outtype i2_s|f32|f16 --outfile OUT.gguf
 
-e.g.  git -C /work/.mirror/microsoft+BitNet/repo show HEAD:utils/convert-bitnet-embedding-to-gguf.py \
+e.g.  git -C $MIRROR/microsoft+BitNet/repo show HEAD:utils/convert-bitnet-embedding-to-gguf.py \
           > /tmp/embed-ref/convert-bitnet-embedding-to-gguf.py
-      PYTHONPATH=/work/refs/bitnet.cpp/3rdparty/llama.cpp/gguf-py /work/refs/convert-venv/bin/python \
+      PYTHONPATH=$REF/bitnet.cpp/3rdparty/llama.cpp/gguf-py $REF/convert-venv/bin/python \
           embed_convert.py /tmp/embed-ref/convert-bitnet-embedding-to-gguf.py /tmp/embed-ref/hf-qwen3 \
           --outtype i2_s --outfile /tmp/embed-ref/qwen3-i2_s.gguf
 

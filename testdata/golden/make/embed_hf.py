@@ -3,7 +3,7 @@
 forward pass "in the Hugging Face manner", to check embed_ref.py (the GGUF oracle) against.
 
   embed_hf.py build OUTDIR --arch qwen3|gemma3 [--seed N]
-      (needs tokenizers, safetensors and transformers: /work/refs/convert-venv/bin/python)
+      (needs tokenizers, safetensors and transformers: the converter's virtual environment of convert-env.sh)
       writes config.json, model.safetensors (float32), tokenizer.json, tokenizer_config.json
       (+ vocab.json / merges.txt for qwen3), modules.json, 1_Pooling/config.json (last token)
       and prompts.json (a few id sequences, lengths 1..23).

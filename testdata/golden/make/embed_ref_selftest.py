@@ -2,7 +2,7 @@
 """Dev check of embed_ref.py --variant exact: each float path it ported from the generative
 oracle shared/tools/bitnet_ref.py (--variant exact, bit-identical to bitnet.cpp's logits) is run
 beside bitnet_ref.py's own function on the same random inputs and must agree bit for bit.
-Not a CI test: it needs bitnet_ref.py (default /work/shared/tools/bitnet_ref.py, or $BITNET_REF).
+Not a CI test: it needs bitnet_ref.py (the shared tools' copy beside the checkout, ../shared/tools/bitnet_ref.py, or $BITNET_REF).
 
   python3 testdata/golden/make/embed_ref_selftest.py [--seed N]
 
@@ -26,6 +26,7 @@ tail), vec_dot_f16's f64 leftover past the last chunk of 32.
 import argparse
 import importlib.util
 import os
+import pathlib
 import sys
 import types
 
@@ -44,7 +45,7 @@ def load(name, path):
 
 
 er = load("embed_ref", os.path.join(HERE, "embed_ref.py"))
-br = load("bitnet_ref", os.environ.get("BITNET_REF", "/work/shared/tools/bitnet_ref.py"))
+br = load("bitnet_ref", os.environ.get("BITNET_REF", str(pathlib.Path(__file__).resolve().parents[4] / "shared" / "tools" / "bitnet_ref.py")))
 
 N_OK = 0
 N_FAIL = 0

@@ -2,7 +2,8 @@
 # Self-check of the embedding oracle embed_ref.py against bitnet.cpp's own converter and an
 # independent Hugging Face-manner forward pass (embed_hf.py). Writes nothing in the repository.
 #
-#   testdata/golden/make/embed_selfcheck.sh [WORKDIR]      (default /tmp/embed-ref)
+#   REF=<the build folder of llama-tiny.sh> MIRROR=<folder with microsoft+BitNet/repo> \
+#     testdata/golden/make/embed_selfcheck.sh [WORKDIR]      (default /tmp/embed-ref)
 #
 # Needs: the microsoft/BitNet mirror (the converter), bitnet.cpp's gguf-py, and a Python with
 # torch, transformers, safetensors, tokenizers (the converter's); the oracle itself runs on any
@@ -20,9 +21,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 work=${1:-/tmp/embed-ref}
-mirror=${BITNET_MIRROR:-/work/.mirror/microsoft+BitNet/repo}
-ggufpy=${GGUF_PY:-/work/refs/bitnet.cpp/3rdparty/llama.cpp/gguf-py}
-vpy=${CONVERT_PY:-/work/refs/convert-venv/bin/python}
+MIRROR=${MIRROR:?set MIRROR to the folder holding microsoft+BitNet/repo}
+REF=${REF:?set REF as for llama-tiny.sh}
+mirror=$MIRROR/microsoft+BitNet/repo
+ggufpy=$REF/bitnet.cpp/3rdparty/llama.cpp/gguf-py
+vpy=$REF/convert-venv/bin/python
 mkdir -p "$work"
 conv=$work/convert-bitnet-embedding-to-gguf.py
 git -C "$mirror" show HEAD:utils/convert-bitnet-embedding-to-gguf.py > "$conv"
