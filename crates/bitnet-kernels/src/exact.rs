@@ -141,6 +141,111 @@ pub fn v_expf(x: f32) -> f32 {
     }
 }
 
+/// SiLU of one row in place, as ggml's `ggml_vec_silu_f32` (AVX2 + FMA build) computes it:
+/// whole groups of eight from the row's start as `x / (1 + ggml_v_expf(0 − x))`, the ragged
+/// tail as `x / (1 + expf(−x))` with libm's `expf`. Where the CPU has AVX2 and FMA the groups
+/// run as ggml's own eight-lane code does; [`silu_row_portable`] is its scalar twin (the same
+/// results: each fused multiply-add rounds once either way).
+pub fn silu_row(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa() >= Isa::Avx2 && Isa::Avx2.is_supported() {
+        // SAFETY: AVX2 and FMA are available (checked above: the AVX2 tier requires FMA).
+        unsafe { silu_row_fma(x) };
+        return;
+    }
+    silu_row_portable(x);
+}
+
+/// [`silu_row`] without the FMA compilation (the scalar twin its test compares with).
+pub fn silu_row_portable(x: &mut [f32]) {
+    silu_impl(x);
+}
+
+/// # Safety
+/// AVX2 and FMA are available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_row_fma(x: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut groups = x.chunks_exact_mut(8);
+    for g in &mut groups {
+        // SAFETY: `g` holds exactly 8 floats (unaligned loads and stores).
+        unsafe {
+            let v = _mm256_loadu_ps(g.as_ptr());
+            let e = v_expf_avx2(_mm256_sub_ps(_mm256_setzero_ps(), v));
+            let y = _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+            _mm256_storeu_ps(g.as_mut_ptr(), y);
+        }
+    }
+    for v in groups.into_remainder() {
+        *v /= 1.0 + (-*v).exp();
+    }
+}
+
+/// ggml's `ggml_v_expf` for AVX2 + FMA, eight lanes ([`v_expf`] is its lane-wise twin).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::cast_possible_wrap)]
+fn v_expf_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    let r = c(0x4B40_0000);
+    let z = _mm256_fmadd_ps(x, c(0x3FB8_AA3B), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(n, c(0x35BF_BE8E), _mm256_fnmadd_ps(n, c(0x3F31_7200), x));
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(
+        e,
+        _mm256_castps_si256(_mm256_set1_ps(1.0)),
+    ));
+    let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let cm = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(c(0x3C07_2010), b, c(0x3D2B_9F17)),
+            u,
+            _mm256_fmadd_ps(c(0x3E2A_AF33), b, c(0x3EFF_FEDB)),
+        ),
+        u,
+        _mm256_mul_ps(c(0x3F7F_FFF6), b),
+    );
+    if _mm256_movemask_ps(cm) == 0 {
+        return _mm256_fmadd_ps(k, j, k);
+    }
+    let le = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
+    let g = _mm256_and_si256(
+        _mm256_castps_si256(le),
+        _mm256_set1_epi32(0x8200_0000u32 as i32),
+    );
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7F00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+    _mm256_or_ps(
+        _mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(
+            d,
+            _mm256_or_ps(
+                _mm256_and_ps(cm, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                _mm256_andnot_ps(cm, _mm256_fmadd_ps(k, j, k)),
+            ),
+        ),
+    )
+}
+
+#[inline(always)]
+fn silu_impl(x: &mut [f32]) {
+    let mut groups = x.chunks_exact_mut(8);
+    for g in &mut groups {
+        for v in g.iter_mut() {
+            *v /= 1.0 + v_expf(0.0 - *v);
+        }
+    }
+    for v in groups.into_remainder() {
+        *v /= 1.0 + (-*v).exp();
+    }
+}
+
 /// Softmax of one attention row as `ggml_compute_forward_soft_max_f32` computes it:
 /// `w = kq * scale + mask`; `e = ggml_v_expf(w - max)`; per 8-lane group `t = e[4..8] + e[0..4]`,
 /// `(t0 + t2) + (t1 + t3)`, groups added sequentially into an f64; `p = e * (f32)(1 / sum)`.
@@ -541,6 +646,43 @@ mod tests {
             }
         }
         eprintln!("exact attention cases: {checked}");
+    }
+
+    #[test]
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    fn silu_with_fma_equals_its_scalar_twin() {
+        // Every magnitude the polynomial's paths take (|n| ≤ 126, the slow path, overflow to
+        // 0 or ∞), NaN, ±0, and rows with ragged tails.
+        let mut st = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        for len in [0usize, 1, 7, 8, 9, 31, 64, 3072, 3077] {
+            let mut a: Vec<f32> = (0..len)
+                .map(|i| match i % 11 {
+                    0 => f32::NAN,
+                    1 => -0.0,
+                    2 => 120.0 + (next() % 1000) as f32 * 0.1,
+                    3 => -120.0 - (next() % 1000) as f32 * 0.1,
+                    _ => {
+                        f32::from_bits(next() as u32 & 0x7fff_ffff) % 40.0
+                            * if next() % 2 == 0 { 1.0 } else { -1.0 }
+                    }
+                })
+                .collect();
+            let mut b = a.clone();
+            silu_row(&mut a);
+            silu_row_portable(&mut b);
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                    "len {len} [{i}]: {x} vs {y}"
+                );
+            }
+        }
     }
 
     #[test]

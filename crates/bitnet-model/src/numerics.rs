@@ -176,22 +176,6 @@ pub fn rope_back_for(style: RopeStyle) -> fn(&mut [f32], &RopeRow) {
     }
 }
 
-/// SiLU of one row in place, as ggml's `ggml_vec_silu_f32` (AVX2 + FMA build) computes it:
-/// whole groups of eight from the row's start as `x / (1 + ggml_v_expf(0 − x))`, the ragged
-/// tail as `x / (1 + expf(−x))` with libm's `expf`. Both numerics use it (the polynomial is
-/// as cheap as any other exp).
-pub fn silu_row(x: &mut [f32]) {
-    let mut groups = x.chunks_exact_mut(8);
-    for g in &mut groups {
-        for v in g.iter_mut() {
-            *v /= 1.0 + v_expf(0.0 - *v);
-        }
-    }
-    for v in groups.into_remainder() {
-        *v /= 1.0 + (-*v).exp();
-    }
-}
-
 /// GELU (tanh form) of one row in place, as ggml's `ggml_vec_gelu_f32` computes it with
 /// `GGML_GELU_FP16`: `x ≤ −10` → 0, `x ≥ 10` → x, else x rounded to f16 and looked up in a
 /// table of `f16(0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²))))` over every f16 value. Both
@@ -250,7 +234,9 @@ pub fn rope_neox_back(head: &mut [f32], rope: &RopeRow) {
 
 // The f16 rounding and bitnet.cpp's reductions live in the kernels crate (its attention
 // kernel is built from them); the model's exact paths use them from there.
-pub use bitnet_kernels::exact::{dot_f16_ggml, dot_tinyblas, round_f16, softmax_exact, v_expf};
+pub use bitnet_kernels::exact::{
+    dot_f16_ggml, dot_tinyblas, round_f16, silu_row, softmax_exact, v_expf,
+};
 
 #[cfg(test)]
 mod tests {

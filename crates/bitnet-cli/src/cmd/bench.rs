@@ -74,6 +74,12 @@ pub struct Args {
     /// where a token's time goes.
     #[arg(long)]
     profile: bool,
+    /// Embedding tests instead of pp: for each prompt length N, one input of N tokens embedded
+    /// whole (the blocks, the output norm and the file's pooling; no LM head), as `bitnet embed`
+    /// runs it, reported as test `embd<N>` with tokens/s and vectors/s (llama-bench's
+    /// `-embd 1`). The header gives the ternary multiply-adds per token, to compare models.
+    #[arg(long)]
+    embed: bool,
     /// Also time each tg test under this constraint (`--json-schema FILE`, `--json-object`,
     /// `--grammar FILE`, `--regex RE`): greedy steps with the grammar's token mask applied
     /// before each choice, the next mask computed beside the forward pass as generation does
@@ -435,6 +441,9 @@ pub fn run(a: Args) -> Result<()> {
         bail!("bench does not skip blocks; measure --skip-layers with `bitnet run` and `bitnet perplexity`");
     }
     if a.model.ram_budget.is_some() || a.model.device != super::common::DeviceArg::Cpu {
+        if a.embed {
+            bail!("--embed measures the CPU path without a RAM budget");
+        }
         return run_engine(&a);
     }
     if a.profile {
@@ -454,7 +463,12 @@ pub fn run(a: Args) -> Result<()> {
         );
     }
     let prompts = lengths(&a.n_prompt);
-    let gens = lengths(&a.n_gen);
+    // Embedding tests replace pp and tg.
+    let gens = if a.embed {
+        Vec::new()
+    } else {
+        lengths(&a.n_gen)
+    };
     let path = a.model.path()?;
     let file = open_gguf(&path, a.model.in_memory)?;
     let mut model = Model::load(&file).context("cannot load model")?;
@@ -506,9 +520,20 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--batch takes batch sizes of at least 2 (the single-sequence test is tg)");
     }
     let bytes_per_token = model.bytes_per_token() as u64;
+    let macs_per_token: u64 = model
+        .layers
+        .iter()
+        .flat_map(|l| l.projections())
+        .map(|m| (m.n_out() * m.n_in()) as u64)
+        .sum();
+    if a.embed && (!a.batch.is_empty() || constrained.is_some()) {
+        bail!("--embed measures embeddings of the -p lengths: no --batch, no constraint");
+    }
+    let pooling = model.config.pooling.unwrap_or(bitnet_model::Pooling::Last);
     if !a.json {
         println!(
-            "model {} | {} layers, n_embd {} | weights read per token {} | numerics {:?} | kv {:?}",
+            "model {} | {} layers, n_embd {} | weights read per token {} | ternary MACs per \
+             token {macs_per_token} | numerics {:?} | kv {:?}",
             path.display(),
             model.config.n_layer,
             model.config.n_embd,
@@ -563,7 +588,28 @@ pub fn run(a: Args) -> Result<()> {
                 model.forward(chunk, &mut cache, Outputs::None, &mut exec)?;
             }
             for &ubatch in &ubatches {
-                for &np in &prompts {
+                for &np in prompts.iter().filter(|_| a.embed) {
+                    let prompt = tokens(np, n_vocab, 1);
+                    let mut rates = Vec::new();
+                    for rep in 0..=a.repetitions {
+                        cache.truncate(depth);
+                        let t0 = Instant::now();
+                        let mut seqs = [Seq {
+                            tokens: &prompt,
+                            cache: &mut cache,
+                            outputs: Outputs::None,
+                        }];
+                        let v = model.embed_seqs(&mut seqs, pooling, &mut exec)?;
+                        std::hint::black_box(bitnet_model::numerics::l2_normalized(&v[0]));
+                        if rep > 0 {
+                            rates.push(np as f64 / t0.elapsed().as_secs_f64());
+                        }
+                    }
+                    let mut test = Test::pp(np, depth, None, false, rates);
+                    test.name = test.name.replacen("pp", "embd", 1);
+                    tests.push(test);
+                }
+                for &np in prompts.iter().filter(|_| !a.embed) {
                     let prompt = tokens(np, n_vocab, 1);
                     let mut rates = Vec::new();
                     // one warm-up run pages the weights in
@@ -717,6 +763,11 @@ pub fn run(a: Args) -> Result<()> {
                     ("read_gb_s", json!(bw)),
                     ("ratio_to_read", json!(is_tg.then_some(gbs / bw))),
                     ("peak_rss_bytes", json!(peak_rss_bytes())),
+                    ("ternary_macs_per_token", json!(macs_per_token)),
+                    (
+                        "vectors_per_s",
+                        json!(a.embed.then(|| s.median / test.n_prompt.max(1) as f64)),
+                    ),
                     ("numerics", json!(format!("{:?}", a.model.numerics))),
                     ("isa", json!(bitnet_kernels::isa().name())),
                 ] {
@@ -729,6 +780,15 @@ pub fn run(a: Args) -> Result<()> {
                     s.median,
                     format!("({:.2} .. {:.2})", s.min, s.max),
                     gbs / bw
+                );
+            } else if a.embed {
+                println!(
+                    "{name:<14} {t:>7} {:>12.2} {:>20} {:>10} {bw:>10.2} {:>8}   {:.2} vectors/s",
+                    s.median,
+                    format!("({:.2} .. {:.2})", s.min, s.max),
+                    "-",
+                    "-",
+                    s.median / test.n_prompt.max(1) as f64
                 );
             } else {
                 println!(
