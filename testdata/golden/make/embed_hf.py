@@ -3,10 +3,26 @@
 forward pass "in the Hugging Face manner", to check embed_ref.py (the GGUF oracle) against.
 
   embed_hf.py build OUTDIR --arch qwen3|gemma3 [--seed N]
+                [--shape tiny|0.6b] [--no-norm-in] [--vocab-size N] [--dtype f32|f16]
       (needs tokenizers, safetensors and transformers: the converter's virtual environment of convert-env.sh)
       writes config.json, model.safetensors (float32), tokenizer.json, tokenizer_config.json
       (+ vocab.json / merges.txt for qwen3), modules.json, 1_Pooling/config.json (last token)
       and prompts.json (a few id sequences, lengths 1..23).
+      Without the four options the files are those of the tiny shapes below, unchanged. The
+      options make benchmark peers (embed-peer.sh), e.g. a plain Qwen3-0.6B-shaped FP16 model:
+        --shape 0.6b    qwen3 only: hidden 1024, 28 layers, 16 heads / 8 kv heads, head_dim 128,
+                        intermediate 3072 (Qwen3-0.6B / Qwen3-Embedding-0.6B); implies
+                        --vocab-size 151936 and --dtype f16 unless given
+        --no-norm-in    leave out the per-projection BitLinear norms (*_proj.norm.weight, which
+                        the converter names *_norm_in): a plain Qwen3/Gemma3 checkpoint whose
+                        GGUF upstream llama.cpp loads
+        --vocab-size N  config.json vocab_size (the embedding's rows; default: the tokenizer's
+                        size); ids the small tokenizer lacks become the converter's [PAD{i}]. For
+                        qwen3 with N > 151645 the specials <|endoftext|> <|im_start|> <|im_end|>
+                        take Qwen's real ids 151643..151645 (in tokenizer.json's model vocabulary
+                        too, since the tokenizers library renumbers added tokens otherwise), so the
+                        converter's hard-coded EOS 151643 is <|endoftext|>
+        --dtype f16     store the weights as float16 (same values, rounded; default f32)
   embed_hf.py forward HFDIR --ids 1,2,3 [--bitlinear none|weight|full] [--swa N] [--out F.f32]
   embed_hf.py batch HFDIR PROMPTS.json OUTDIR [--bitlinear ..] [--swa N]
       (numpy only, own safetensors reader)
@@ -78,6 +94,14 @@ CORPUS = [
 # ----------------------------------------------------------------------------------------------
 # shapes
 # ----------------------------------------------------------------------------------------------
+SHAPES = {  # --shape: config.json entries over the tiny defaults of config_for
+    "0.6b": {"qwen3": {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+                       "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072}},
+}
+SHAPE_VOCAB = {"0.6b": 151936}   # --shape's default --vocab-size
+QWEN_SPECIAL_BASE = 151643       # <|endoftext|> in Qwen2/Qwen3 (the converter's hard-coded EOS)
+
+
 def config_for(arch, vocab_size, special):
     if arch == "qwen3":
         return {"architectures": ["Qwen3Model"], "model_type": "qwen3", "hidden_size": 128,
@@ -98,7 +122,7 @@ def config_for(arch, vocab_size, special):
             "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "float32"}
 
 
-def make_weights(cfg, rng):
+def make_weights(cfg, rng, norm_in=True):
     gemma = cfg["model_type"] == "gemma3_text"
     E, L, H, Hkv, D, FF = (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
                            cfg["num_key_value_heads"], cfg["head_dim"], cfg["intermediate_size"])
@@ -130,12 +154,14 @@ def make_weights(cfg, rng):
         for name, (o, n) in {"q_proj": (H * D, E), "k_proj": (Hkv * D, E), "v_proj": (Hkv * D, E),
                              "o_proj": (E, H * D)}.items():
             w[p + f"self_attn.{name}.weight"] = tern(o, n)
-            w[p + f"self_attn.{name}.norm.weight"] = std_norm(n)
+            if norm_in:
+                w[p + f"self_attn.{name}.norm.weight"] = std_norm(n)
         w[p + "self_attn.q_norm.weight"] = native_norm(D)
         w[p + "self_attn.k_norm.weight"] = native_norm(D)
         for name, (o, n) in {"gate_proj": (FF, E), "up_proj": (FF, E), "down_proj": (E, FF)}.items():
             w[p + f"mlp.{name}.weight"] = tern(o, n)
-            w[p + f"mlp.{name}.norm.weight"] = std_norm(n)
+            if norm_in:
+                w[p + f"mlp.{name}.norm.weight"] = std_norm(n)
     w[pfx + "norm.weight"] = native_norm(E)
     return w
 
@@ -143,7 +169,7 @@ def make_weights(cfg, rng):
 # ----------------------------------------------------------------------------------------------
 # tokenizers
 # ----------------------------------------------------------------------------------------------
-def build_qwen_tokenizer(outdir):
+def build_qwen_tokenizer(outdir, special_base=None):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, \
         processors, trainers
     tok = Tokenizer(models.BPE())
@@ -158,8 +184,24 @@ def build_qwen_tokenizer(outdir):
     tok.train_from_iterator(CORPUS, trainer)
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    tok.save(os.path.join(outdir, "tokenizer.json"))
     j = json.loads(tok.to_str())
+    if special_base is not None:
+        # Qwen's ids for the specials. The tokenizers library gives an added token the id of the
+        # same string in the model's vocabulary, else renumbers it after the vocabulary, so the
+        # specials go into both (vocab.json keeps the trained pieces only, as Qwen's does)
+        trained = dict(j["model"]["vocab"])
+        for n, s in enumerate(specials):
+            j["model"]["vocab"][s] = special_base + n
+        for t in j["added_tokens"]:
+            t["id"] = special_base + specials.index(t["content"])
+        tok = Tokenizer.from_str(json.dumps(j))
+        assert [tok.token_to_id(s) for s in specials] == [special_base + n for n in range(len(specials))]
+        # written from the JSON: tok.save would warn about the id gap, listing every missing id
+        with open(os.path.join(outdir, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(j, f, indent=2, ensure_ascii=False)
+        j["model"]["vocab"] = trained
+    else:
+        tok.save(os.path.join(outdir, "tokenizer.json"))
     json.dump({k: v for k, v in j["model"]["vocab"].items()}, open(os.path.join(outdir, "vocab.json"), "w"),
               ensure_ascii=False)
     with open(os.path.join(outdir, "merges.txt"), "w", encoding="utf-8") as f:
@@ -208,16 +250,36 @@ def build_gemma_tokenizer(outdir):
     return tok.get_vocab_size(), {s: i for i, s in enumerate(specials)}
 
 
-def build(outdir, arch, seed):
+def build(outdir, arch, seed, shape="tiny", norm_in=True, vocab_size=None, dtype=None):
     from safetensors.numpy import save_file
+    if shape != "tiny" and arch not in SHAPES[shape]:
+        sys.exit(f"--shape {shape}: only for {', '.join(SHAPES[shape])}")
+    if vocab_size is None:
+        vocab_size = SHAPE_VOCAB.get(shape)
+    if dtype is None:
+        dtype = "f32" if shape == "tiny" else "f16"
     os.makedirs(os.path.join(outdir, "1_Pooling"), exist_ok=True)
     if arch == "qwen3":
-        V, special = build_qwen_tokenizer(outdir)
+        big = vocab_size is not None and vocab_size > QWEN_SPECIAL_BASE + 2
+        V, special = build_qwen_tokenizer(outdir, QWEN_SPECIAL_BASE if big else None)
     else:
         V, special = build_gemma_tokenizer(outdir)
+    # random prompt ids: the tokenizer's ids 0..V-1, or below the specials when they sit apart
+    rand_hi = V if max(special.values()) < V else min(special.values())
     cfg = config_for(arch, V, special)
+    if shape != "tiny":
+        cfg.update(SHAPES[shape][arch])
+    if vocab_size is not None:
+        if vocab_size <= max(special.values()) or vocab_size < V:
+            sys.exit(f"--vocab-size {vocab_size}: the tokenizer has {V} ids up to {max(special.values())}")
+        cfg["vocab_size"] = vocab_size
+    if dtype != "f32":
+        cfg["torch_dtype"] = {"f16": "float16"}[dtype]
     json.dump(cfg, open(os.path.join(outdir, "config.json"), "w"), indent=1)
-    w = make_weights(cfg, np.random.default_rng(seed))
+    w = make_weights(cfg, np.random.default_rng(seed), norm_in)
+    if dtype != "f32":
+        for k in list(w):
+            w[k] = w[k].astype({"f16": F16}[dtype])
     save_file(w, os.path.join(outdir, "model.safetensors"), metadata={"format": "pt"})
     json.dump([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -237,7 +299,7 @@ def build(outdir, arch, seed):
     for n, s in enumerate(texts):
         prompts.append({"name": f"p{n}", "ids": [int(i) for i in tk(s)["input_ids"]]})
     rng = np.random.default_rng(seed + 1)
-    prompts.append({"name": "p_rand23", "ids": [int(i) for i in rng.integers(0, V, 23)]})
+    prompts.append({"name": "p_rand23", "ids": [int(i) for i in rng.integers(0, rand_hi, 23)]})
     json.dump(prompts, open(os.path.join(outdir, "prompts.json"), "w"), indent=1)
     print(f"{outdir}: {arch} vocab={V} specials={special} tokenizer={type(tk).__name__} "
           f"tensors={len(w)} params={sum(x.size for x in w.values())}")
@@ -300,7 +362,8 @@ class HFModel:
         return (y * ((F32(1) + w) if gemma_style else w)).astype(F32)
 
     def bitlinear(self, x, key):
-        x = self.rms(x, self.w[key + ".norm.weight"], False)      # BitLinear's own (standard) RMSNorm
+        if key + ".norm.weight" in self.w:                         # absent: build --no-norm-in
+            x = self.rms(x, self.w[key + ".norm.weight"], False)  # BitLinear's own (standard) RMSNorm
         W = self.w[key + ".weight"]
         if self.mode in ("weight", "full"):
             s = F32(1) / max(F32(np.mean(np.abs(W), dtype=F32)), F32(1e-5))
@@ -386,6 +449,12 @@ def main():
     b.add_argument("outdir")
     b.add_argument("--arch", choices=["qwen3", "gemma3"], required=True)
     b.add_argument("--seed", type=int, default=1234)
+    b.add_argument("--shape", choices=["tiny"] + sorted(SHAPES), default="tiny")
+    b.add_argument("--no-norm-in", dest="norm_in", action="store_false",
+                   help="leave out the per-projection BitLinear norms (*_proj.norm.weight)")
+    b.add_argument("--vocab-size", type=int, default=None, help="config.json vocab_size (embedding rows)")
+    b.add_argument("--dtype", choices=["f32", "f16"], default=None,
+                   help="safetensors storage (default f32; f16 with --shape 0.6b)")
     for name in ("forward", "batch"):
         p = sub.add_parser(name)
         p.add_argument("hfdir")
@@ -399,7 +468,7 @@ def main():
         p.add_argument("--swa", type=int, default=None, help="override the config's sliding_window (0 = off)")
     a = ap.parse_args()
     if a.cmd == "build":
-        build(a.outdir, a.arch, a.seed)
+        build(a.outdir, a.arch, a.seed, a.shape, a.norm_in, a.vocab_size, a.dtype)
         return
     m = HFModel(a.hfdir, a.bitlinear, a.swa)
     if a.cmd == "forward":
