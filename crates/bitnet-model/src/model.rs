@@ -165,6 +165,8 @@ pub struct Scratch {
     a: Vec<f32>,
     /// A projection's own input norm of them, or a post-norm (embedding models).
     b: Vec<f32>,
+    /// The RMS factor of each row of `a`, shared by the projections normed from it.
+    rs: Vec<f32>,
     /// Their int8 codes and per-row scales.
     xq: Vec<i8>,
     s: Vec<f32>,
@@ -183,7 +185,7 @@ impl Scratch {
     /// Bytes held (its allocated capacity).
     pub fn capacity_bytes(&self) -> usize {
         let f = [
-            &self.a, &self.b, &self.s, &self.q, &self.k, &self.v, &self.o, &self.t, &self.g,
+            &self.a, &self.b, &self.rs, &self.s, &self.q, &self.k, &self.v, &self.o, &self.t, &self.g,
             &self.up,
         ];
         f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.xq.capacity()
@@ -818,12 +820,14 @@ impl<'a> Model<'a> {
                 self.lin(&l.wv, &sc.xq, &sc.s, n, exec, &mut sc.v)?;
             }
             Some(ni) => {
+                // One RMS factor per row for the three norms of the same input.
+                self.row_scales(&sc.a, e, &mut sc.rs, exec)?;
                 for (w, nw, out) in [
                     (&l.wq, &ni.q, &mut sc.q),
                     (&l.wk, &ni.k, &mut sc.k),
                     (&l.wv, &ni.v, &mut sc.v),
                 ] {
-                    self.norm_rows(&sc.a, nw, e, &mut sc.b, exec)?;
+                    self.scaled_rows(&sc.a, &sc.rs, nw, e, &mut sc.b, exec)?;
                     quantize_rows(&sc.b, e, &mut sc.xq, &mut sc.s, exec)?;
                     self.lin(w, &sc.xq, &sc.s, n, exec, out)?;
                 }
@@ -938,11 +942,12 @@ impl<'a> Model<'a> {
                 self.lin(&l.w_up, &sc.xq, &sc.s, n, exec, &mut sc.up)?;
             }
             Some(ni) => {
+                self.row_scales(&sc.a, e, &mut sc.rs, exec)?;
                 for (w, nw, out) in [
                     (&l.w_gate, &ni.gate, &mut sc.g),
                     (&l.w_up, &ni.up, &mut sc.up),
                 ] {
-                    self.norm_rows(&sc.a, nw, e, &mut sc.b, exec)?;
+                    self.scaled_rows(&sc.a, &sc.rs, nw, e, &mut sc.b, exec)?;
                     quantize_rows(&sc.b, e, &mut sc.xq, &mut sc.s, exec)?;
                     self.lin(w, &sc.xq, &sc.s, n, exec, out)?;
                 }
@@ -1023,6 +1028,47 @@ impl<'a> Model<'a> {
             let xs = &x[r.start * width..r.end * width];
             for (src, dst) in xs.chunks_exact(width).zip(ys.chunks_exact_mut(width)) {
                 norm(src, w, eps, dst);
+            }
+        })
+    }
+
+    /// `rs` = the RMS factor of each `width`-row of `x` ([`numerics::rms_scale`]).
+    fn row_scales(
+        &self,
+        x: &[f32],
+        width: usize,
+        rs: &mut Vec<f32>,
+        exec: &Exec<'_>,
+    ) -> Result<()> {
+        let rs = sized(rs, x.len() / width.max(1));
+        let (eps, nm) = (self.config.rms_eps, exec.numerics);
+        each_row(exec, rs, 1, &|r, out| {
+            for (i, o) in r.zip(out.iter_mut()) {
+                *o = numerics::rms_scale(&x[i * width..(i + 1) * width], eps, nm);
+            }
+        })
+    }
+
+    /// `y` = each `width`-row of `x` times its factor in `rs`, times `w`: the RMSNorm of `x`
+    /// with weights `w`, bit for bit.
+    fn scaled_rows(
+        &self,
+        x: &[f32],
+        rs: &[f32],
+        w: &[f32],
+        width: usize,
+        y: &mut Vec<f32>,
+        exec: &Exec<'_>,
+    ) -> Result<()> {
+        let y = sized(y, x.len());
+        each_row(exec, y, width, &|r, ys| {
+            let xs = &x[r.start * width..r.end * width];
+            for ((src, dst), &f) in xs
+                .chunks_exact(width)
+                .zip(ys.chunks_exact_mut(width))
+                .zip(&rs[r])
+            {
+                numerics::scale_row(src, f, w, dst);
             }
         })
     }

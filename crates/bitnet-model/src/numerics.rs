@@ -38,17 +38,23 @@ impl std::str::FromStr for Numerics {
 /// `scale = 1 / sqrtf(mean + eps)` in f32, `y = (x * scale) * w` in f32 (ggml's order).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     debug_assert!(x.len() == w.len() && x.len() == y.len());
-    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
-    scale_by_rms(x, w, eps, sum, y);
+    scale_row(x, scale_of(sum_sq(x), x.len(), eps), w, y);
 }
 
-/// The common end of both norms, from the f64 sum of squares: `mean = (f32)(sum / n)`,
-/// `scale = 1 / sqrtf(mean + eps)` in f32, `y = (x * scale) * w` in f32.
-fn scale_by_rms(x: &[f32], w: &[f32], eps: f32, sum: f64, y: &mut [f32]) {
-    let n = x.len().max(1) as f64;
+fn sum_sq(x: &[f32]) -> f64 {
+    x.iter().map(|&v| f64::from(v * v)).sum()
+}
+
+/// `1 / sqrtf((f32)(sum / n) + eps)` in f32.
+fn scale_of(sum: f64, n: usize, eps: f32) -> f32 {
+    let n = n.max(1) as f64;
     #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the rule
     let mean = (sum / n) as f32;
-    let scale = 1.0f32 / (mean + eps).sqrt();
+    1.0f32 / (mean + eps).sqrt()
+}
+
+/// `y = (x * scale) * w` in f32: the end of every RMSNorm.
+pub fn scale_row(x: &[f32], scale: f32, w: &[f32], y: &mut [f32]) {
     for ((o, &xi), &wi) in y.iter_mut().zip(x).zip(w) {
         *o = (xi * scale) * wi;
     }
@@ -59,6 +65,10 @@ fn scale_by_rms(x: &[f32], w: &[f32], eps: f32, sum: f64, y: &mut [f32]) {
 /// then 0+2, 1+3, then 0+1), which the compiler vectorizes. The rest is [`rms_norm`]'s.
 pub fn rms_norm_fast(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     debug_assert!(x.len() == w.len() && x.len() == y.len());
+    scale_row(x, scale_of(sum_sq_fast(x), x.len(), eps), w, y);
+}
+
+fn sum_sq_fast(x: &[f32]) -> f64 {
     let mut lanes = [0f64; 8];
     let chunks = x.chunks_exact(8);
     let tail = chunks.remainder();
@@ -71,8 +81,18 @@ pub fn rms_norm_fast(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
         *l += f64::from(v * v);
     }
     let [a, b, c, d, e, f, g, h] = lanes;
-    let sum = ((a + e) + (c + g)) + ((b + f) + (d + h));
-    scale_by_rms(x, w, eps, sum, y);
+    ((a + e) + (c + g)) + ((b + f) + (d + h))
+}
+
+/// The factor the RMSNorm of `numerics` multiplies `x` by (before the weights): rows normed
+/// with several weights share it ([`scale_row`] then applies each), bit for bit what
+/// [`rms_norm_for`] gives.
+pub fn rms_scale(x: &[f32], eps: f32, numerics: Numerics) -> f32 {
+    let sum = match numerics {
+        Numerics::Exact => sum_sq(x),
+        Numerics::Fast => sum_sq_fast(x),
+    };
+    scale_of(sum, x.len(), eps)
 }
 
 /// The RMSNorm of `numerics`: [`rms_norm`] (exact) or [`rms_norm_fast`].
@@ -252,6 +272,18 @@ mod tests {
         // rounded to f16.
         for (got, want) in x[5..].iter().zip([0.841_192_f32, -0.158_808, 0.345_714]) {
             assert_eq!(*got, half::f16::from_f32(want).to_f32(), "{want}");
+        }
+    }
+
+    #[test]
+    fn a_shared_scale_gives_the_norms_bits() {
+        let x: Vec<f32> = (0..1027).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let w: Vec<f32> = (0..1027).map(|i| 1.0 + (i % 7) as f32 * 0.01).collect();
+        for nm in [Numerics::Exact, Numerics::Fast] {
+            let (mut a, mut b) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+            rms_norm_for(nm)(&x, &w, 1e-6, &mut a);
+            scale_row(&x, rms_scale(&x, 1e-6, nm), &w, &mut b);
+            assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{nm:?}");
         }
     }
 
