@@ -900,3 +900,75 @@ fn bench_profile_needs_the_gpu_and_prints_dispatches_and_kernel_times_there() {
     assert!(text.contains("  mv gate+up"), "{text}");
     assert!(text.contains("  ternary gate+up"), "{text}");
 }
+
+/// `bitnet embed` on the file bitnet.cpp's embedding converter writes (gemma3,
+/// testdata/golden/embed): one line per input, `--json` in OpenAI's shape, inputs from a file,
+/// raw vectors and another pooling, and refusals (the vectors themselves are checked against
+/// the oracle in the model, engine, server, Python and C tests).
+#[test]
+fn embed_prints_vectors() {
+    let model = golden("embed/gemma3-converted.gguf");
+    let run = |args: &[&str]| {
+        let mut all = vec!["embed", "-m", model.as_str(), "-t", "1"];
+        all.extend_from_slice(args);
+        bitnet(&all)
+    };
+    let parse_line = |l: &str| -> Vec<f32> { l.split(' ').map(|x| x.parse().unwrap()).collect() };
+    let out = run(&["hello world", "bonjour"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2);
+    let first = parse_line(lines[0]);
+    assert_eq!(first.len(), 128);
+    let norm: f32 = first.iter().map(|x| x * x).sum();
+    assert!((norm - 1.0).abs() < 1e-5);
+
+    // The same inputs from a file (empty lines skipped), as JSON.
+    let f = tmp("embed-inputs.txt");
+    std::fs::write(&f, "hello world\n\nbonjour\n").unwrap();
+    let out = run(&["--json", "-f", f.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["object"], "list");
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    assert_eq!(data[1]["index"], 1);
+    let got: Vec<f32> = data[0]["embedding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(got, first);
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 2);
+
+    // Raw vectors are not of unit length; mean pooling differs from the file's (last).
+    let raw = parse_line(
+        String::from_utf8(run(&["--no-normalize", "hello world"]).stdout)
+            .unwrap()
+            .trim(),
+    );
+    assert!((raw.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() > 1e-3);
+    let mean = parse_line(
+        String::from_utf8(run(&["--pooling", "mean", "hello world"]).stdout)
+            .unwrap()
+            .trim(),
+    );
+    assert_ne!(mean, first);
+
+    // Refusals: no input, an empty one, an unknown pooling.
+    for args in [&[][..], &[""][..], &["--pooling", "max", "a"][..]] {
+        let out = run(args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(!out.stderr.is_empty());
+    }
+}

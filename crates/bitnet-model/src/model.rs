@@ -185,8 +185,8 @@ impl Scratch {
     /// Bytes held (its allocated capacity).
     pub fn capacity_bytes(&self) -> usize {
         let f = [
-            &self.a, &self.b, &self.rs, &self.s, &self.q, &self.k, &self.v, &self.o, &self.t, &self.g,
-            &self.up,
+            &self.a, &self.b, &self.rs, &self.s, &self.q, &self.k, &self.v, &self.o, &self.t,
+            &self.g, &self.up,
         ];
         f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.xq.capacity()
     }

@@ -277,13 +277,18 @@ mod tests {
 
     #[test]
     fn a_shared_scale_gives_the_norms_bits() {
-        let x: Vec<f32> = (0..1027).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let x: Vec<f32> = (0..1027)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013)
+            .collect();
         let w: Vec<f32> = (0..1027).map(|i| 1.0 + (i % 7) as f32 * 0.01).collect();
         for nm in [Numerics::Exact, Numerics::Fast] {
             let (mut a, mut b) = (vec![0.0; x.len()], vec![0.0; x.len()]);
             rms_norm_for(nm)(&x, &w, 1e-6, &mut a);
             scale_row(&x, rms_scale(&x, 1e-6, nm), &w, &mut b);
-            assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{nm:?}");
+            assert!(
+                a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "{nm:?}"
+            );
         }
     }
 
