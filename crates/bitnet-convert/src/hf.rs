@@ -204,6 +204,14 @@ impl HfDir {
         })
     }
 
+    /// The shard file holding tensor `name` (the directory when it has none).
+    pub fn shard_path(&self, name: &str) -> &Path {
+        self.tensors
+            .get(name)
+            .and_then(|t| self.shards.get(t.shard))
+            .map_or(self.dir.as_path(), |s| s.path.as_path())
+    }
+
     /// The tensor's entry, if the checkpoint has it.
     pub fn get(&self, name: &str) -> Option<&HfTensor> {
         self.tensors.get(name)

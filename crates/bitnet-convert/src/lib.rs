@@ -14,6 +14,7 @@
 //! Nothing is held whole: tensors are read, converted and written one at a time.
 #![forbid(unsafe_code)]
 
+mod embedding;
 mod error;
 pub mod hf;
 pub mod spm;
@@ -105,6 +106,16 @@ enum Source {
     /// A projection of a 1bitLLM checkpoint (float master weights), `[n_out, n_in]`,
     /// ternarized by bitnet.cpp's rule for it ([`ternary::absmean_1bitllm`]).
     HfTernary1bit {
+        hf: String,
+        n_out: usize,
+        n_in: usize,
+    },
+    /// A norm of an embedding checkpoint as F16, with 1 added in f32 first where `plus_one`
+    /// (Gemma 3's own norms).
+    HfNormF16 { hf: String, plus_one: bool },
+    /// A projection of an embedding checkpoint, `[n_out, n_in]`, ternarized by bitnet.cpp's
+    /// embedding converter's rule ([`ternary::absmean_embedding`]).
+    HfTernaryEmbed {
         hf: String,
         n_out: usize,
         n_in: usize,
@@ -281,6 +292,7 @@ pub fn convert<W: Write>(
                         p.source,
                         Source::HfTernary { .. }
                             | Source::HfTernary1bit { .. }
+                            | Source::HfTernaryEmbed { .. }
                             | Source::GgufTernary { .. }
                     )
                 })
@@ -468,6 +480,20 @@ fn produce_from(
             let w = d.floats(hf, &[*n_out, *n_in])?;
             let t = ternary::absmean_1bitllm(&w, t.dtype == Dtype::F16);
             ternary::encode(name, &t, target)
+        }
+        (Source::HfNormF16 { hf, plus_one }, Input::Hf(d)) => {
+            let t = d.require(hf)?;
+            let v = d.floats(hf, &t.shape.clone())?;
+            Ok(v.iter()
+                .flat_map(|&x| {
+                    let x = if *plus_one { x + 1.0 } else { x };
+                    half::f16::from_f32(x).to_le_bytes()
+                })
+                .collect())
+        }
+        (Source::HfTernaryEmbed { hf, n_out, n_in }, Input::Hf(d)) => {
+            let w = d.floats(hf, &[*n_out, *n_in])?;
+            ternary::encode(name, &ternary::absmean_embedding(&w), target)
         }
         (Source::Copy { name }, Input::Gguf(f)) => {
             let t = f
@@ -867,6 +893,9 @@ fn plan_blocks(
 /// architecture `llama` as bitnet.cpp's converter writes it: no sub-norms, Q and K rows
 /// permuted for normal RoPE).
 fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
+    if embedding::is_embedding(&d.raw_config) {
+        return embedding::plan(d, target);
+    }
     let c = &d.config;
     // 1bitLLM's `BitnetForCausalLM` (lower-case n, bitnet_b1_58-large and -3B) is another
     // model than 2B-4T's `BitNetForCausalLM`: bitnet.cpp converts it as architecture `bitnet`.

@@ -210,6 +210,69 @@ pub fn absmean_1bitllm(w: &[f32], f16_source: bool) -> Ternary {
     }
 }
 
+/// bitnet.cpp's embedding converter's ternarization (`quantize_to_i2_s`, BitLinear's
+/// `weight_quant_minmax`) as it runs under numpy 1.x: `m = max(mean|W|, 1e-5)` with the mean
+/// an f32 sum ([`numpy_sum_f32`]) divided by n and rounded to f32, `W_q = clip(rint(W ·
+/// f32(1/m)), −1, 1)` (half to even, the product in f32); β = m.
+pub fn absmean_embedding(w: &[f32]) -> Ternary {
+    let abs: Vec<f32> = w.iter().map(|x| x.abs()).collect();
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+    let mean = (f64::from(numpy_sum_f32(&abs)) / w.len().max(1) as f64) as f32;
+    let m = mean.max(ABSMEAN_EPS);
+    let inv = 1.0f32 / m;
+    let values = w
+        .iter()
+        .map(|&x| {
+            let q = (x * inv).round_ties_even().clamp(-1.0, 1.0);
+            if q > 0.5 {
+                1
+            } else if q < -0.5 {
+                -1
+            } else {
+                0
+            }
+        })
+        .collect();
+    Ternary {
+        values,
+        scale: Scale::Tensor(m),
+    }
+}
+
+/// `np.add.reduce` of a contiguous f32 array in numpy 1.x: from 0, the array in pieces of 8192
+/// (its iterator's buffer), each summed pairwise (halves rounded down to a multiple of 8,
+/// leaves of at most 128 values: eight f32 accumulators combined ((0+1)+(2+3))+((4+5)+(6+7)),
+/// then the leaf's last n mod 8 values in order) and added to the running f32 total.
+pub fn numpy_sum_f32(a: &[f32]) -> f32 {
+    fn pairwise(a: &[f32]) -> f32 {
+        let n = a.len();
+        if n < 8 {
+            return a.iter().fold(0.0f32, |s, &x| s + x);
+        }
+        if n <= 128 {
+            let mut r = [0f32; 8];
+            r.copy_from_slice(&a[..8]);
+            let full = n - n % 8;
+            let mut i = 8;
+            while i < full {
+                for (j, acc) in r.iter_mut().enumerate() {
+                    *acc += a[i + j];
+                }
+                i += 8;
+            }
+            let mut res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+            for &x in &a[full..] {
+                res += x;
+            }
+            return res;
+        }
+        let mut n2 = n / 2;
+        n2 -= n2 % 8;
+        pairwise(&a[..n2]) + pairwise(&a[n2..])
+    }
+    a.chunks(8192).fold(0.0f32, |total, c| total + pairwise(c))
+}
+
 /// Decode the packed release's U8 weight (`[n_out/4, n_in]`) and its `weight_scale`.
 pub fn unpack_hf(
     name: &str,

@@ -945,3 +945,25 @@ fn onebitllm_conversion_equals_bitnet_cpps_converter() {
     assert_eq!(keys, want["kv"].as_object().unwrap().len(), "the same keys");
     assert_tensors_match(&got, &want["tensors"]);
 }
+
+/// bitnet.cpp's embedding models: `bitnet convert` of the synthetic `qwen3` and `gemma3_text`
+/// checkpoints in testdata/golden/embed (`make/embed_hf.py build`) writes, byte for byte, the
+/// file bitnet.cpp's own `convert-bitnet-embedding-to-gguf.py --outtype i2_s` wrote from them
+/// (`make/embed-convert.sh`): keys and their order, tokenizer, tensor order, F16 norms with
+/// Gemma's +1, each projection's ternarization and scale.
+#[test]
+fn embedding_conversion_equals_bitnet_cpps_converter() {
+    for arch in ["qwen3", "gemma3"] {
+        let config = bitnet_testdata::golden(&format!("embed/hf-{arch}/config.json"));
+        let dir = config.parent().unwrap();
+        let got = run(dir, &Options::default()).unwrap();
+        let want = bitnet_testdata::read(&format!("embed/{arch}-converted.gguf"));
+        assert_eq!(got.len(), want.len(), "{arch}: size");
+        if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
+            panic!("{arch}: the files differ from byte {i}");
+        }
+        // Another target is refused with the reason.
+        let e = run(dir, &to(Target::Tq2_0)).unwrap_err();
+        assert!(e.to_string().contains("I2_S"), "{e}");
+    }
+}

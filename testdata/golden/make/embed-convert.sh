@@ -27,6 +27,10 @@ for a in qwen3 gemma3; do
     "$tmp/hf-$a" --outtype i2_s --outfile "$out/$a-converted.gguf" >"$tmp/convert.log" 2>&1 \
     || { tail -20 "$tmp/convert.log"; exit 1; }
   cp "$tmp/hf-$a/prompts.json" "$out/$a-converted.prompts.json"
+  # The checkpoint itself, which `bitnet convert` must turn into the same file.
+  rm -rf "$out/hf-$a"
+  cp -r "$tmp/hf-$a" "$out/hf-$a"
+  rm "$out/hf-$a/prompts.json"
   python3 "$here/embed_ref.py" batch "$out/$a-converted.gguf" "$out/$a-converted.prompts.json" \
     "$tmp/$a.out" >/dev/null
   for f in "$tmp/$a.out"/*.embd.f32; do
