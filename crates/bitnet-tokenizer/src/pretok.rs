@@ -269,10 +269,23 @@ mod tests {
             PreTokenizer::from_gguf_name("gpt-2").unwrap(),
             PreTokenizer::Gpt2
         );
+        assert_eq!(
+            PreTokenizer::from_gguf_name("qwen2").unwrap(),
+            PreTokenizer::Qwen2
+        );
         assert!(matches!(
-            PreTokenizer::from_gguf_name("qwen2"),
+            PreTokenizer::from_gguf_name("deepseek-llm"),
             Err(TokenizerError::UnknownPreTokenizer(_))
         ));
+    }
+
+    #[test]
+    fn qwen2_examples() {
+        // Hand-derived from the regex: LLaMA-3's, with every digit a piece of its own.
+        assert_eq!(
+            split(PreTokenizer::Qwen2, "I'm 12345 ok.\n\n  x  "),
+            vec!["I", "'m", " ", "1", "2", "3", "4", "5", " ok", ".\n\n", " ", " x", "  "]
+        );
     }
 
     #[test]
