@@ -126,7 +126,7 @@ fn hostile_vocabularies_are_typed_errors() {
     ));
     assert!(matches!(
         err(VocabData {
-            pre: Some("qwen2".into()),
+            pre: Some("deepseek-llm".into()),
             ..small_vocab()
         }),
         TokenizerError::UnknownPreTokenizer(_)
@@ -153,7 +153,7 @@ fn hostile_vocabularies_are_typed_errors() {
     // An override does not look at the key.
     assert!(Tokenizer::from_vocab(
         VocabData {
-            pre: Some("qwen2".into()),
+            pre: Some("deepseek-llm".into()),
             ..small_vocab()
         },
         Some(PreTokenizer::Llama3)
