@@ -859,14 +859,7 @@ fn embeddings() {
         } else {
             let want =
                 bitnet_testdata::read_f32(&format!("embed/gemma3-converted.{name}.embd.f32"));
-            let dot: f64 = v
-                .iter()
-                .zip(&want)
-                .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                .sum();
-            let na: f64 = v.iter().map(|&a| f64::from(a) * f64::from(a)).sum();
-            let nb: f64 = want.iter().map(|&a| f64::from(a) * f64::from(a)).sum();
-            assert!(dot / (na * nb).sqrt() >= 0.9999);
+            assert!(bitnet_testdata::cosine(&v, &want) >= 0.9999);
         }
         // A text, raw: not of unit length.
         let text = CString::new("hello world").unwrap();

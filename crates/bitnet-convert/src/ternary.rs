@@ -145,6 +145,19 @@ impl Ternary {
 /// The reference's epsilon in the absmean rule.
 const ABSMEAN_EPS: f32 = 1e-5;
 
+/// `clamp(rint(x), −1, 1)` (half to even) as a code.
+fn ternary_code(x: f32) -> i8 {
+    let q = x.round_ties_even().clamp(-1.0, 1.0);
+    // q is exactly −1, 0 or +1 here (NaN falls through to 0).
+    if q > 0.5 {
+        1
+    } else if q < -0.5 {
+        -1
+    } else {
+        0
+    }
+}
+
 /// Ternarize float weights with the absmean rule (module docs).
 pub fn absmean(w: &[f32]) -> Ternary {
     let sum: f64 = w.iter().map(|x| f64::from(x.abs())).sum();
@@ -154,20 +167,7 @@ pub fn absmean(w: &[f32]) -> Ternary {
     #[allow(clippy::cast_possible_truncation)]
     let mean = (sum / n) as f32;
     let scale = mean.max(ABSMEAN_EPS);
-    let values = w
-        .iter()
-        .map(|&x| {
-            let q = (x / scale).round_ties_even().clamp(-1.0, 1.0);
-            // q is exactly −1, 0 or +1 here.
-            if q > 0.5 {
-                1
-            } else if q < -0.5 {
-                -1
-            } else {
-                0
-            }
-        })
-        .collect();
+    let values = w.iter().map(|&x| ternary_code(x / scale)).collect();
     Ternary {
         values,
         scale: Scale::Tensor(scale),
@@ -185,19 +185,7 @@ pub fn absmean_1bitllm(w: &[f32], f16_source: bool) -> Ternary {
     #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
     let mean = (sum as f32) / (w.len().max(1) as f32);
     let s = 1.0 / mean.max(ABSMEAN_EPS);
-    let values = w
-        .iter()
-        .map(|&x| {
-            let q = (x * s).round_ties_even().clamp(-1.0, 1.0);
-            if q > 0.5 {
-                1
-            } else if q < -0.5 {
-                -1
-            } else {
-                0
-            }
-        })
-        .collect();
+    let values = w.iter().map(|&x| ternary_code(x * s)).collect();
     let beta = 1.0 / s;
     let beta = if f16_source {
         half::f16::from_f32(beta).to_f32()
@@ -220,19 +208,7 @@ pub fn absmean_embedding(w: &[f32]) -> Ternary {
     let mean = (f64::from(numpy_sum_f32(&abs)) / w.len().max(1) as f64) as f32;
     let m = mean.max(ABSMEAN_EPS);
     let inv = 1.0f32 / m;
-    let values = w
-        .iter()
-        .map(|&x| {
-            let q = (x * inv).round_ties_even().clamp(-1.0, 1.0);
-            if q > 0.5 {
-                1
-            } else if q < -0.5 {
-                -1
-            } else {
-                0
-            }
-        })
-        .collect();
+    let values = w.iter().map(|&x| ternary_code(x * inv)).collect();
     Ternary {
         values,
         scale: Scale::Tensor(m),

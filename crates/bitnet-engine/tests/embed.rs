@@ -87,17 +87,6 @@ fn engine(path: &std::path::Path, numerics: Numerics, threads: usize) -> Engine 
     load(path, &opts, &mut |_| {}).unwrap()
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(x) * f64::from(y))
-        .sum();
-    let na: f64 = a.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>();
-    let nb: f64 = b.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>();
-    dot / (na.sqrt() * nb.sqrt())
-}
-
 fn check(name: &str) {
     let path = model(name);
     let g = golden(name);
@@ -111,7 +100,7 @@ fn check(name: &str) {
             for (i, ((key, _), want)) in g.prompts.iter().zip(&g.vectors).enumerate() {
                 let got = &batched[i];
                 assert_eq!(got.len(), want.len(), "{name} {key}");
-                let cos = cosine(got, want);
+                let cos = bitnet_testdata::cosine(got, want);
                 eprintln!("{name} {numerics:?} {threads}t {key}: cosine {cos:.7}");
                 // The oracle's default variant computes in f32 with f16 K/V; exact numerics
                 // also round where bitnet.cpp's kernels do (Q and P to f16 in attention),
@@ -143,7 +132,10 @@ fn check(name: &str) {
                         "{name} {key}: a batch of inputs changes exact numerics"
                     );
                 } else {
-                    assert!(cosine(&alone[0], got) > 0.99999, "{name} {key}");
+                    assert!(
+                        bitnet_testdata::cosine(&alone[0], got) > 0.99999,
+                        "{name} {key}"
+                    );
                 }
             }
         }

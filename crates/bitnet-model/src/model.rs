@@ -819,19 +819,17 @@ impl<'a> Model<'a> {
                 self.lin(&l.wk, &sc.xq, &sc.s, n, exec, &mut sc.k)?;
                 self.lin(&l.wv, &sc.xq, &sc.s, n, exec, &mut sc.v)?;
             }
-            Some(ni) => {
-                // One RMS factor per row for the three norms of the same input.
-                self.row_scales(&sc.a, e, &mut sc.rs, exec)?;
-                for (w, nw, out) in [
+            Some(ni) => self.lin_norm_in(
+                &sc.a,
+                e,
+                [
                     (&l.wq, &ni.q, &mut sc.q),
                     (&l.wk, &ni.k, &mut sc.k),
                     (&l.wv, &ni.v, &mut sc.v),
-                ] {
-                    self.scaled_rows(&sc.a, &sc.rs, nw, e, &mut sc.b, exec)?;
-                    quantize_rows(&sc.b, e, &mut sc.xq, &mut sc.s, exec)?;
-                    self.lin(w, &sc.xq, &sc.s, n, exec, out)?;
-                }
-            }
+                ],
+                (&mut sc.rs, &mut sc.b, &mut sc.xq, &mut sc.s),
+                exec,
+            )?,
         }
         exec.emit("Qcur", li, &sc.q, n);
         exec.emit("Kcur", li, &sc.k, n);
@@ -941,17 +939,16 @@ impl<'a> Model<'a> {
                 self.lin(&l.w_gate, &sc.xq, &sc.s, n, exec, &mut sc.g)?;
                 self.lin(&l.w_up, &sc.xq, &sc.s, n, exec, &mut sc.up)?;
             }
-            Some(ni) => {
-                self.row_scales(&sc.a, e, &mut sc.rs, exec)?;
-                for (w, nw, out) in [
+            Some(ni) => self.lin_norm_in(
+                &sc.a,
+                e,
+                [
                     (&l.w_gate, &ni.gate, &mut sc.g),
                     (&l.w_up, &ni.up, &mut sc.up),
-                ] {
-                    self.scaled_rows(&sc.a, &sc.rs, nw, e, &mut sc.b, exec)?;
-                    quantize_rows(&sc.b, e, &mut sc.xq, &mut sc.s, exec)?;
-                    self.lin(w, &sc.xq, &sc.s, n, exec, out)?;
-                }
-            }
+                ],
+                (&mut sc.rs, &mut sc.b, &mut sc.xq, &mut sc.s),
+                exec,
+            )?,
         }
         let (act, up) = (c.activation, &sc.up);
         each_row(exec, &mut sc.g[..n * ff], ff, &|r, gs| {
@@ -1030,6 +1027,29 @@ impl<'a> Model<'a> {
                 norm(src, w, eps, dst);
             }
         })
+    }
+
+    /// `out = Lin(W, RMS(a, W's input norm))` for projections that read the same rows `a`
+    /// (`width` wide): one RMS factor per row, shared; `tmp` holds the factors, the normed rows
+    /// and their int8 codes and scales.
+    #[allow(clippy::type_complexity)]
+    fn lin_norm_in<const P: usize>(
+        &self,
+        a: &[f32],
+        width: usize,
+        projections: [(&TernaryMatrix<'_>, &Vec<f32>, &mut Vec<f32>); P],
+        tmp: (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<i8>, &mut Vec<f32>),
+        exec: &Exec<'_>,
+    ) -> Result<()> {
+        let (rs, b, xq, s) = tmp;
+        let n = a.len() / width.max(1);
+        self.row_scales(a, width, rs, exec)?;
+        for (w, norm, out) in projections {
+            self.scaled_rows(a, rs, norm, width, b, exec)?;
+            quantize_rows(b, width, xq, s, exec)?;
+            self.lin(w, xq, s, n, exec, out)?;
+        }
+        Ok(())
     }
 
     /// `rs` = the RMS factor of each `width`-row of `x` ([`numerics::rms_scale`]).

@@ -10,17 +10,6 @@
 use bitnet_gguf::{GgufFile, Limits};
 use bitnet_model::{numerics, Exec, KvType, Model, Numerics, Outputs, Pooling, Seq};
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(x) * f64::from(y))
-        .sum();
-    let na: f64 = a.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-    let nb: f64 = b.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-    dot / (na.sqrt() * nb.sqrt())
-}
-
 fn check(arch: &str, gemma: bool) {
     let path = bitnet_testdata::golden(&format!("embed/{arch}-converted.gguf"));
     let file = GgufFile::open(&path, &Limits::default()).unwrap();
@@ -82,7 +71,7 @@ fn check(arch: &str, gemma: bool) {
             let want =
                 bitnet_testdata::read_f32(&format!("embed/{arch}-converted.{name}.embd.f32"));
             let v = numerics::l2_normalized(v);
-            let cos = cosine(&v, &want);
+            let cos = bitnet_testdata::cosine(&v, &want);
             eprintln!("{arch} {numerics:?} {name}: cosine {cos:.7}");
             // Exact numerics also rounds Q and P to f16 where bitnet.cpp's kernels do; the
             // oracle's default variant computes them in f32.

@@ -20,7 +20,7 @@ use bitnet_model::Pooling;
 use serde_json::{json, Map, Value};
 
 use crate::api::ApiError;
-use crate::http::{json_object, loading_error, tokenize_blocking, unavailable, AppState};
+use crate::http::{counted, json_object, loading_error, tokenize_blocking, unavailable, AppState};
 use crate::scheduler::{EmbedJob, Msg, Ticket};
 use crate::Ready;
 
@@ -152,18 +152,7 @@ fn truncated(v: &[f32], d: usize) -> Vec<f32> {
 
 pub(crate) async fn route(State(s): State<AppState>, req: Request) -> Response {
     s.metrics.requests.fetch_add(1, Relaxed);
-    match handle(&s, req).await {
-        Ok(r) => r,
-        Err(e) => {
-            let counter = match e.status.as_u16() {
-                429 => &s.metrics.rejected_busy,
-                400..=499 => &s.metrics.rejected_invalid,
-                _ => &s.metrics.errors,
-            };
-            counter.fetch_add(1, Relaxed);
-            e.into_response()
-        }
-    }
+    counted(&s, handle(&s, req).await)
 }
 
 async fn handle(s: &AppState, req: Request) -> Result<Response, ApiError> {

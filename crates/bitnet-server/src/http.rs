@@ -450,18 +450,20 @@ async fn completions(State(s): State<AppState>, req: Request) -> Response {
 
 async fn completion(s: AppState, req: Request, endpoint: Endpoint) -> Response {
     s.metrics.requests.fetch_add(1, Relaxed);
-    match handle(&s, req, endpoint).await {
-        Ok(r) => r,
-        Err(e) => {
-            let counter = match e.status.as_u16() {
-                429 => &s.metrics.rejected_busy,
-                400..=499 => &s.metrics.rejected_invalid,
-                _ => &s.metrics.errors,
-            };
-            counter.fetch_add(1, Relaxed);
-            e.into_response()
-        }
-    }
+    counted(&s, handle(&s, req, endpoint).await)
+}
+
+/// A handler's result as the response, its error counted by kind (busy, invalid, failed).
+pub(crate) fn counted(s: &Shared, r: Result<Response, ApiError>) -> Response {
+    r.unwrap_or_else(|e| {
+        let counter = match e.status.as_u16() {
+            429 => &s.metrics.rejected_busy,
+            400..=499 => &s.metrics.rejected_invalid,
+            _ => &s.metrics.errors,
+        };
+        counter.fetch_add(1, Relaxed);
+        e.into_response()
+    })
 }
 
 async fn read_body(s: &Shared, req: Request) -> Result<Bytes, ApiError> {

@@ -73,17 +73,6 @@ fn floats(v: &Value) -> Vec<f32> {
         .collect()
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(x) * f64::from(y))
-        .sum();
-    let na: f64 = a.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-    let nb: f64 = b.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-    dot / (na.sqrt() * nb.sqrt())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embeddings_endpoint() {
     let s = start().await;
@@ -125,7 +114,7 @@ async fn embeddings_endpoint() {
     }
     // The golden prompt: the oracle's vector (testdata/golden/embed/qwen3-tiny.query).
     let oracle = bitnet_testdata::read_f32("embed/qwen3-tiny.query.embd.f32");
-    assert!(cosine(&floats(&data[0]["embedding"]), &oracle) >= 0.9999);
+    assert!(bitnet_testdata::cosine(&floats(&data[0]["embedding"]), &oracle) >= 0.9999);
 
     // One string; token ids (one list, and a list of lists); base64; dimensions.
     let one = post(

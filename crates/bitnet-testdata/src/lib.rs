@@ -86,6 +86,19 @@ pub struct Gate {
     pub rows: usize,
 }
 
+/// The cosine of two vectors, in f64 (embeddings against a reference's).
+#[must_use]
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum();
+    let na: f64 = a.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    let nb: f64 = b.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    dot / (na.sqrt() * nb.sqrt())
+}
+
 /// Compare `mine` with `golden`, both `[rows][n_vocab]`.
 ///
 /// # Panics
