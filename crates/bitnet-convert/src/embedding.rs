@@ -20,7 +20,7 @@ use serde::Deserialize;
 use crate::error::ConvertError;
 use crate::hf::{self, read_json, HfDir, JsonMap};
 use crate::{
-    bytes_of, cfg_err, cfg_u32, hf_dims, positive_f32, u64_of, HfDims, PlanOut, Planned, Source,
+    cfg_err, cfg_u32, f16_rows, hf_dims, positive_f32, u64_of, HfDims, PlanOut, Planned, Source,
     Target,
 };
 use safetensors::tensor::Dtype;
@@ -166,16 +166,7 @@ pub(crate) fn plan(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
             });
         } else if is_embd {
             hf::check_shape(hf_name, &t.shape, &[n_vocab, n_embd])?;
-            plan.push(Planned {
-                name: gguf.clone(),
-                dims: vec![u64_of(n_embd), u64_of(n_vocab)],
-                ty: GgmlType::F16.id(),
-                size: bytes_of(gguf, n_vocab, n_embd, 2)?,
-                source: Source::HfFloat {
-                    hf: hf_name.to_string(),
-                    to: GgmlType::F16,
-                },
-            });
+            plan.push(f16_rows(gguf, hf_name, n_vocab, n_embd)?);
         } else {
             let n: usize = shape.iter().product();
             // Gemma 3's RMSNorm multiplies by 1 + w: the script stores w + 1 (in f32), except

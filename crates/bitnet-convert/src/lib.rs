@@ -641,6 +641,37 @@ fn plan_lm_head(plan: &mut Vec<Planned>, ty: bitnet_kernels::RowType) -> Result<
     Ok(())
 }
 
+/// An F16 `[rows × cols]` entry converted from a checkpoint tensor (an embedding or a head).
+fn f16_rows(name: &str, hf: &str, rows: usize, cols: usize) -> Result<Planned, ConvertError> {
+    Ok(Planned {
+        name: name.into(),
+        dims: vec![u64_of(cols), u64_of(rows)],
+        ty: GgmlType::F16.id(),
+        size: bytes_of(name, rows, cols, 2)?,
+        source: Source::HfFloat {
+            hf: hf.into(),
+            to: GgmlType::F16,
+        },
+    })
+}
+
+/// The F32 output norm of `n` weights, converted from the checkpoint's `model.norm.weight`,
+/// its shape checked.
+fn output_norm(d: &HfDir, n: usize) -> Result<Planned, ConvertError> {
+    let norm_hf = "model.norm.weight";
+    hf::check_shape(norm_hf, &d.require(norm_hf)?.shape, &[n])?;
+    Ok(Planned {
+        name: OUTPUT_NORM.into(),
+        dims: vec![u64_of(n)],
+        ty: GgmlType::F32.id(),
+        size: bytes_of(OUTPUT_NORM, n, 1, 4)?,
+        source: Source::HfFloat {
+            hf: norm_hf.into(),
+            to: GgmlType::F32,
+        },
+    })
+}
+
 /// A ternary output tensor's entry.
 fn ternary_entry(
     name: String,
@@ -1023,48 +1054,19 @@ fn plan_hf(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
     let embd_hf = "model.embed_tokens.weight";
     let e = d.require(embd_hf)?;
     hf::check_shape(embd_hf, &e.shape, &[n_vocab, n_embd])?;
-    let mut plan = vec![Planned {
-        name: TOKEN_EMBD.into(),
-        dims: vec![u64_of(n_embd), u64_of(n_vocab)],
-        ty: GgmlType::F16.id(),
-        size: bytes_of(TOKEN_EMBD, n_vocab, n_embd, 2)?,
-        source: Source::HfFloat {
-            hf: embd_hf.into(),
-            to: GgmlType::F16,
-        },
-    }];
+    let mut plan = vec![f16_rows(TOKEN_EMBD, embd_hf, n_vocab, n_embd)?];
     let family = if llama {
         HfFamily::Llama
     } else {
         HfFamily::B158
     };
     plan_blocks(d, &dims, family, target, &mut plan)?;
-    let norm_hf = "model.norm.weight";
-    hf::check_shape(norm_hf, &d.require(norm_hf)?.shape, &[n_embd])?;
-    plan.push(Planned {
-        name: OUTPUT_NORM.into(),
-        dims: vec![u64_of(n_embd)],
-        ty: GgmlType::F32.id(),
-        size: u64_of(n_embd * 4),
-        source: Source::HfFloat {
-            hf: norm_hf.into(),
-            to: GgmlType::F32,
-        },
-    });
+    plan.push(output_norm(d, n_embd)?);
     // An untied head of its own (tie_word_embeddings false; Llama's default).
     if !c.tie_word_embeddings.unwrap_or(!llama) {
         let head = "lm_head.weight";
         hf::check_shape(head, &d.require(head)?.shape, &[n_vocab, n_embd])?;
-        plan.push(Planned {
-            name: OUTPUT.into(),
-            dims: vec![u64_of(n_embd), u64_of(n_vocab)],
-            ty: GgmlType::F16.id(),
-            size: bytes_of(OUTPUT, n_vocab, n_embd, 2)?,
-            source: Source::HfFloat {
-                hf: head.into(),
-                to: GgmlType::F16,
-            },
-        });
+        plan.push(f16_rows(OUTPUT, head, n_vocab, n_embd)?);
     }
     Ok((kv, plan))
 }
@@ -1163,29 +1165,9 @@ fn plan_1bitllm(d: &HfDir, target: Target) -> Result<PlanOut, ConvertError> {
 
     let embd_hf = "model.embed_tokens.weight";
     hf::check_shape(embd_hf, &d.require(embd_hf)?.shape, &[n_vocab, n_embd])?;
-    let mut plan = vec![Planned {
-        name: TOKEN_EMBD.into(),
-        dims: vec![u64_of(n_embd), u64_of(n_vocab)],
-        ty: GgmlType::F16.id(),
-        size: bytes_of(TOKEN_EMBD, n_vocab, n_embd, 2)?,
-        source: Source::HfFloat {
-            hf: embd_hf.into(),
-            to: GgmlType::F16,
-        },
-    }];
+    let mut plan = vec![f16_rows(TOKEN_EMBD, embd_hf, n_vocab, n_embd)?];
     plan_blocks(d, &dims, HfFamily::OneBit, target, &mut plan)?;
-    let norm_hf = "model.norm.weight";
-    hf::check_shape(norm_hf, &d.require(norm_hf)?.shape, &[n_embd])?;
-    plan.push(Planned {
-        name: OUTPUT_NORM.into(),
-        dims: vec![u64_of(n_embd)],
-        ty: GgmlType::F32.id(),
-        size: u64_of(n_embd * 4),
-        source: Source::HfFloat {
-            hf: norm_hf.into(),
-            to: GgmlType::F32,
-        },
-    });
+    plan.push(output_norm(d, n_embd)?);
     Ok((kv, plan))
 }
 

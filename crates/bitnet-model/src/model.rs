@@ -915,20 +915,16 @@ impl<'a> Model<'a> {
             Some(ni) => Some(ni.o.as_slice()),
             None => l.attn_sub_norm.as_deref(),
         };
-        let o_in = self.sub_norm(&sc.o, o_norm, qd, &mut sc.a, exec, ("attn_sub_norm", li, n))?;
         // 6. h = h + Lin(Wo, O) (gemma3: h + RMS(Lin(Wo, O), post_attention_norm))
-        quantize_rows(o_in, qd, &mut sc.xq, &mut sc.s, exec)?;
-        self.lin(&l.wo, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
-        let t = self.sub_norm(
-            &sc.t,
-            l.post_attn_norm.as_deref(),
-            e,
-            &mut sc.b,
+        self.lin_residual(
+            h,
+            &sc.o,
+            (&l.wo, qd),
+            (o_norm, l.post_attn_norm.as_deref()),
+            (&mut sc.a, &mut sc.b, &mut sc.t, &mut sc.xq, &mut sc.s),
             exec,
-            ("attn_post_norm", li, n),
+            (["attn_sub_norm", "attn_post_norm", "ffn_inp"], li, n),
         )?;
-        add_in_place(h, t, e, exec)?;
-        exec.emit("ffn_inp", li, h, n);
         // 7. f = RMS(h, ffn_norm)
         self.norm_rows(h, &l.ffn_norm, e, &mut sc.a, exec)?;
         exec.emit("ffn_norm", li, &sc.a, n);
@@ -976,20 +972,47 @@ impl<'a> Model<'a> {
             Some(ni) => Some(ni.down.as_slice()),
             None => l.ffn_sub_norm.as_deref(),
         };
-        let g_in = self.sub_norm(&sc.g, g_norm, ff, &mut sc.a, exec, ("ffn_sub_norm", li, n))?;
         // 10. h = h + Lin(Wdown, g) (gemma3: h + RMS(Lin(Wdown, g), post_ffw_norm))
-        quantize_rows(g_in, ff, &mut sc.xq, &mut sc.s, exec)?;
-        self.lin(&l.w_down, &sc.xq, &sc.s, n, exec, &mut sc.t)?;
-        let t = self.sub_norm(
-            &sc.t,
-            l.post_ffw_norm.as_deref(),
-            e,
-            &mut sc.b,
+        self.lin_residual(
+            h,
+            &sc.g,
+            (&l.w_down, ff),
+            (g_norm, l.post_ffw_norm.as_deref()),
+            (&mut sc.a, &mut sc.b, &mut sc.t, &mut sc.xq, &mut sc.s),
             exec,
-            ("ffn_post_norm", li, n),
+            (["ffn_sub_norm", "ffn_post_norm", "l_out"], li, n),
         )?;
-        add_in_place(h, t, e, exec)?;
-        exec.emit("l_out", li, h, n);
+        Ok(())
+    }
+
+    /// A residual step of the block (attention output, FFN down):
+    /// `h += post(Lin(W, pre(x)))` over `n` rows of `x`, `width` wide, where `pre` is the
+    /// sub-norm or W's input norm and `post` the post-norm (gemma3), each only where the
+    /// architecture has it; `trace` names the pre-norm, post-norm and result outputs.
+    #[allow(clippy::type_complexity)]
+    fn lin_residual(
+        &self,
+        h: &mut [f32],
+        x: &[f32],
+        (w, width): (&TernaryMatrix<'_>, usize),
+        (pre, post): (Option<&[f32]>, Option<&[f32]>),
+        (a, b, t, xq, s): (
+            &mut Vec<f32>,
+            &mut Vec<f32>,
+            &mut Vec<f32>,
+            &mut Vec<i8>,
+            &mut Vec<f32>,
+        ),
+        exec: &mut Exec<'_>,
+        (names, li, n): ([&'static str; 3], Option<usize>, usize),
+    ) -> Result<()> {
+        let e = self.config.n_embd;
+        let x_in = self.sub_norm(x, pre, width, a, exec, (names[0], li, n))?;
+        quantize_rows(x_in, width, xq, s, exec)?;
+        self.lin(w, xq, s, n, exec, t)?;
+        let y = self.sub_norm(t, post, e, b, exec, (names[1], li, n))?;
+        add_in_place(h, y, e, exec)?;
+        exec.emit(names[2], li, h, n);
         Ok(())
     }
 
