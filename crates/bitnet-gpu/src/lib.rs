@@ -6,9 +6,9 @@
 //!
 //! [`GpuModel`] uploads a bound [`bitnet_model::Model`] as stored (2-bit codes, their scales,
 //! the F16 head) and runs every step of docs/MODEL.md on the device: RMSNorm fused with the
-//! per-token int8 quantization, the ternary matmul on packed int8 dot products, NeoX RoPE, the
-//! KV cache and attention with an online softmax, ReLU², residual adds, the LM head and a
-//! greedy argmax. A call records all of it into one command buffer and reads back only the
+//! per-token int8 quantization, the ternary matmul on packed int8 dot products, RoPE (NeoX, or
+//! the normal form of `llama`), the KV cache and attention with an online softmax, ReLU² or
+//! SiLU, residual adds, the LM head and a greedy argmax. A call records all of it into one command buffer and reads back only the
 //! logits it asks for (or 512 bytes for greedy). docs/BACKENDS.md says how it fits the engine.
 #![deny(unsafe_code)]
 

@@ -2,7 +2,7 @@
 //! command buffer per call.
 
 use bitnet_kernels::{RowMatrix, RowType, TernaryLayout, TernaryMatrix};
-use bitnet_model::numerics::{rope_neox_back, rope_row};
+use bitnet_model::numerics::{rope_back_for, rope_row};
 use bitnet_model::{Activation, Config, Layer, Model, Outputs, RopeStyle};
 
 use crate::device::{attn_part_len, attn_split, Gpu};
@@ -320,13 +320,21 @@ pub(crate) fn ty_of(m: &RowMatrix<'_>, what: &str) -> Result<u32> {
     ty_of_type(m.row_type(), what)
 }
 
-/// The kernels build the `bitnet*` block (sub-norms, NEOX RoPE): any other architecture is
-/// refused before a device is opened, so `--device auto` can fall back to the CPU.
+/// The kernels build the `bitnet*` block (sub-norms, NEOX RoPE) and the ternary `llama` block
+/// (no sub-norms, normal RoPE); the embedding models' blocks (input norms, Q/K norms,
+/// post-norms, a head size apart from n_embd / n_head) are refused before a device is opened,
+/// so `--device auto` can fall back to the CPU.
 pub fn check_architecture(c: &Config) -> Result<()> {
-    if !c.sub_norms || c.rope_style != RopeStyle::Neox || c.norm_in || c.qk_norm {
+    if c.norm_in
+        || c.qk_norm
+        || c.post_norms
+        || c.embd_scale.is_some()
+        || c.q_prescale
+        || c.n_embd_q() != c.n_embd
+    {
         return Err(GpuError::Unsupported(format!(
-            "architecture '{}' on the GPU (the GPU runs the `bitnet*` blocks: sub-norms, NEOX \
-             RoPE): run it on the CPU",
+            "architecture '{}' on the GPU (the GPU runs the `bitnet*` and ternary `llama` \
+             blocks): run it on the CPU",
             c.arch
         )));
     }
@@ -486,6 +494,17 @@ impl GpuModel {
         let eps = c.rms_eps.to_bits();
         let dims_e = gpu.uniform("dims n_embd", &[u32_of(e, "n_embd")?, eps, 0, 0]);
         let dims_ff = gpu.uniform("dims n_ff", &[u32_of(ff, "n_ff")?, eps, 0, 0]);
+        // A block without sub-norms (`llama`): its O and down inputs quantized as they are.
+        let plain = (!c.sub_norms)
+            .then(|| -> Result<Plain> {
+                let ones = vec![1.0f32; e.max(ff)];
+                Ok(Plain {
+                    dims_e: gpu.uniform("dims n_embd plain", &[u32_of(e, "n_embd")?, eps, 1, 0]),
+                    dims_ff: gpu.uniform("dims n_ff plain", &[u32_of(ff, "n_ff")?, eps, 1, 0]),
+                    ones: gpu.upload("ones", bytemuck::cast_slice(&ones))?,
+                })
+            })
+            .transpose()?;
         let act_mode = match c.activation {
             Activation::Relu2 => 1,
             Activation::Silu => 2,
@@ -545,6 +564,7 @@ impl GpuModel {
             spare,
             dims_e,
             dims_ff,
+            plain,
             eps,
             act_mode,
             mv_ok,
@@ -620,6 +640,10 @@ impl GpuModel {
                 u32_of(c.n_head_kv, "n_head_kv")?,
                 u32_of(c.head_dim, "head_dim")?,
                 u32_of(half, "n_rot")?,
+                u32::from(c.rope_style == RopeStyle::Norm),
+                0,
+                0,
+                0,
             ],
         );
         let ctx = self.gpu.uniform("ctx", &[u32_of(n_ctx, "n_ctx")?, 0, 0, 0]);
@@ -708,6 +732,7 @@ impl GpuModel {
             })?;
         let (kv, d) = (c.n_embd_kv(), c.head_dim);
         let rope = rope_row(discard, c.n_rot, c.rope_freq_base);
+        let rope_back = rope_back_for(c.rope_style);
         let moved = cache.len - from;
         let elem = match cache.ty {
             GpuKv::F16 => 2,
@@ -729,7 +754,7 @@ impl GpuModel {
                 };
                 if is_k {
                     for head in rows[from * kv..].chunks_exact_mut(d) {
-                        rope_neox_back(head, &rope);
+                        rope_back(head, &rope);
                     }
                 }
                 // Rotated keys are stored again in the cache's type, as the CPU does.
@@ -1631,6 +1656,18 @@ pub(crate) fn upload_glu(
     ))
 }
 
+/// mv_in_norm.wgsl's `eps` for an input with no RMSNorm (a NaN's bits, never an eps).
+const NO_NORM: u32 = u32::MAX;
+
+/// The norm inputs of blocks without sub-norms: norm_common.wgsl's `plain` dims and the
+/// weights (all ones) bound in their place.
+#[derive(Debug)]
+struct Plain {
+    dims_e: wgpu::Buffer,
+    dims_ff: wgpu::Buffer,
+    ones: wgpu::Buffer,
+}
+
 /// A [`GpuModel`] being uploaded piece by piece (see [`GpuModel::builder`]).
 #[derive(Debug)]
 pub struct GpuBuilder {
@@ -1649,6 +1686,8 @@ pub struct GpuBuilder {
     spare: [wgpu::Buffer; 2],
     dims_e: wgpu::Buffer,
     dims_ff: wgpu::Buffer,
+    /// Where the blocks have no sub-norms.
+    plain: Option<Plain>,
     eps: u32,
     act_mode: u32,
     mv_ok: bool,
@@ -1691,18 +1730,33 @@ impl GpuBuilder {
             Ok::<_, GpuError>((bind, wb))
         };
         let (norm_attn, w_attn) = norm(&l.attn_norm, &self.dims_e, h, "attn_norm")?;
-        let missing = |name: &str| GpuError::Unsupported(format!("block {il} without {name}"));
-        let attn_sub = l
-            .attn_sub_norm
-            .as_deref()
-            .ok_or_else(|| missing("attn_sub_norm"))?;
-        let ffn_sub = l
-            .ffn_sub_norm
-            .as_deref()
-            .ok_or_else(|| missing("ffn_sub_norm"))?;
-        let (norm_sub, w_sub) = norm(attn_sub, &self.dims_e, o, "attn_sub_norm")?;
         let (norm_ffn, w_ffn) = norm(&l.ffn_norm, &self.dims_e, h, "ffn_norm")?;
-        let (norm_ffn_sub, w_ffn_sub) = norm(ffn_sub, &self.dims_ff, g, "ffn_sub_norm")?;
+        // The sub-norms, or (a block without them) the rows quantized as they are: the ones
+        // as weights, scale 1 (norm_common.wgsl's `plain`; mv_in_norm.wgsl's NO_NORM eps).
+        let missing = |name: &str| GpuError::Unsupported(format!("block {il} without {name}"));
+        let mut sub = |w: Option<&[f32]>, dims: &wgpu::Buffer, x: &wgpu::Buffer, label: &str| match (
+            w,
+            &self.plain,
+        ) {
+            (Some(w), None) => {
+                let (bind, wb) = norm(w, dims, x, label)?;
+                Ok((bind, wb, eps))
+            }
+            (None, Some(p)) => {
+                let dims = if label == "ffn_sub_norm" {
+                    &p.dims_ff
+                } else {
+                    &p.dims_e
+                };
+                let bind = gpu.bind(&kp.norm_quant, &[step, dims, x, &p.ones, xq, xs]);
+                Ok((bind, p.ones.clone(), NO_NORM))
+            }
+            _ => Err(missing(label)),
+        };
+        let (norm_sub, w_sub, eps_sub) =
+            sub(l.attn_sub_norm.as_deref(), &self.dims_e, o, "attn_sub_norm")?;
+        let (norm_ffn_sub, w_ffn_sub, eps_ffn_sub) =
+            sub(l.ffn_sub_norm.as_deref(), &self.dims_ff, g, "ffn_sub_norm")?;
         // Fused: each decode kernel norms its input rows (x, w_norm) itself; else the rows
         // norm_quant quantized (xq, xs) come in.
         let qkv = upload_segmented(
@@ -1750,7 +1804,7 @@ impl GpuBuilder {
                     mv_input(fused, (o, &w_sub), (xq, xs)),
                     [h, spare[0], spare[1]],
                     1,
-                    eps,
+                    eps_sub,
                     fused,
                 )?,
                 glu,
@@ -1760,7 +1814,7 @@ impl GpuBuilder {
                     mv_input(fused, (g, &w_ffn_sub), (xq, xs)),
                     [h, spare[0], spare[1]],
                     1,
-                    eps,
+                    eps_ffn_sub,
                     fused,
                 )?,
             }),

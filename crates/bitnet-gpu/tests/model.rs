@@ -284,14 +284,24 @@ fn split_attention_matches_the_cpu() {
     }
 }
 
+/// The shift turns cached keys back with the model's RoPE style: NEOX (tiny) and normal
+/// (`llama`).
 #[test]
 fn context_shift_matches_the_cpu() {
     if !common::have_gpu() {
         return;
     }
-    let f = tiny();
-    let m = Model::load(&f).unwrap();
-    let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
+    for file in [
+        "tiny/bitnet-tiny-i2_s.gguf",
+        "llama-tiny/llama-tiny-i2_s.gguf",
+    ] {
+        let f = GgufFile::open(&bitnet_testdata::golden(file), &Limits::default()).unwrap();
+        shift_on(&Model::load(&f).unwrap(), file);
+    }
+}
+
+fn shift_on(m: &Model<'_>, file: &str) {
+    let g = GpuModel::new(m, GpuOptions::default()).unwrap();
     let pool = Pool::new(2);
     let mut exec = fast(&pool);
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 211 + 5) % 4256).collect();
@@ -311,7 +321,11 @@ fn context_shift_matches_the_cpu() {
             .unwrap();
         let b = g.forward(&[17, 99, 1234], &mut gc, Outputs::All).unwrap();
         for (i, (x, y)) in a.chunks_exact(nv).zip(b.chunks_exact(nv)).enumerate() {
-            gate(&format!("{kv:?} cache after the shift, row {i}"), x, y);
+            gate(
+                &format!("{file}: {kv:?} cache after the shift, row {i}"),
+                x,
+                y,
+            );
         }
         shifted = b;
     }
@@ -564,19 +578,114 @@ fn a_builder_refuses_missing_extra_and_repeated_pieces() {
     .is_err());
 }
 
-/// Architecture `llama` (no sub-norms, normal RoPE) is not what the kernels build: refused
-/// with a typed error before any device is opened (so `--device auto` falls back to the CPU).
+/// (prompt ids, generated ids, bitnet.cpp's all-position logits, its 32 teacher-forced step
+/// rows)
+type GoldenPrompt = (Vec<u32>, Vec<u32>, Vec<f32>, Vec<f32>);
+
+/// The golden model in `dir`'s prompts.
+fn golden_prompts(dir: &str) -> Vec<GoldenPrompt> {
+    bitnet_testdata::PROMPTS
+        .iter()
+        .map(|stem| {
+            let meta: serde_json::Value = serde_json::from_slice(&bitnet_testdata::read(&format!(
+                "{dir}/{stem}.tokens.json"
+            )))
+            .unwrap();
+            let ids = |k: &str| -> Vec<u32> {
+                meta[k]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| u32::try_from(v.as_u64().unwrap()).unwrap())
+                    .collect()
+            };
+            (
+                ids("prompt_tokens"),
+                ids("generated_tokens"),
+                bitnet_testdata::read_f32(&format!("{dir}/{stem}.all_logits.f32")),
+                bitnet_testdata::read_f32(&format!("{dir}/{stem}.step_logits.f32")),
+            )
+        })
+        .collect()
+}
+
+/// The other graphs bitnet.cpp runs on the GPU: architecture `llama` (no sub-norms, normal
+/// RoPE, SiLU, untied F16 head; Llama3-8B-1.58 and Falcon3 with heads of 256) and 1bitLLM's
+/// `bitnet`. Each golden file against bitnet.cpp's own logits (every prompt position and the
+/// 32 teacher-forced steps) with the fast gates, and against the CPU's fast numerics with
+/// both decode kernels and greedy generation.
 #[test]
-fn llama_architecture_is_refused_before_a_device_is_opened() {
-    let f = GgufFile::open(
-        &bitnet_testdata::golden("llama-tiny/llama-tiny-i2_s.gguf"),
-        &Limits::default(),
-    )
-    .unwrap();
-    let m = Model::load(&f).unwrap();
-    match GpuModel::new(&m, GpuOptions::default()) {
-        Err(GpuError::Unsupported(msg)) => assert!(msg.contains("'llama'"), "{msg}"),
-        Err(e) => panic!("expected Unsupported, got {e}"),
-        Ok(_) => panic!("a llama model was uploaded to the GPU"),
+fn llama_falcon3_and_1bitllm_goldens_match_bitnet_cpp_and_the_cpu() {
+    if !common::have_gpu() {
+        return;
+    }
+    for (dir, file) in [
+        ("llama-tiny", "llama-tiny-i2_s.gguf"),
+        ("falcon3-tiny", "falcon3-tiny-i2_s.gguf"),
+        ("1bitllm-tiny", "1bitllm-tiny-i2_s.gguf"),
+    ] {
+        let f = GgufFile::open(
+            &bitnet_testdata::golden(&format!("{dir}/{file}")),
+            &Limits::default(),
+        )
+        .unwrap();
+        let m = Model::load(&f).unwrap();
+        let nv = m.config.n_vocab;
+        let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
+        for (pi, (prompt, generated, all, steps)) in golden_prompts(dir).iter().enumerate() {
+            let what = format!("{dir} prompt {pi}");
+            let n_ctx = prompt.len() + generated.len();
+            let mut gc = g.new_cache(n_ctx, GpuKv::F16).unwrap();
+            let gpu_all = g.forward(prompt, &mut gc, Outputs::All).unwrap();
+            assert_eq!(gpu_all.len(), all.len(), "{what}");
+            for (p, (a, b)) in all
+                .chunks_exact(nv)
+                .zip(gpu_all.chunks_exact(nv))
+                .enumerate()
+            {
+                gate(&format!("{what} position {p} vs bitnet.cpp"), a, b);
+            }
+            let mut rows = gpu_all[gpu_all.len() - nv..].to_vec();
+            for &t in &generated[..generated.len() - 1] {
+                rows.extend(g.forward(&[t], &mut gc, Outputs::Last).unwrap());
+            }
+            assert_eq!(rows.len(), steps.len(), "{what}");
+            for (s, (a, b)) in steps
+                .chunks_exact(nv)
+                .zip(rows.chunks_exact(nv))
+                .enumerate()
+            {
+                gate(&format!("{what} step {s} vs bitnet.cpp"), a, b);
+            }
+        }
+        let prompt = &golden_prompts(dir)[0].0;
+        for decode in [DecodeKernels::Rows, DecodeKernels::Fused] {
+            let opts = GpuOptions {
+                decode,
+                ..GpuOptions::default()
+            };
+            compare(&m, opts, GpuKv::F16, prompt, &format!("{dir}, {decode:?}"));
+        }
+        compare(&m, GpuOptions::default(), GpuKv::F32, prompt, dir);
+        greedy(&m, prompt, dir);
+    }
+}
+
+/// The embedding models' blocks (input norms, Q/K norms, a head size apart from
+/// n_embd / n_head) are not what the kernels build: refused with a typed error before any
+/// device is opened (so `--device auto` falls back to the CPU).
+#[test]
+fn embedding_architectures_are_refused_before_a_device_is_opened() {
+    for (file, arch) in [
+        ("embed/qwen3-converted.gguf", "'qwen3'"),
+        ("embed/gemma3-converted.gguf", "'gemma3'"),
+    ] {
+        let f = GgufFile::open(&bitnet_testdata::golden(file), &Limits::default()).unwrap();
+        let m = Model::load(&f).unwrap();
+        match GpuModel::new(&m, GpuOptions::default()) {
+            Err(GpuError::Unsupported(msg)) => assert!(msg.contains(arch), "{msg}"),
+            Err(e) => panic!("expected Unsupported, got {e}"),
+            Ok(_) => panic!("{file} was uploaded to the GPU"),
+        }
     }
 }

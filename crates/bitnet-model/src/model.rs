@@ -989,7 +989,7 @@ impl<'a> Model<'a> {
     /// `h += post(Lin(W, pre(x)))` over `n` rows of `x`, `width` wide, where `pre` is the
     /// sub-norm or W's input norm and `post` the post-norm (gemma3), each only where the
     /// architecture has it; `trace` names the pre-norm, post-norm and result outputs.
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn lin_residual(
         &self,
         h: &mut [f32],

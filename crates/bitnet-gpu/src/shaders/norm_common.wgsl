@@ -2,7 +2,9 @@
 struct Dims {
     width: u32,
     eps: f32,
-    _p0: u32,
+    // 1: no RMSNorm, the rows pass as they are (scale 1, weights all ones): a block without
+    // sub-norms (`llama`) quantizes its attention output and FFN activation directly
+    plain: u32,
     _p1: u32,
 }
 
@@ -30,7 +32,10 @@ fn rms_scale(base: u32, lid: u32) -> f32 {
         }
         workgroupBarrier();
     }
-    let scale = 1.0 / sqrt(red[0] / f32(dims.width) + dims.eps);
+    var scale = 1.0 / sqrt(red[0] / f32(dims.width) + dims.eps);
+    if dims.plain != 0u {
+        scale = 1.0;
+    }
     workgroupBarrier();
     return scale;
 }

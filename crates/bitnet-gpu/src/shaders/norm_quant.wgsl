@@ -42,7 +42,10 @@ fn fast_row(row: u32, base: u32, lid: u32) {
         }
     }
     red[lid] = ss;
-    let scale = 1.0 / sqrt(tree(lid, false) / f32(dims.width) + dims.eps);
+    var scale = 1.0 / sqrt(tree(lid, false) / f32(dims.width) + dims.eps);
+    if dims.plain != 0u {
+        scale = 1.0;
+    }
     var m = 0.0;
     for (var k = 0u; k < PV; k++) {
         if lid + k * WG < words {

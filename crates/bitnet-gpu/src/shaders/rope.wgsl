@@ -1,10 +1,15 @@
-// NeoX RoPE in place on the Q and K rows: dim i pairs with i + n_rot/2; dims past n_rot pass.
-// cos/sin come from the table the CPU builds (the same values as its forward pass).
+// RoPE in place on the Q and K rows: NeoX (dim i pairs with i + n_rot/2) or, with `normal`,
+// llama.cpp's mode 0 (dim 2i pairs with 2i + 1); dims past n_rot pass. cos/sin come from the
+// table the CPU builds (the same values as its forward pass; both styles use angle i).
 struct Dims {
     n_head: u32,
     n_head_kv: u32,
     head_dim: u32,
     half: u32,
+    normal: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -25,18 +30,25 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     for (var i = lid.x; i < dims.half; i += 64u) {
         let c = table[tb + i];
         let s = table[sin_off + tb + i];
+        // the pair's two dims within the head
+        var i0 = i;
+        var i1 = i + dims.half;
+        if dims.normal != 0u {
+            i0 = 2u * i;
+            i1 = 2u * i + 1u;
+        }
         if hh < dims.n_head {
             let o = (t * dims.n_head + hh) * dims.head_dim;
-            let x0 = q[o + i];
-            let x1 = q[o + i + dims.half];
-            q[o + i] = x0 * c - x1 * s;
-            q[o + i + dims.half] = x0 * s + x1 * c;
+            let x0 = q[o + i0];
+            let x1 = q[o + i1];
+            q[o + i0] = x0 * c - x1 * s;
+            q[o + i1] = x0 * s + x1 * c;
         } else {
             let o = (t * dims.n_head_kv + (hh - dims.n_head)) * dims.head_dim;
-            let x0 = k[o + i];
-            let x1 = k[o + i + dims.half];
-            k[o + i] = x0 * c - x1 * s;
-            k[o + i + dims.half] = x0 * s + x1 * c;
+            let x0 = k[o + i0];
+            let x1 = k[o + i1];
+            k[o + i0] = x0 * c - x1 * s;
+            k[o + i1] = x0 * s + x1 * c;
         }
     }
 }
