@@ -338,6 +338,25 @@ int32_t bitnet_embed(const struct bitnet_engine *engine,
                      size_t capacity,
                      size_t *n_out);
 
+// `vector` (`n` floats, such as `bitnet_embed` writes) quantized to `bits` per value (8, 4,
+// 2 or 1; docs/MODEL.md, "Embedding quantization"): the codes packed `bits` at a time (two's
+// complement, the first value in each byte's highest bits) to `packed`, their byte count
+// `(n · bits + 7) / 8` to `*n_packed` and what one step of the codes is worth to `*scale`.
+// If `capacity` is too small nothing is written to `packed` and the call fails with
+// `BITNET_ERR_BUFFER` (pass capacity 0 to ask for the count); another width is
+// `BITNET_ERR_INVALID`.
+//
+// # Safety
+// `vector` has `n` readable floats; `packed` is null (capacity 0) or has room for
+// `capacity` bytes; `n_packed` and `scale` are writable.
+int32_t bitnet_embed_quantize(const float *vector,
+                              size_t n,
+                              uint32_t bits,
+                              uint8_t *packed,
+                              size_t capacity,
+                              size_t *n_packed,
+                              float *scale);
+
 // Speeds of the last generation and memory use.
 //
 // # Safety

@@ -993,6 +993,55 @@ pub unsafe extern "C" fn bitnet_embed(
     })
 }
 
+/// `vector` (`n` floats, such as `bitnet_embed` writes) quantized to `bits` per value (8, 4,
+/// 2 or 1; docs/MODEL.md, "Embedding quantization"): the codes packed `bits` at a time (two's
+/// complement, the first value in each byte's highest bits) to `packed`, their byte count
+/// `(n · bits + 7) / 8` to `*n_packed` and what one step of the codes is worth to `*scale`.
+/// If `capacity` is too small nothing is written to `packed` and the call fails with
+/// `BITNET_ERR_BUFFER` (pass capacity 0 to ask for the count); another width is
+/// `BITNET_ERR_INVALID`.
+///
+/// # Safety
+/// `vector` has `n` readable floats; `packed` is null (capacity 0) or has room for
+/// `capacity` bytes; `n_packed` and `scale` are writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bitnet_embed_quantize(
+    vector: *const f32,
+    n: usize,
+    bits: u32,
+    packed: *mut u8,
+    capacity: usize,
+    n_packed: *mut usize,
+    scale: *mut f32,
+) -> i32 {
+    guard(|| {
+        let n_packed = not_null(n_packed, "n_packed")?.cast_mut();
+        let scale = not_null(scale, "scale")?.cast_mut();
+        // SAFETY: `n` readable floats (the caller's contract).
+        let v = unsafe { c_slice(vector, n, "vector") }?;
+        let q = ::bitnet_engine::quantize_embedding(v, bits).map_err(|e| invalid(e.to_string()))?;
+        let bytes = q.packed();
+        // SAFETY: writable (the caller's contract).
+        unsafe {
+            n_packed.write(bytes.len());
+            scale.write(q.scale);
+        }
+        if capacity < bytes.len() {
+            return Err(Fail(
+                BITNET_ERR_BUFFER,
+                format!(
+                    "the codes need {} bytes; capacity is {capacity}",
+                    bytes.len()
+                ),
+            ));
+        }
+        let out = not_null(packed, "packed")?.cast_mut();
+        // SAFETY: room for `capacity` >= bytes.len() bytes; distinct allocations.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out, bytes.len()) };
+        Ok(())
+    })
+}
+
 /// Speeds of the last generation and memory use.
 ///
 /// # Safety

@@ -953,3 +953,78 @@ fn embeddings() {
         }
     }
 }
+
+/// `bitnet_embed_quantize`: a vector's codes worked out by hand (docs/MODEL.md), the count
+/// query, a short buffer, a bad width and null pointers.
+#[test]
+fn embed_quantize() {
+    let v = [0.5f32, -0.25, 0.0, 1.0, -1.0, 0.126];
+    // (bits, packed codes, scale): 4 bits: codes 4 −2 0 7 −7 1 (×7 / max|v|, half to even);
+    // 2 bits: 1 −1 0 1 −1 0 (÷ mean|v|); 1 bit: the signs 1 0 0 1 0 1.
+    let mean_abs = 2.876f32 / 6.0;
+    for (bits, want, scale) in [
+        (4u32, vec![0x4eu8, 0x07, 0x91], 1.0f32 / 7.0),
+        (2, vec![0b0111_0001, 0b1100_0000], mean_abs),
+        (1, vec![0b1001_0100], mean_abs),
+    ] {
+        let (mut n, mut s) = (0usize, 0f32);
+        // SAFETY: valid pointers; a null `packed` with capacity 0 asks for the count.
+        let rc = unsafe {
+            bitnet_embed_quantize(v.as_ptr(), v.len(), bits, null_mut(), 0, &mut n, &mut s)
+        };
+        assert_eq!((rc, n), (BITNET_ERR_BUFFER, want.len()));
+        let mut out = vec![0u8; n];
+        // SAFETY: room for `n` bytes.
+        let rc = unsafe {
+            bitnet_embed_quantize(
+                v.as_ptr(),
+                v.len(),
+                bits,
+                out.as_mut_ptr(),
+                n,
+                &mut n,
+                &mut s,
+            )
+        };
+        assert_eq!(rc, BITNET_OK);
+        assert_eq!(out, want, "{bits} bits");
+        assert!((s - scale).abs() < 1e-6, "{bits} bits: scale {s}");
+    }
+    let (mut n, mut s) = (0usize, 0f32);
+    let mut out = [0u8; 8];
+    // SAFETY: valid pointers.
+    unsafe {
+        assert_eq!(
+            bitnet_embed_quantize(v.as_ptr(), v.len(), 3, out.as_mut_ptr(), 8, &mut n, &mut s),
+            BITNET_ERR_INVALID
+        );
+        assert_eq!(
+            bitnet_embed_quantize(null(), 4, 8, out.as_mut_ptr(), 8, &mut n, &mut s),
+            BITNET_ERR_NULL
+        );
+        assert_eq!(
+            bitnet_embed_quantize(
+                v.as_ptr(),
+                v.len(),
+                8,
+                out.as_mut_ptr(),
+                8,
+                null_mut(),
+                &mut s
+            ),
+            BITNET_ERR_NULL
+        );
+        assert_eq!(
+            bitnet_embed_quantize(
+                v.as_ptr(),
+                v.len(),
+                8,
+                out.as_mut_ptr(),
+                8,
+                &mut n,
+                null_mut()
+            ),
+            BITNET_ERR_NULL
+        );
+    }
+}

@@ -965,8 +965,38 @@ fn embed_prints_vectors() {
     );
     assert_ne!(mean, first);
 
-    // Refusals: no input, an empty one, an unknown pooling.
-    for args in [&[][..], &[""][..], &["--pooling", "max", "a"][..]] {
+    // --bits: the 4-bit codes of the first vector (absmax: ±7 at its largest value), and
+    // with --json the 1-bit codes and their scale (the mean magnitude).
+    let out = run(&["--bits", "4", "hello world"]);
+    let codes: Vec<i32> = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .split(' ')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let max = first.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let want: Vec<i32> = first
+        .iter()
+        .map(|x| (x * (7.0 / max)).round_ties_even() as i32)
+        .collect();
+    assert_eq!(codes, want);
+    let v: serde_json::Value =
+        serde_json::from_slice(&run(&["--bits", "1", "--json", "hello world"]).stdout).unwrap();
+    let d = &v["data"][0];
+    let signs: Vec<i64> = first.iter().map(|&x| i64::from(x > 0.0)).collect();
+    assert_eq!(d["embedding"], serde_json::json!(signs));
+    let mean_abs = first.iter().map(|x| x.abs()).sum::<f32>() / 128.0;
+    assert!((d["scale"].as_f64().unwrap() as f32 - mean_abs).abs() < 1e-6);
+    assert_eq!(d["bits"], 1);
+
+    // Refusals: no input, an empty one, an unknown pooling, a bit width that is none of
+    // 8, 4, 2, 1.
+    for args in [
+        &[][..],
+        &[""][..],
+        &["--pooling", "max", "a"][..],
+        &["--bits", "3", "a"][..],
+    ] {
         let out = run(args);
         assert!(!out.status.success(), "{args:?}");
         assert!(!out.stderr.is_empty());

@@ -54,7 +54,7 @@ use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 pub use bitnet_gguf::FileIdentity;
 pub use constrain::{Constraint, ConstraintState, Grammars};
-pub use embed::{embed_tokens, EmbedOptions};
+pub use embed::{embed_tokens, quantize_embedding, EmbedOptions, QuantizedEmbedding};
 pub use load::{
     build_lm_head, load, load_file, load_file_async, open_file, repack_weights, Device,
     LmHeadFormat, LoadEvent, LoadOptions,
@@ -120,6 +120,8 @@ pub enum EngineError {
     Tools { field: String, reason: String },
     #[error("RAM budget: {reason}")]
     Budget { reason: String },
+    #[error("embedding quantization takes 8, 4, 2 or 1 bits per value, not {0}")]
+    EmbedBits(u32),
     #[error("a RAM budget of {} MiB is too small: {detail}", budget >> 20)]
     BudgetTooSmall {
         budget: u64,

@@ -761,6 +761,20 @@ impl ToolParser {
     }
 }
 
+/// An embedding quantized to `bits` (8, 4, 2 or 1) per value: `(codes, scale, packed)`
+/// ([`bitnet_engine::quantize_embedding`]).
+#[pyfunction]
+fn quantize_embedding<'py>(
+    py: Python<'py>,
+    vector: Vec<f32>,
+    bits: u32,
+) -> PyResult<(Vec<i8>, f32, Bound<'py, pyo3::types::PyBytes>)> {
+    let q = ::bitnet_engine::quantize_embedding(&vector, bits)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let packed = pyo3::types::PyBytes::new(py, &q.packed());
+    Ok((q.codes, q.scale, packed))
+}
+
 /// How an assistant message's call is written into the prompt.
 #[pyfunction]
 fn tool_call_text(name: &str, arguments: &str) -> String {
@@ -773,6 +787,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Stream>()?;
     m.add_class::<ToolParser>()?;
     m.add_function(wrap_pyfunction!(tool_call_text, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_embedding, m)?)?;
     m.add("BitnetError", m.py().get_type::<BitnetError>())?;
     m.add_function(wrap_pyfunction!(peak_rss_bytes, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

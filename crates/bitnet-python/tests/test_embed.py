@@ -78,3 +78,53 @@ def test_bad_inputs(model):
         model.embed("a", pooling="max")
     with pytest.raises(ValueError):
         model.embed(["a", "b"], pooling="none")
+
+
+def np_quantize(v, bits):
+    """The documented scheme (docs/MODEL.md, "Embedding quantization") in numpy float32:
+    (codes, scale, packed)."""
+    v = np.asarray(v, np.float32)
+    mean_abs = np.float32(np.abs(v).sum(dtype=np.float32) / np.float32(len(v)))
+    if bits in (8, 4):
+        m = np.float32(127 if bits == 8 else 7)
+        mx = np.float32(np.abs(v).max())
+        codes = np.clip(np.round(v * (m / mx)), -m, m).astype(np.int8)
+        scale = mx / m
+    elif bits == 2:
+        codes = np.clip(np.round(v / mean_abs), -1, 1).astype(np.int8)
+        scale = mean_abs
+    else:
+        codes = (v > 0).astype(np.int8)
+        scale = mean_abs
+    # Two's complement fields, first value in the highest bits: numpy's packbits over the
+    # bits of each code, most significant first.
+    fields = (codes.astype(np.uint8)[:, None] >> np.arange(bits - 1, -1, -1)) & 1
+    packed = np.packbits(fields.reshape(-1)).tobytes()
+    return codes.tolist(), float(scale), packed
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2, 1])
+def test_quantized_embeddings_follow_the_documented_scheme(model, bits):
+    from bitnet_rs import QuantizedEmbedding, quantize_embedding
+
+    texts = ["hello world", "bonjour", "a longer passage about ternary weights"]
+    vecs = model.embed(texts)
+    qs = model.embed(texts, bits=bits)
+    assert len(qs) == 3
+    for v, q in zip(vecs, qs):
+        assert isinstance(q, QuantizedEmbedding) and q.bits == bits
+        codes, scale, packed = np_quantize(v, bits)
+        assert q.codes == codes
+        assert q.scale == pytest.approx(scale, rel=1e-6)
+        assert q.packed == packed
+        assert quantize_embedding(v, bits) == q
+        # The codes keep the vector's direction: cosine of code * scale with the vector.
+        deq = np.asarray(q.codes, np.float64) if bits > 1 else 2.0 * np.asarray(q.codes) - 1
+        floor = {8: 0.9999, 4: 0.98, 2: 0.8, 1: 0.7}[bits]
+        assert cosine(deq, v) >= floor, (bits, cosine(deq, v))
+    single = model.embed("hello world", bits=bits)
+    assert single == qs[0]
+    with pytest.raises(ValueError):
+        model.embed("hello world", bits=3)
+    with pytest.raises(ValueError):
+        quantize_embedding([0.5, 1.0], 16)

@@ -3,7 +3,10 @@
 //! Request: `input` (a string, an array of strings, an array of token ids, or an array of
 //! arrays of token ids; at most [`MAX_INPUTS`], none empty), `encoding_format` (`float`, the
 //! default, or `base64`: the little-endian f32 bytes), `dimensions` (keep the first N values,
-//! then L2-normalize again; 1 to the model's width), `model` and `user` (accepted, not used).
+//! then L2-normalize again; 1 to the model's width), `bits` (an extension: 8, 4, 2 or 1 —
+//! each vector quantized by [`bitnet_engine::quantize_embedding`]; `embedding` is then its
+//! integer codes, or with `base64` the packed codes, and `scale` what one step is worth),
+//! `model` and `user` (accepted, not used).
 //! Texts are tokenized as `bitnet embed` does (BOS where the vocabulary adds it, EOS where the
 //! file asks). The vectors are the file's pooling, L2-normalized; a file that pools nothing
 //! (`pooling_type` none) is refused, as llama-server refuses it on this endpoint.
@@ -40,6 +43,7 @@ struct Request_ {
     inputs: Vec<Input>,
     base64: bool,
     dimensions: Option<usize>,
+    bits: Option<u32>,
 }
 
 fn tokens(v: &[Value], n_vocab: usize, field: &str) -> Result<Vec<u32>, ApiError> {
@@ -133,6 +137,18 @@ fn parse(o: &Map<String, Value>, n_vocab: usize, n_embd: usize) -> Result<Reques
             }
         },
     };
+    let bits = match o.get("bits") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(b @ (8 | 4 | 2 | 1)) => u32::try_from(b).ok(),
+            _ => {
+                return Err(ApiError::invalid(
+                    "bits",
+                    "`bits` (embedding quantization) is 8, 4, 2 or 1",
+                ))
+            }
+        },
+    };
     for key in ["model", "user"] {
         if o.get(key).is_some_and(|v| !v.is_string() && !v.is_null()) {
             return Err(ApiError::invalid(key, format!("`{key}` must be a string")));
@@ -142,6 +158,7 @@ fn parse(o: &Map<String, Value>, n_vocab: usize, n_embd: usize) -> Result<Reques
         inputs,
         base64,
         dimensions,
+        bits,
     })
 }
 
@@ -241,15 +258,32 @@ async fn handle(s: &AppState, req: Request) -> Result<Response, ApiError> {
                 Some(d) => truncated(v, d),
                 None => v.clone(),
             };
-            let embedding = if r.base64 {
-                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
-            } else {
-                json!(v)
-            };
-            json!({"object": "embedding", "index": i, "embedding": embedding})
+            let b64 =
+                |bytes: Vec<u8>| json!(base64::engine::general_purpose::STANDARD.encode(bytes));
+            match r.bits.map(|b| bitnet_engine::quantize_embedding(&v, b)) {
+                None => {
+                    let embedding = if r.base64 {
+                        b64(v.iter().flat_map(|x| x.to_le_bytes()).collect())
+                    } else {
+                        json!(v)
+                    };
+                    Ok(json!({"object": "embedding", "index": i, "embedding": embedding}))
+                }
+                Some(Ok(q)) => {
+                    let embedding = if r.base64 {
+                        b64(q.packed())
+                    } else {
+                        json!(q.codes)
+                    };
+                    Ok(
+                        json!({"object": "embedding", "index": i, "embedding": embedding,
+                              "bits": q.bits, "scale": q.scale}),
+                    )
+                }
+                Some(Err(e)) => Err(ApiError::invalid("bits", e.to_string())),
+            }
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     Ok(Json(json!({
         "object": "list",
         "data": data,

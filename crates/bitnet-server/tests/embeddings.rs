@@ -159,6 +159,40 @@ async fn embeddings_endpoint() {
     assert_eq!(short.len(), 64);
     assert_eq!(short, bitnet_model::numerics::l2_normalized(&want[0][..64]));
 
+    // Quantized (`bits`): the codes of the float vector (after `dimensions`), and with
+    // base64 the packed codes; the scale beside them.
+    for bits in [8u32, 4, 2, 1] {
+        let v48 = bitnet_model::numerics::l2_normalized(&want[0][..48]);
+        for (dims, v) in [(None, &want[0]), (Some(48), &v48)] {
+            let q = bitnet_engine::quantize_embedding(v, bits).unwrap();
+            let mut body = json!({"input": texts[0], "bits": bits});
+            if let Some(d) = dims {
+                body["dimensions"] = json!(d);
+            }
+            let r = post(s.addr, "/v1/embeddings", &body.to_string()).await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            let d = &r.json()["data"][0];
+            let codes: Vec<i8> = d["embedding"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| i8::try_from(c.as_i64().unwrap()).unwrap())
+                .collect();
+            assert_eq!(codes, q.codes, "bits {bits}");
+            assert_eq!(
+                (d["bits"].as_u64(), d["scale"].as_f64().map(|x| x as f32)),
+                (Some(u64::from(bits)), Some(q.scale))
+            );
+            body["encoding_format"] = json!("base64");
+            let r = post(s.addr, "/v1/embeddings", &body.to_string()).await;
+            let packed = base64::engine::general_purpose::STANDARD
+                .decode(r.json()["data"][0]["embedding"].as_str().unwrap())
+                .unwrap();
+            assert_eq!(packed, q.packed(), "bits {bits} base64");
+            assert_eq!(packed.len(), (v.len() * bits as usize).div_ceil(8));
+        }
+    }
+
     // Hostile and malformed requests: 400 naming the field, the server unharmed.
     let long = "word ".repeat(400);
     let many: Vec<&str> = vec!["a"; 10_000];
@@ -182,6 +216,10 @@ async fn embeddings_endpoint() {
         (json!({"input": "a", "dimensions": 100_000}), "dimensions"),
         (json!({"input": "a", "dimensions": 1.5}), "dimensions"),
         (json!({"input": "a", "model": 3}), "model"),
+        (json!({"input": "a", "bits": 3}), "bits"),
+        (json!({"input": "a", "bits": "8"}), "bits"),
+        (json!({"input": "a", "bits": -1}), "bits"),
+        (json!({"input": "a", "bits": 8.5}), "bits"),
     ];
     for (body, param) in cases {
         let r = post(s.addr, "/v1/embeddings", &body.to_string()).await;

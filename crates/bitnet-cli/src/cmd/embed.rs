@@ -27,6 +27,11 @@ pub struct Args {
     /// `--embd-normalize 2`).
     #[arg(long)]
     no_normalize: bool,
+    /// Quantize each vector to 8, 4, 2 or 1 bits per value (docs/MODEL.md, "Embedding
+    /// quantization"): print its integer codes (with --json also `bits` and `scale`, what one
+    /// step is worth).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["8", "4", "2", "1"]))]
+    bits: Option<String>,
     /// The inputs (each one text).
     text: Vec<String>,
 }
@@ -47,6 +52,7 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(i) = texts.iter().position(String::is_empty) {
         bail!("input {} is an empty string", i + 1);
     }
+    let bits: Option<u32> = a.bits.as_deref().map(str::parse).transpose()?;
     let engine = load_engine(&a.model)?;
     let opts = EmbedOptions {
         pooling: a.pooling,
@@ -62,13 +68,26 @@ pub fn run(a: Args) -> Result<()> {
     let start = std::time::Instant::now();
     let vectors = engine.embed(&inputs, &opts)?;
     let secs = start.elapsed().as_secs_f64();
+    let quantized = match bits {
+        Some(b) => Some(
+            vectors
+                .iter()
+                .map(|v| bitnet_engine::quantize_embedding(v, b))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        None => None,
+    };
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if a.json {
         let data: Vec<serde_json::Value> = vectors
             .iter()
             .enumerate()
-            .map(|(i, v)| serde_json::json!({"object": "embedding", "index": i, "embedding": v}))
+            .map(|(i, v)| match &quantized {
+                Some(q) => serde_json::json!({"object": "embedding", "index": i,
+                    "embedding": q[i].codes, "bits": q[i].bits, "scale": q[i].scale}),
+                None => serde_json::json!({"object": "embedding", "index": i, "embedding": v}),
+            })
             .collect();
         let name = a
             .model
@@ -83,6 +102,11 @@ pub fn run(a: Args) -> Result<()> {
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         });
         writeln!(out, "{body}")?;
+    } else if let Some(q) = &quantized {
+        for qv in q {
+            let line: Vec<String> = qv.codes.iter().map(i8::to_string).collect();
+            writeln!(out, "{}", line.join(" "))?;
+        }
     } else {
         for v in &vectors {
             let line: Vec<String> = v.iter().map(f32::to_string).collect();
@@ -93,11 +117,12 @@ pub fn run(a: Args) -> Result<()> {
     #[allow(clippy::cast_precision_loss)]
     let tok_s = n_tokens as f64 / secs.max(1e-9);
     eprintln!(
-        "{} inputs, {n_tokens} tokens in {secs:.3} s ({tok_s:.1} tok/s) | pooling {} | {} | dimension {}",
+        "{} inputs, {n_tokens} tokens in {secs:.3} s ({tok_s:.1} tok/s) | pooling {} | {} | dimension {}{}",
         vectors.len(),
         engine.pooling(&opts).name(),
         if a.no_normalize { "raw" } else { "L2-normalized" },
         engine.config().n_embd,
+        bits.map(|b| format!(" | {b}-bit codes")).unwrap_or_default(),
     );
     Ok(())
 }

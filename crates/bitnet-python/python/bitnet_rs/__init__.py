@@ -17,10 +17,31 @@ import os
 import time
 import uuid
 
-from ._native import (BitnetError, NativeModel, Stream, ToolParser, peak_rss_bytes,
-                      tool_call_text, __version__)
+from typing import NamedTuple
 
-__all__ = ["Model", "BitnetError", "peak_rss_bytes", "__version__"]
+from ._native import (BitnetError, NativeModel, Stream, ToolParser, peak_rss_bytes,
+                      quantize_embedding as _quantize_embedding, tool_call_text, __version__)
+
+__all__ = ["Model", "BitnetError", "QuantizedEmbedding", "quantize_embedding",
+           "peak_rss_bytes", "__version__"]
+
+
+class QuantizedEmbedding(NamedTuple):
+    """An embedding at `bits` per value: `codes` (one int per value; 1 bit: 0 or 1, 1 where
+    the value is above zero), `scale` (a value is about code * scale; 1 bit: +-scale) and
+    `packed` (the codes `bits` at a time, two's complement, the first value in each byte's
+    highest bits, as numpy's packbits)."""
+    codes: list
+    scale: float
+    packed: bytes
+    bits: int
+
+
+def quantize_embedding(vector, bits):
+    """`vector` (floats) quantized to `bits` = 8 or 4 (absmax), 2 (absmean ternary) or 1
+    (the sign): a QuantizedEmbedding. ValueError for another width."""
+    codes, scale, packed = _quantize_embedding([float(x) for x in vector], int(bits))
+    return QuantizedEmbedding(codes, scale, packed, int(bits))
 
 # llama.cpp's sampling defaults.
 _DEFAULTS = dict(
@@ -185,13 +206,16 @@ class Model:
         return self._m.logits(list(ids), all)
 
     # -- embeddings --------------------------------------------------------------
-    def embed(self, input, normalize=True, pooling=None, return_count=False):
+    def embed(self, input, normalize=True, pooling=None, return_count=False, bits=None):
         """Embeddings, as llama-cpp-python's `Llama.embed`: for one text (or one list of
         token ids) a list of floats, for a list of them a list of lists. The vector is the
         file's pooling (last token for bitnet.cpp's embedding models; or `pooling`: "mean",
         "cls", "last", or "none" for one vector per position of a single input),
         L2-normalized unless `normalize=False`. `return_count=True` also returns the number
-        of tokens read."""
+        of tokens read. `bits` (8, 4, 2 or 1) gives each vector as a QuantizedEmbedding
+        (see `quantize_embedding`)."""
+        if bits is not None and bits not in (8, 4, 2, 1):
+            raise ValueError(f"bits={bits!r}: embedding quantization takes 8, 4, 2 or 1")
         single = isinstance(input, (str, bytes, bytearray)) or (
             isinstance(input, (list, tuple)) and len(input) > 0
             and all(isinstance(t, int) for t in input))
@@ -200,6 +224,8 @@ class Model:
                  (list(t) if isinstance(t, tuple) else t) for t in items]
         rows, count = self._m.embed(items, normalize, pooling)
         out = rows.tolist()
+        if bits is not None:
+            out = [quantize_embedding(v, bits) for v in out]
         if single and pooling != "none":
             out = out[0]
         return (out, count) if return_count else out
