@@ -34,14 +34,7 @@ fn ids(stem: &str, key: &str) -> Vec<u32> {
 }
 
 fn ids_in(dir: &str, stem: &str, key: &str) -> Vec<u32> {
-    let meta: serde_json::Value =
-        serde_json::from_slice(&read(&format!("{dir}/{stem}.tokens.json"))).unwrap();
-    meta[key]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect()
+    bitnet_testdata::token_ids(dir, stem, key)
 }
 
 fn csv(ids: &[u32]) -> String {

@@ -587,18 +587,7 @@ fn golden_prompts(dir: &str) -> Vec<GoldenPrompt> {
     bitnet_testdata::PROMPTS
         .iter()
         .map(|stem| {
-            let meta: serde_json::Value = serde_json::from_slice(&bitnet_testdata::read(&format!(
-                "{dir}/{stem}.tokens.json"
-            )))
-            .unwrap();
-            let ids = |k: &str| -> Vec<u32> {
-                meta[k]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| u32::try_from(v.as_u64().unwrap()).unwrap())
-                    .collect()
-            };
+            let ids = |key: &str| bitnet_testdata::token_ids(dir, stem, key);
             (
                 ids("prompt_tokens"),
                 ids("generated_tokens"),

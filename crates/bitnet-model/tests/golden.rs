@@ -46,17 +46,7 @@ const MODELS: [(&str, &str); 4] = [
 fn prompts(dir: &str) -> Vec<Prompt> {
     let mut out = Vec::new();
     for stem in bitnet_testdata::PROMPTS {
-        let meta: serde_json::Value =
-            serde_json::from_slice(&bitnet_testdata::read(&format!("{dir}/{stem}.tokens.json")))
-                .unwrap();
-        let ids = |k: &str| -> Vec<u32> {
-            meta[k]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect()
-        };
+        let ids = |key: &str| bitnet_testdata::token_ids(dir, stem, key);
         out.push(Prompt {
             stem: stem.to_string(),
             prompt: ids("prompt_tokens"),

@@ -72,6 +72,28 @@ pub fn read_f32(rel: &str) -> Vec<f32> {
         .collect()
 }
 
+/// The token ids under `key` (`prompt_tokens`, `generated_tokens`) of the golden prompt
+/// `dir/stem.tokens.json`.
+///
+/// # Panics
+/// When the file is missing or unreadable, or `key` is not an array of u32 values.
+#[must_use]
+pub fn token_ids(dir: &str, stem: &str, key: &str) -> Vec<u32> {
+    let rel = format!("{dir}/{stem}.tokens.json");
+    let meta: serde_json::Value = serde_json::from_slice(&read(&rel))
+        .unwrap_or_else(|e| panic!("golden fixture {rel} is not JSON: {e}"));
+    let Some(ids) = meta[key].as_array() else {
+        panic!("golden fixture {rel} has no array `{key}`");
+    };
+    ids.iter()
+        .map(|v| {
+            v.as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .unwrap_or_else(|| panic!("golden fixture {rel}: `{key}` holds {v}, not a u32"))
+        })
+        .collect()
+}
+
 /// How far a set of logit rows is from the reference rows (see testdata/golden/README.md,
 /// "How to compare").
 #[derive(Debug, Clone, Copy)]
