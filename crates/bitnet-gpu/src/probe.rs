@@ -406,9 +406,11 @@ pub struct RopeProbe {
     pub base: f32,
     pub pos0: usize,
     pub n: usize,
+    /// NeoX (`bitnet*`) or the normal pairwise form (`llama`).
+    pub style: bitnet_model::RopeStyle,
 }
 
-/// NeoX RoPE in place on `n` rows of Q and K at positions `pos0..`: returns (q, k).
+/// RoPE in place on `n` rows of Q and K at positions `pos0..`: returns (q, k).
 pub fn rope(gpu: &Gpu, s: RopeProbe, q: &[f32], k: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
     let n_ctx = s.pos0 + s.n;
     let half = s.n_rot / 2;
@@ -427,6 +429,10 @@ pub fn rope(gpu: &Gpu, s: RopeProbe, q: &[f32], k: &[f32]) -> Result<(Vec<f32>, 
             n32(s.n_head_kv)?,
             n32(s.head_dim)?,
             n32(half)?,
+            u32::from(s.style == bitnet_model::RopeStyle::Norm),
+            0,
+            0,
+            0,
         ],
     );
     let ctx = gpu.uniform("ctx", &[n32(n_ctx)?, 0, 0, 0]);

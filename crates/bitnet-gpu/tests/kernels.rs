@@ -11,8 +11,8 @@ mod common;
 use bitnet_gpu::probe::{self, AttnProbe};
 use bitnet_kernels::{act, Isa, Pool, TernaryLayout, TernaryMatrix};
 use bitnet_kernels::{RowMatrix, RowType};
-use bitnet_model::numerics::{rms_norm, rope_neox, rope_row};
-use bitnet_model::Numerics;
+use bitnet_model::numerics::{rms_norm, rope_for, rope_row};
+use bitnet_model::{Numerics, RopeStyle};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::borrow::Cow;
@@ -397,50 +397,55 @@ fn final_norm_matches_rms_norm() {
     }
 }
 
+/// Both RoPE styles (NeoX; the normal pairwise form of `llama`) against the CPU's, with
+/// partial rotations (n_rot < head_dim) among the shapes.
 #[test]
 fn rope_matches_the_cpu() {
     let Some(gpu) = common::open() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(14);
-    for (n_head, n_head_kv, head_dim, n_rot) in [
-        (4, 2, 64, 64),
-        (8, 8, 128, 128),
-        (3, 1, 80, 64),
-        (2, 1, 32, 16),
-    ] {
-        let (pos0, n) = (rng.random_range(0..3000usize), rng.random_range(1..6usize));
-        let s = probe::RopeProbe {
-            n_head,
-            n_head_kv,
-            head_dim,
-            n_rot,
-            base: 500_000.0,
-            pos0,
-            n,
-        };
-        let q: Vec<f32> = (0..n * n_head * head_dim)
-            .map(|_| rng.random_range(-3.0..3.0f32))
-            .collect();
-        let k: Vec<f32> = (0..n * n_head_kv * head_dim)
-            .map(|_| rng.random_range(-3.0..3.0f32))
-            .collect();
-        let (gq, gk) = probe::rope(&gpu, s, &q, &k).unwrap();
-        let (mut wq, mut wk) = (q.clone(), k.clone());
-        for t in 0..n {
-            let r = rope_row(pos0 + t, n_rot, 500_000.0);
-            for head in
-                wq[t * n_head * head_dim..(t + 1) * n_head * head_dim].chunks_exact_mut(head_dim)
-            {
-                rope_neox(&mut head[..n_rot], &r, Numerics::Fast);
+    for style in [RopeStyle::Neox, RopeStyle::Norm] {
+        let cpu_rope = rope_for(style);
+        for (n_head, n_head_kv, head_dim, n_rot) in [
+            (4, 2, 64, 64),
+            (8, 8, 128, 128),
+            (3, 1, 80, 64),
+            (2, 1, 32, 16),
+        ] {
+            let (pos0, n) = (rng.random_range(0..3000usize), rng.random_range(1..6usize));
+            let s = probe::RopeProbe {
+                n_head,
+                n_head_kv,
+                head_dim,
+                n_rot,
+                base: 500_000.0,
+                pos0,
+                n,
+                style,
+            };
+            let q: Vec<f32> = (0..n * n_head * head_dim)
+                .map(|_| rng.random_range(-3.0..3.0f32))
+                .collect();
+            let k: Vec<f32> = (0..n * n_head_kv * head_dim)
+                .map(|_| rng.random_range(-3.0..3.0f32))
+                .collect();
+            let (gq, gk) = probe::rope(&gpu, s, &q, &k).unwrap();
+            let (mut wq, mut wk) = (q.clone(), k.clone());
+            for t in 0..n {
+                let r = rope_row(pos0 + t, n_rot, 500_000.0);
+                let rows = wq[t * n_head * head_dim..(t + 1) * n_head * head_dim]
+                    .chunks_exact_mut(head_dim)
+                    .chain(
+                        wk[t * n_head_kv * head_dim..(t + 1) * n_head_kv * head_dim]
+                            .chunks_exact_mut(head_dim),
+                    );
+                for head in rows {
+                    cpu_rope(&mut head[..n_rot], &r, Numerics::Fast);
+                }
             }
-            for head in wk[t * n_head_kv * head_dim..(t + 1) * n_head_kv * head_dim]
-                .chunks_exact_mut(head_dim)
-            {
-                rope_neox(&mut head[..n_rot], &r, Numerics::Fast);
+            for (g, w) in gq.iter().zip(&wq).chain(gk.iter().zip(&wk)) {
+                // The same table; a GPU may fuse the multiply-add.
+                assert!((g - w).abs() <= 1e-5, "{s:?}: {g} vs {w}");
             }
-        }
-        for (g, w) in gq.iter().zip(&wq).chain(gk.iter().zip(&wk)) {
-            // The same table; a GPU may fuse the multiply-add.
-            assert!((g - w).abs() <= 1e-5, "{s:?}: {g} vs {w}");
         }
     }
 }
