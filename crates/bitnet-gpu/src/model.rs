@@ -1734,29 +1734,25 @@ impl GpuBuilder {
         // The sub-norms, or (a block without them) the rows quantized as they are: the ones
         // as weights, scale 1 (norm_common.wgsl's `plain`; mv_in_norm.wgsl's NO_NORM eps).
         let missing = |name: &str| GpuError::Unsupported(format!("block {il} without {name}"));
-        let mut sub = |w: Option<&[f32]>, dims: &wgpu::Buffer, x: &wgpu::Buffer, label: &str| match (
-            w,
-            &self.plain,
-        ) {
-            (Some(w), None) => {
-                let (bind, wb) = norm(w, dims, x, label)?;
-                Ok((bind, wb, eps))
+        let mut sub = |w: Option<&[f32]>, ff: bool, x: &wgpu::Buffer, label: &str| {
+            let dims = if ff { &self.dims_ff } else { &self.dims_e };
+            match (w, &self.plain) {
+                (Some(w), None) => {
+                    let (bind, wb) = norm(w, dims, x, label)?;
+                    Ok((bind, wb, eps))
+                }
+                (None, Some(p)) => {
+                    let dims = if ff { &p.dims_ff } else { &p.dims_e };
+                    let bind = gpu.bind(&kp.norm_quant, &[step, dims, x, &p.ones, xq, xs]);
+                    Ok((bind, p.ones.clone(), NO_NORM))
+                }
+                _ => Err(missing(label)),
             }
-            (None, Some(p)) => {
-                let dims = if label == "ffn_sub_norm" {
-                    &p.dims_ff
-                } else {
-                    &p.dims_e
-                };
-                let bind = gpu.bind(&kp.norm_quant, &[step, dims, x, &p.ones, xq, xs]);
-                Ok((bind, p.ones.clone(), NO_NORM))
-            }
-            _ => Err(missing(label)),
         };
         let (norm_sub, w_sub, eps_sub) =
-            sub(l.attn_sub_norm.as_deref(), &self.dims_e, o, "attn_sub_norm")?;
+            sub(l.attn_sub_norm.as_deref(), false, o, "attn_sub_norm")?;
         let (norm_ffn_sub, w_ffn_sub, eps_ffn_sub) =
-            sub(l.ffn_sub_norm.as_deref(), &self.dims_ff, g, "ffn_sub_norm")?;
+            sub(l.ffn_sub_norm.as_deref(), true, g, "ffn_sub_norm")?;
         // Fused: each decode kernel norms its input rows (x, w_norm) itself; else the rows
         // norm_quant quantized (xq, xs) come in.
         let qkv = upload_segmented(
