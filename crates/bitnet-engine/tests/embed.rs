@@ -213,3 +213,69 @@ fn pooling_options_and_bad_inputs() {
     let t = e.embed_tokens("Paris").unwrap();
     assert_eq!(t.last().copied(), e.tokenizer.eos());
 }
+
+/// The tokens an embedding reads, against upstream llama.cpp's `llama-tokenize` (its ids in
+/// testdata/golden/embed/tokenize-cases.json, made by `make/embed-tokenize.sh`): the
+/// vocabularies of both converted embedding files (Qwen 3's byte-level BPE with pre-tokenizer
+/// `qwen2`, EOS appended; Gemma 3's SentencePiece, no space prefix, BOS added) and LLaMA-3's
+/// full vocabulary under `qwen2`, each text with nothing added (special-token text parsed) and,
+/// for the two files, as `embed_tokens` reads it.
+#[test]
+fn embedding_vocabularies_tokenize_as_llama_cpp() {
+    use bitnet_gguf::{GgufFile, Limits};
+    use bitnet_tokenizer::{Tokenizer, VocabData};
+    let vocab = |rel: &str| {
+        let f = GgufFile::open(&bitnet_testdata::golden(rel), &Limits::default()).unwrap();
+        VocabData::from_metadata(f.metadata()).unwrap()
+    };
+    // The converter writes Qwen 3's EOS id (151643, `<|endoftext|>` there) whatever the
+    // vocabulary; in this 383-token one `<|endoftext|>` is 380 (the script gave
+    // llama-tokenize the same).
+    let mut qwen3 = vocab("embed/qwen3-converted.gguf");
+    assert_eq!(qwen3.eos, Some(151_643));
+    qwen3.eos = Some(380);
+    let mut llama3 = vocab("tokenizer/llama3-vocab.gguf");
+    assert_eq!(llama3.pre, None);
+    llama3.pre = Some("qwen2".into());
+    let toks = [
+        ("qwen3", Tokenizer::from_vocab(qwen3, None).unwrap()),
+        (
+            "gemma3",
+            Tokenizer::from_vocab(vocab("embed/gemma3-converted.gguf"), None).unwrap(),
+        ),
+        ("llama3-qwen2", Tokenizer::from_vocab(llama3, None).unwrap()),
+    ];
+    assert_eq!(toks[0].1.pre(), bitnet_tokenizer::PreTokenizer::Qwen2);
+    assert_eq!(toks[2].1.pre(), bitnet_tokenizer::PreTokenizer::Qwen2);
+    let cases: serde_json::Value =
+        serde_json::from_slice(&bitnet_testdata::read("embed/tokenize-cases.json")).unwrap();
+    let cases = cases.as_array().unwrap();
+    assert!(cases.len() >= 24, "{} cases", cases.len());
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+            .collect()
+    };
+    let mut checked = 0;
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        for (name, t) in &toks {
+            let want = ids(&c[format!("{name}_plain")]);
+            assert_eq!(
+                t.encode(text, false, true).unwrap(),
+                want,
+                "{name} {text:?}"
+            );
+            checked += 1;
+            if let Some(s) = c.get(format!("{name}_special")) {
+                let want = ids(s);
+                let got = bitnet_engine::embed_tokens(t, text).unwrap();
+                assert_eq!(got, want, "{name} with specials {text:?}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, cases.len() * 5);
+}
