@@ -214,7 +214,7 @@ fn pooling_options_and_bad_inputs() {
     assert_eq!(t.last().copied(), e.tokenizer.eos());
 }
 
-/// The tokens an embedding reads, against upstream llama.cpp's `llama-tokenize` (its ids in
+/// The tokens an embedding reads, against upstream llama.cpp's `llama_tokenize` (its ids in
 /// testdata/golden/embed/tokenize-cases.json, made by `make/embed-tokenize.sh`): the
 /// vocabularies of both converted embedding files (Qwen 3's byte-level BPE with pre-tokenizer
 /// `qwen2`, EOS appended; Gemma 3's SentencePiece, no space prefix, BOS added) and LLaMA-3's
@@ -229,8 +229,8 @@ fn embedding_vocabularies_tokenize_as_llama_cpp() {
         VocabData::from_metadata(f.metadata()).unwrap()
     };
     // The converter writes Qwen 3's EOS id (151643, `<|endoftext|>` there) whatever the
-    // vocabulary; in this 383-token one `<|endoftext|>` is 380 (the script gave
-    // llama-tokenize the same).
+    // vocabulary; in this 383-token one `<|endoftext|>` is 380 (the script gave llama.cpp
+    // the same).
     let mut qwen3 = vocab("embed/qwen3-converted.gguf");
     assert_eq!(qwen3.eos, Some(151_643));
     qwen3.eos = Some(380);
