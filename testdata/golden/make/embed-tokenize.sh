@@ -2,8 +2,9 @@
 # Remakes testdata/golden/embed/tokenize-cases.json: texts tokenized by upstream llama.cpp's
 # llama_tokenize (0c1e570, built by ../shared/tools/build_refs.sh llama; dump_tokens.cpp is
 # linked against its libllama and calls it as llama-embedding does) with the vocabularies of
-# the two embedding files bitnet.cpp's converter wrote (qwen3-converted.gguf: GPT-2 byte-level BPE, pre-tokenizer `qwen2`;
-# gemma3-converted.gguf: SentencePiece, no space prefix, byte fallback).
+# the two embedding files bitnet.cpp's converter wrote (qwen3-converted.gguf: GPT-2
+# byte-level BPE, pre-tokenizer `qwen2`; gemma3-converted.gguf: SentencePiece, no space
+# prefix, byte fallback).
 # Each file is first copied without its tensors (vocab_only.py: only the vocabulary is loaded,
 # and upstream has no I2_S type); the qwen3 copy gets eos_token_id 380
 # (`<|endoftext|>`, what the converter's hard-coded 151643 names in Qwen3's own vocabulary),
