@@ -49,8 +49,21 @@ fn parse(bytes: Vec<u8>) -> GgufFile {
 
 /// All-position logits of a fixed prompt, then four single steps.
 fn logits(file: &GgufFile, numerics: Numerics) -> Vec<f32> {
-    let model = Model::load(file).unwrap();
+    logits_of(file, numerics, false)
+}
+
+/// [`logits`], with the projections repacked into panels first when `repack` (returns
+/// nothing different for layouts that are not repacked).
+fn logits_of(file: &GgufFile, numerics: Numerics, repack: bool) -> Vec<f32> {
+    let mut model = Model::load(file).unwrap();
     let pool = Pool::new(2);
+    if repack {
+        for layer in &mut model.layers {
+            for m in layer.projections_mut() {
+                assert!(m.repack_always(&pool).unwrap() > 0);
+            }
+        }
+    }
     let mut exec = Exec {
         backend: &pool,
         numerics,
@@ -232,6 +245,31 @@ fn layout_round_trips_keep_every_ternary_code() {
             mid.tensor(&projections(&mid)[0]).unwrap().ggml_type.id(),
             via.type_id()
         );
+    }
+}
+
+/// The golden model (bitnet.cpp's I2_S) converted to TQ2_0 or TQ1_0 (β rounded to f16, one
+/// scale per block) gives, in both numerics, the logits of the I2_S file converted back from
+/// it (the same codes, β that f16 value) bit for bit: run from the file's blocks, and
+/// repacked into the panels. Exact numerics on such a file are thus bitnet.cpp's on that
+/// I2_S file.
+#[test]
+fn block_layouts_with_one_scale_give_the_i2s_files_logits_bit_for_bit() {
+    let golden = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    eprintln!("tier {}", bitnet_kernels::isa().name());
+    for target in [Target::Tq2_0, Target::Tq1_0] {
+        let out = dir.path().join(format!("{}.gguf", target.name()));
+        std::fs::write(&out, run(&golden, &to(target)).unwrap()).unwrap();
+        let tq = GgufFile::open(&out, &Limits::default()).unwrap();
+        let i2s = parse(run(&out, &to(Target::I2S)).unwrap());
+        for numerics in [Numerics::Fast, Numerics::Exact] {
+            let want = logits(&i2s, numerics);
+            for repack in [false, true] {
+                let what = format!("{} {numerics:?} repacked {repack}", target.name());
+                assert_bits_equal(&logits_of(&tq, numerics, repack), &want, &what);
+            }
+        }
     }
 }
 

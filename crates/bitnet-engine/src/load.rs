@@ -277,7 +277,7 @@ pub async fn load_file_async(
         model.with_model_mut(|file, m| build_lm_head(m, file, opts.lm_head, &pool, progress))?;
     }
     if opts.repack {
-        model.with_model_mut(|file, m| repack_weights(m, file, opts.numerics, &pool, progress))?;
+        model.with_model_mut(|file, m| repack_weights(m, file, &pool, progress))?;
     }
     let tokenizer = Tokenizer::from_gguf(model.file().metadata(), opts.pre_tokenizer)?;
     Engine::new(model, tokenizer, opts.engine_options())
@@ -434,14 +434,13 @@ pub fn open_file(path: &Path, in_memory: bool) -> Result<GgufFile> {
 /// (`bitnet_kernels::has_panel_kernel`), releasing the mapped pages of the file's copies as
 /// each matrix is done: the tiers that use panels never read them again, so the weights stay
 /// resident once, not twice. (A file read into memory keeps its copy: +1× the projections.)
-/// With fast numerics, TQ2_0 and TQ1_0 projections whose blocks share one scale go into the
-/// same panels (`TernaryMatrix::repack_fast`: I2_S's float steps, the same integer sums);
-/// exact numerics keeps their block-by-block steps.
+/// TQ2_0 and TQ1_0 projections whose blocks share one scale go into the same panels
+/// (`TernaryMatrix::repack`: the same integer sums and I2_S's float steps, which such a
+/// matrix takes on every path), in both numerics.
 /// Returns the bytes of the repacked copies (0 when the tier has no panel kernel).
 pub fn repack_weights(
     model: &mut Model<'_>,
     file: &GgufFile,
-    numerics: Numerics,
     pool: &Pool,
     progress: &mut dyn FnMut(LoadEvent<'_>),
 ) -> Result<usize> {
@@ -454,10 +453,7 @@ pub fn repack_weights(
     let mut release_error = None;
     for layer in &mut model.layers {
         for m in layer.projections_mut() {
-            let n = match numerics {
-                Numerics::Fast => m.repack_fast(pool)?,
-                Numerics::Exact => m.repack(pool)?,
-            };
+            let n = m.repack(pool)?;
             if n == 0 {
                 continue;
             }

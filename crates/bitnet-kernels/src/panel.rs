@@ -402,13 +402,13 @@ mod tests {
         }
     }
 
-    /// A TQ2_0 or TQ1_0 matrix whose blocks share one scale, repacked for fast numerics
-    /// (`repack_fast_always`), computes what the I2_S matrix of the same codes with that
-    /// scale as β computes, bit for bit, on every tier with a panel kernel (and what it
-    /// computed before on the others): ragged row counts, token counts around the tiles, one
-    /// and two threads. Scales that differ, or a TQ2_0 code 3, leave it as it was.
+    /// A TQ2_0 or TQ1_0 matrix whose blocks share one scale computes what the I2_S matrix
+    /// of the same codes with that scale as β computes, bit for bit, on every tier, repacked
+    /// into the panels (`repack_always`) or not: ragged row counts, token counts around the
+    /// tiles, one and two threads. Rows with a scale each (not repacked) give each row's
+    /// I2_S result; scales that differ inside a row, or a TQ2_0 code 3, are not repacked.
     #[test]
-    fn uniform_block_layouts_repack_to_the_i2s_panels() {
+    fn uniform_block_layouts_compute_as_i2s() {
         use crate::layout::{tq1_0, tq2_0};
         let mut st = 0x7A11_5CA1_E5EE_D001u64;
         let beta = 0.093_75f32; // exact in f16
@@ -426,7 +426,7 @@ mod tests {
                 let plain = TernaryMatrix::new(layout, n_out, k, bytes, None).unwrap();
                 let mut packed = plain.clone();
                 assert_eq!(
-                    packed.repack_fast_always(&pool1).unwrap(),
+                    packed.repack_always(&pool1).unwrap(),
                     n_out.div_ceil(16) * k * 4,
                     "{layout:?}"
                 );
@@ -438,20 +438,60 @@ mod tests {
                         m.matmul_on(isa, &x, &s, &mut out, pool).unwrap().unwrap();
                         out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
                     };
-                    let want_i2s = run(&i2s_m, crate::Isa::Scalar, &pool1);
+                    let want = run(&i2s_m, crate::Isa::Scalar, &pool1);
                     for threads in [1usize, 2] {
                         let pool = Pool::new(threads);
                         for isa in supported_isas() {
-                            let want = if crate::has_panel_kernel(isa) {
-                                want_i2s.clone()
-                            } else {
-                                run(&plain, isa, &pool)
-                            };
-                            assert_eq!(
-                                run(&packed, isa, &pool),
-                                want,
-                                "{layout:?} {isa:?} {n_out}x{k} tokens {n_tok} threads {threads}"
-                            );
+                            for (m, what) in [(&packed, "repacked"), (&plain, "as stored")] {
+                                assert_eq!(
+                                    run(m, isa, &pool),
+                                    want,
+                                    "{layout:?} {what} {isa:?} {n_out}x{k} tokens {n_tok} \
+                                     threads {threads}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            // A scale per row (each row's blocks alike): not repacked; every row computes
+            // what a one-row I2_S matrix with that row's scale computes.
+            if n_out > 1 {
+                let per_row: Vec<f32> = (0..n_out)
+                    .flat_map(|r| {
+                        let d = beta * (1.0 + r as f32 / 8.0);
+                        std::iter::repeat_n(d, k / 256)
+                    })
+                    .collect();
+                let n_tok = 5;
+                let x = random_acts(&mut st, n_tok * k, 2);
+                let s: Vec<f32> = (0..n_tok).map(|i| 1.25 + i as f32 * 0.5).collect();
+                for layout in [TernaryLayout::Tq2_0, TernaryLayout::Tq1_0] {
+                    let bytes = match layout {
+                        TernaryLayout::Tq2_0 => tq2_0::pack(&values, &per_row).unwrap(),
+                        _ => tq1_0::pack(&values, &per_row).unwrap(),
+                    };
+                    let mut m = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
+                    assert_eq!(m.repack_always(&pool1).unwrap(), 0, "{layout:?}");
+                    for isa in supported_isas() {
+                        let mut out = vec![f32::NAN; n_tok * n_out];
+                        m.matmul_on(isa, &x, &s, &mut out, &pool1).unwrap().unwrap();
+                        for r in 0..n_out {
+                            let row = &values[r * k..(r + 1) * k];
+                            let one = i2s::pack_values(row, per_row[r * (k / 256)]).unwrap();
+                            let m1 =
+                                TernaryMatrix::new(TernaryLayout::I2S, 1, k, &one, None).unwrap();
+                            let mut y = vec![f32::NAN; n_tok];
+                            m1.matmul_on(crate::Isa::Scalar, &x, &s, &mut y, &pool1)
+                                .unwrap()
+                                .unwrap();
+                            for t in 0..n_tok {
+                                assert_eq!(
+                                    out[t * n_out + r].to_bits(),
+                                    y[t].to_bits(),
+                                    "{layout:?} {isa:?} row {r} token {t}"
+                                );
+                            }
                         }
                     }
                 }
@@ -468,14 +508,14 @@ mod tests {
                 .flatten()
             {
                 let mut m = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
-                assert_eq!(m.repack_fast_always(&pool1).unwrap(), 0, "{layout:?}");
+                assert_eq!(m.repack_always(&pool1).unwrap(), 0, "{layout:?}");
                 assert_eq!(m.repacked_bytes(), 0);
             }
             // A TQ2_0 code 3 (+2 there): nothing is repacked.
             let mut three = tq2.clone();
             three[5] |= 0b11 << 2;
             let mut m = TernaryMatrix::new(TernaryLayout::Tq2_0, n_out, k, &three, None).unwrap();
-            assert_eq!(m.repack_fast_always(&pool1).unwrap(), 0);
+            assert_eq!(m.repack_always(&pool1).unwrap(), 0);
         }
     }
 

@@ -60,7 +60,7 @@ pub struct TernaryMatrix<'a> {
     codes_clean: bool,
     /// The codes repacked into panels (`crate::panel`), used by the tiers that have a panel
     /// kernel: I2_S's, or those of a TQ2_0/TQ1_0 matrix whose blocks share one scale
-    /// ([`Self::repack_fast`]).
+    /// ([`Self::repack`]).
     panels: Option<Arc<Panels>>,
     /// The one scale of every block of a TQ2_0/TQ1_0 matrix repacked into panels: the
     /// panels' β.
@@ -258,6 +258,22 @@ impl<'a> TernaryMatrix<'a> {
         }
     }
 
+    /// The one scale of row `r` of a TQ2_0 or TQ1_0 matrix when all its blocks carry the
+    /// same one (bit for bit): such a row is computed with I2_S's float steps (one multiply
+    /// by the scale after the whole row's integer sum), so a file converted from I2_S gives
+    /// the I2_S file's logits bit for bit, in both numerics, whether or not it is repacked.
+    /// `None` for other layouts and for rows whose block scales differ (blocks in order).
+    #[inline]
+    fn row_uniform_scale(&self, r: usize) -> Option<f32> {
+        if !matches!(self.layout, TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0) {
+            return None;
+        }
+        let d = self.block_scale(r, 0);
+        (1..self.nb)
+            .all(|b| self.block_scale(r, b).to_bits() == d.to_bits())
+            .then_some(d)
+    }
+
     /// Count codes that no writer produces (I2_S `11`, BitNet32/Split32 `00`); 0 for others.
     pub fn count_invalid_codes(&self) -> usize {
         match self.layout {
@@ -321,9 +337,14 @@ impl<'a> TernaryMatrix<'a> {
     }
 
     /// Repack an I2_S matrix into panels when the selected tier has a panel kernel
-    /// ([`crate::isa`]); returns the bytes of the new copy (0 when nothing was done: other
-    /// layouts, or a tier without the kernel). Results are bit-identical either way; once
-    /// repacked, the tiers with a panel kernel no longer read [`Self::packed_data`].
+    /// ([`crate::isa`]), and also a TQ2_0 or TQ1_0 matrix whose blocks all share one scale
+    /// (as the converters write a BitNet model's per-tensor scale): its codes go into the same
+    /// panels, the scale is their β, and the panel kernels run it as they run I2_S (its rows
+    /// take I2_S's float steps on every path, see `row_uniform_scale`). Returns the
+    /// bytes of the new copy, 0 when nothing was done (other layouts, block scales that
+    /// differ, a code 3 the block layouts never write, a tier without the kernel). Results
+    /// are bit-identical either way, in both numerics; once repacked, the tiers with a panel
+    /// kernel no longer read [`Self::packed_data`].
     pub fn repack(&mut self, pool: &Pool) -> Result<usize, KernelError> {
         if kernels().i2s_panel.is_none() {
             return Ok(0);
@@ -331,38 +352,16 @@ impl<'a> TernaryMatrix<'a> {
         self.repack_always(pool)
     }
 
-    /// [`Self::repack`] whatever the selected tier (tests, benchmarks); 0 for non-I2_S.
+    /// [`Self::repack`] whatever the selected tier (tests, benchmarks).
     pub fn repack_always(&mut self, pool: &Pool) -> Result<usize, KernelError> {
-        if self.layout != TernaryLayout::I2S {
-            return Ok(0);
-        }
-        if let Some(p) = &self.panels {
-            return Ok(p.nbytes());
-        }
-        let p = Panels::from_i2s(self.data, self.n_out, self.n_in, pool)?;
-        let n = p.nbytes();
-        self.panels = Some(Arc::new(p));
-        Ok(n)
-    }
-
-    /// [`Self::repack`], and for fast numerics also a TQ2_0 or TQ1_0 matrix whose blocks all
-    /// share one scale (as the converters write a BitNet model's per-tensor scale): its codes
-    /// go into the same panels, the scale is their β, and the panel kernels run it as they run
-    /// I2_S. The integer sums are the same; the float steps become I2_S's (one multiply by
-    /// the scale instead of one per block), so exact numerics must not call this. Returns
-    /// the bytes of the new copy, 0 when nothing was done (other layouts, scales that differ,
-    /// a code 3 the block layouts never write, a tier without the kernel).
-    pub fn repack_fast(&mut self, pool: &Pool) -> Result<usize, KernelError> {
-        if kernels().i2s_panel.is_none() {
-            return Ok(0);
-        }
-        self.repack_fast_always(pool)
-    }
-
-    /// [`Self::repack_fast`] whatever the selected tier (tests, benchmarks).
-    pub fn repack_fast_always(&mut self, pool: &Pool) -> Result<usize, KernelError> {
         if self.layout == TernaryLayout::I2S {
-            return self.repack_always(pool);
+            if let Some(p) = &self.panels {
+                return Ok(p.nbytes());
+            }
+            let p = Panels::from_i2s(self.data, self.n_out, self.n_in, pool)?;
+            let n = p.nbytes();
+            self.panels = Some(Arc::new(p));
+            return Ok(n);
         }
         if !matches!(self.layout, TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0) {
             return Ok(0);
@@ -890,13 +889,22 @@ impl<'a> TernaryMatrix<'a> {
         let off = self.layout.code_offset();
         let w = self.row(r);
         kernel(w, p, t0, nt, &mut raw[..nt * nb]);
+        let row_scale = self.row_uniform_scale(r);
         for ti in 0..nt {
             let t = t0 + ti;
-            let y = match self.scales {
-                Scales::Tensor(beta) => {
+            let y = match (self.scales, row_scale) {
+                (Scales::Tensor(beta), _) => {
                     // y = ((T as f32) / s) · β
                     let tt = raw[ti] - off * bsum[t];
                     (tt as f32 / s[t]) * beta
+                }
+                (_, Some(d)) => {
+                    // I2_S's steps with the row's one scale: y = ((T as f32) / s) · d,
+                    // T = Σ_b T_b summed as integers (exact), as I2_S sums the whole row.
+                    let tt = (0..nb).fold(0i32, |a, b| {
+                        a.wrapping_add(raw[ti * nb + b].wrapping_sub(off * bsum[t * nb + b]))
+                    });
+                    (tt as f32 / s[t]) * d
                 }
                 _ => {
                     // y = (Σ_b (T_b as f32) · d_b) / s, blocks in order

@@ -567,9 +567,7 @@ pub fn run(a: Args) -> Result<()> {
         .map(|&t| read_bandwidth(&Pool::new(t.max(1)), base))
         .collect();
     if !a.model.no_repack {
-        bitnet_engine::repack_weights(&mut model, &file, a.model.numerics, &load_pool, &mut |e| {
-            progress.event(e)
-        })?;
+        bitnet_engine::repack_weights(&mut model, &file, &load_pool, &mut |e| progress.event(e))?;
     }
     for (ti, &t) in threads.iter().enumerate() {
         let pool = Pool::new(t.max(1));

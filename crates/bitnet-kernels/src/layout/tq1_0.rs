@@ -8,7 +8,8 @@
 //!   qh[0..4]    byte j, trit n (0..4) → element 240 + j + 4n       (elements 240..255)
 //! trit n of byte b = ((u16)(u8)(b · 3^n) · 3) >> 8;   w = (trit − 1) · d
 //! ```
-//! Rows hold K/256 blocks. Kernels: `T_b = Σ trit·q − Σ q`, `y = (Σ_b (T_b as f32) · d_b) / s`.
+//! Rows hold K/256 blocks. Kernels: `T_b = Σ trit·q − Σ q`, `y = (Σ_b (T_b as f32) · d_b) / s`;
+//! a row whose blocks all carry the same `d` takes I2_S's steps, `y = ((Σ_b T_b) as f32 / s) · d`.
 
 use super::TernaryLayout;
 use crate::KernelError;

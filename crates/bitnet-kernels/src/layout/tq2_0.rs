@@ -9,7 +9,8 @@
 //! w = (c − 1) · d        (c = 3 is never written; decoded as +2·d like llama.cpp)
 //! ```
 //! Rows hold K/256 blocks (K % 256 == 0). The kernels compute per block
-//! `T_b = Σ c·q − Σ q` and `y = (Σ_b (T_b as f32) · d_b) / s` (blocks summed in order).
+//! `T_b = Σ c·q − Σ q` and `y = (Σ_b (T_b as f32) · d_b) / s` (blocks summed in order); a row
+//! whose blocks all carry the same `d` takes I2_S's steps, `y = ((Σ_b T_b) as f32 / s) · d`.
 
 use super::TernaryLayout;
 use crate::KernelError;
