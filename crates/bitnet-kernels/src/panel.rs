@@ -405,8 +405,9 @@ mod tests {
     /// A TQ2_0 or TQ1_0 matrix whose blocks share one scale computes what the I2_S matrix
     /// of the same codes with that scale as β computes, bit for bit, on every tier, repacked
     /// into the panels (`repack_always`) or not: ragged row counts, token counts around the
-    /// tiles, one and two threads. Rows with a scale each (not repacked) give each row's
-    /// I2_S result; scales that differ inside a row, or a TQ2_0 code 3, are not repacked.
+    /// tiles, one and two threads. Rows with a scale each give each row's I2_S result, and
+    /// rows whose block scales differ the block kernels' result, repacked (the scales kept
+    /// apart) or not; a TQ2_0 code 3 is not repacked.
     #[test]
     fn uniform_block_layouts_compute_as_i2s() {
         use crate::layout::{tq1_0, tq2_0};
@@ -454,8 +455,9 @@ mod tests {
                     }
                 }
             }
-            // A scale per row (each row's blocks alike): not repacked; every row computes
-            // what a one-row I2_S matrix with that row's scale computes.
+            // A scale per row (each row's blocks alike): the panels with the scales apart;
+            // every row computes what a one-row I2_S matrix with that row's scale computes,
+            // repacked or not.
             if n_out > 1 {
                 let per_row: Vec<f32> = (0..n_out)
                     .flat_map(|r| {
@@ -471,45 +473,72 @@ mod tests {
                         TernaryLayout::Tq2_0 => tq2_0::pack(&values, &per_row).unwrap(),
                         _ => tq1_0::pack(&values, &per_row).unwrap(),
                     };
-                    let mut m = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
-                    assert_eq!(m.repack_always(&pool1).unwrap(), 0, "{layout:?}");
+                    let plain = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
+                    let mut packed = plain.clone();
+                    assert!(packed.repack_always(&pool1).unwrap() > 0, "{layout:?}");
                     for isa in supported_isas() {
-                        let mut out = vec![f32::NAN; n_tok * n_out];
-                        m.matmul_on(isa, &x, &s, &mut out, &pool1).unwrap().unwrap();
-                        for r in 0..n_out {
-                            let row = &values[r * k..(r + 1) * k];
-                            let one = i2s::pack_values(row, per_row[r * (k / 256)]).unwrap();
-                            let m1 =
-                                TernaryMatrix::new(TernaryLayout::I2S, 1, k, &one, None).unwrap();
-                            let mut y = vec![f32::NAN; n_tok];
-                            m1.matmul_on(crate::Isa::Scalar, &x, &s, &mut y, &pool1)
-                                .unwrap()
-                                .unwrap();
-                            for t in 0..n_tok {
-                                assert_eq!(
-                                    out[t * n_out + r].to_bits(),
-                                    y[t].to_bits(),
-                                    "{layout:?} {isa:?} row {r} token {t}"
-                                );
+                        for (m, what) in [(&packed, "repacked"), (&plain, "as stored")] {
+                            let mut out = vec![f32::NAN; n_tok * n_out];
+                            m.matmul_on(isa, &x, &s, &mut out, &pool1).unwrap().unwrap();
+                            for r in 0..n_out {
+                                let row = &values[r * k..(r + 1) * k];
+                                let one = i2s::pack_values(row, per_row[r * (k / 256)]).unwrap();
+                                let m1 = TernaryMatrix::new(TernaryLayout::I2S, 1, k, &one, None)
+                                    .unwrap();
+                                let mut y = vec![f32::NAN; n_tok];
+                                m1.matmul_on(crate::Isa::Scalar, &x, &s, &mut y, &pool1)
+                                    .unwrap()
+                                    .unwrap();
+                                for t in 0..n_tok {
+                                    assert_eq!(
+                                        out[t * n_out + r].to_bits(),
+                                        y[t].to_bits(),
+                                        "{layout:?} {what} {isa:?} row {r} token {t}"
+                                    );
+                                }
                             }
                         }
                     }
                 }
             }
-            // One block's scale differs: nothing is repacked.
-            let mut mixed = scales.clone();
-            mixed[scales.len() - 1] = 2.0 * beta;
-            for (layout, bytes) in (scales.len() > 1)
-                .then_some([
-                    (TernaryLayout::Tq2_0, tq2_0::pack(&values, &mixed).unwrap()),
-                    (TernaryLayout::Tq1_0, tq1_0::pack(&values, &mixed).unwrap()),
-                ])
-                .into_iter()
-                .flatten()
-            {
-                let mut m = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
-                assert_eq!(m.repack_always(&pool1).unwrap(), 0, "{layout:?}");
-                assert_eq!(m.repacked_bytes(), 0);
+            // A scale per block (random, one row keeping one scale): the panels with the
+            // scales apart compute what the block kernels compute, bit for bit.
+            if scales.len() > 1 {
+                let nb = k / 256;
+                let mut mixed: Vec<f32> = (0..scales.len())
+                    .map(|_| beta * (0.5 + (next(&mut st) % 64) as f32 / 32.0))
+                    .collect();
+                mixed[..nb].fill(beta);
+                for layout in [TernaryLayout::Tq2_0, TernaryLayout::Tq1_0] {
+                    let bytes = match layout {
+                        TernaryLayout::Tq2_0 => tq2_0::pack(&values, &mixed).unwrap(),
+                        _ => tq1_0::pack(&values, &mixed).unwrap(),
+                    };
+                    let plain = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
+                    let mut packed = plain.clone();
+                    assert!(packed.repack_always(&pool1).unwrap() > 0, "{layout:?}");
+                    for n_tok in [1usize, 2, 5, 17, 70] {
+                        let x = random_acts(&mut st, n_tok * k, 2);
+                        let s: Vec<f32> = (0..n_tok).map(|i| 1.5 + i as f32 * 0.25).collect();
+                        let run = |m: &TernaryMatrix<'_>, isa, pool: &Pool| {
+                            let mut out = vec![f32::NAN; n_tok * n_out];
+                            m.matmul_on(isa, &x, &s, &mut out, pool).unwrap().unwrap();
+                            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                        };
+                        let want = run(&plain, crate::Isa::Scalar, &pool1);
+                        for threads in [1usize, 2] {
+                            let pool = Pool::new(threads);
+                            for isa in supported_isas() {
+                                assert_eq!(
+                                    run(&packed, isa, &pool),
+                                    want,
+                                    "{layout:?} mixed {isa:?} {n_out}x{k} tokens {n_tok} \
+                                     threads {threads}"
+                                );
+                            }
+                        }
+                    }
+                }
             }
             // A TQ2_0 code 3 (+2 there): nothing is repacked.
             let mut three = tq2.clone();

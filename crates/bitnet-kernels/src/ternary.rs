@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::dispatch::{kernels, kernels_for};
 use crate::layout::{i2s, qk256, seq32, tq1_0, tq2_0, ExternalScales, TernaryLayout};
-use crate::panel::{Panels, PANEL_ROWS};
+use crate::panel::{Panels, GROUP_COLS, PANEL_ROWS};
 use crate::pool::{Pool, SharedMut};
 use crate::tier::{Amx, Isa, Kernels, Prepared};
 use crate::KernelError;
@@ -65,6 +65,19 @@ pub struct TernaryMatrix<'a> {
     /// The one scale of every block of a TQ2_0/TQ1_0 matrix repacked into panels: the
     /// panels' β.
     uniform: Option<f32>,
+    /// The block scales of a TQ2_0/TQ1_0 matrix repacked into panels whose blocks do not
+    /// all share one scale.
+    block_scales: Option<Arc<BlockScales>>,
+}
+
+/// The scales of a repacked block-layout matrix, kept apart so that the file's bytes are not
+/// read again.
+#[derive(Debug)]
+struct BlockScales {
+    /// f16 bits, `n_out × nb`, row-major.
+    d: Vec<u16>,
+    /// Each row's one scale when all its blocks carry the same (I2_S's float steps).
+    row_one: Vec<Option<f32>>,
 }
 
 impl<'a> TernaryMatrix<'a> {
@@ -148,6 +161,7 @@ impl<'a> TernaryMatrix<'a> {
             nb,
             codes_clean: false,
             uniform: None,
+            block_scales: None,
             panels: None,
         })
     }
@@ -332,19 +346,22 @@ impl<'a> TernaryMatrix<'a> {
             scales: self.scales,
             panels: self.panels.clone(),
             uniform: self.uniform,
+            block_scales: self.block_scales.clone(),
             ..*self
         })
     }
 
-    /// Repack an I2_S matrix into panels when the selected tier has a panel kernel
-    /// ([`crate::isa`]), and also a TQ2_0 or TQ1_0 matrix whose blocks all share one scale
-    /// (as the converters write a BitNet model's per-tensor scale): its codes go into the same
-    /// panels, the scale is their β, and the panel kernels run it as they run I2_S (its rows
-    /// take I2_S's float steps on every path, see `row_uniform_scale`). Returns the
-    /// bytes of the new copy, 0 when nothing was done (other layouts, block scales that
-    /// differ, a code 3 the block layouts never write, a tier without the kernel). Results
-    /// are bit-identical either way, in both numerics; once repacked, the tiers with a panel
-    /// kernel no longer read [`Self::packed_data`].
+    /// Repack an I2_S, TQ2_0 or TQ1_0 matrix into panels when the selected tier has a panel
+    /// kernel ([`crate::isa`]). A block layout's codes go into the same panels as I2_S's. When
+    /// all its blocks share one scale (as the converters write a BitNet model's per-tensor
+    /// scale), that scale is their β and every panel kernel runs it as it runs I2_S (its rows
+    /// take I2_S's float steps on every path, see `row_uniform_scale`); otherwise its scales
+    /// are kept beside the panels and the panel kernel runs one block of 256 columns at a
+    /// time, the float steps those of the block kernels. Returns the bytes of the new copy
+    /// (scales included), 0 when nothing was done (other layouts, a code 3 the block layouts
+    /// never write, a tier without the kernel). Results are bit-identical either way, in both
+    /// numerics; once repacked, the tiers with a panel kernel no longer read
+    /// [`Self::packed_data`].
     pub fn repack(&mut self, pool: &Pool) -> Result<usize, KernelError> {
         if kernels().i2s_panel.is_none() {
             return Ok(0);
@@ -371,8 +388,9 @@ impl<'a> TernaryMatrix<'a> {
         }
         let d = self.block_scale(0, 0);
         let uniform = (0..self.n_out)
-            .all(|r| (0..self.nb).all(|b| self.block_scale(r, b).to_bits() == d.to_bits()));
-        if !uniform || !d.is_finite() || !self.n_in.is_multiple_of(i2s::BLOCK_ELEMS) {
+            .all(|r| (0..self.nb).all(|b| self.block_scale(r, b).to_bits() == d.to_bits()))
+            && d.is_finite();
+        if !self.n_in.is_multiple_of(i2s::BLOCK_ELEMS) {
             return Ok(0);
         }
         // The codes in I2_S's order, row by row; a code 3 (never written) leaves the matrix
@@ -404,9 +422,19 @@ impl<'a> TernaryMatrix<'a> {
             return Ok(0);
         }
         let p = Panels::from_i2s(&codes, self.n_out, self.n_in, pool)?;
-        let n = p.nbytes();
+        let mut n = p.nbytes();
+        if uniform {
+            self.uniform = Some(d);
+        } else {
+            let bits = |r: usize, b: usize| half::f16::from_f32(self.block_scale(r, b)).to_bits();
+            let d: Vec<u16> = (0..self.n_out)
+                .flat_map(|r| (0..self.nb).map(move |b| bits(r, b)))
+                .collect();
+            let row_one = (0..self.n_out).map(|r| self.row_uniform_scale(r)).collect();
+            n += d.len() * 2 + self.n_out * std::mem::size_of::<Option<f32>>();
+            self.block_scales = Some(Arc::new(BlockScales { d, row_one }));
+        }
         self.panels = Some(Arc::new(p));
-        self.uniform = Some(d);
         Ok(n)
     }
 
@@ -553,6 +581,28 @@ impl<'a> TernaryMatrix<'a> {
             }
         }
         let bsum = self.block_sums(xq, n_tok);
+        if let (Some(pk), Some(panels), Some(bsc)) = (
+            kern.i2s_panel,
+            self.panels.as_deref(),
+            self.block_scales.as_deref(),
+        ) {
+            // Block-major activations: block b of every token, then block b + 1.
+            let be = self.layout.block_elems();
+            let k = self.n_in;
+            let mut xg = vec![0i8; xq.len()];
+            for (b, dst) in xg.chunks_exact_mut(n_tok * be).enumerate() {
+                for (t, d) in dst.chunks_exact_mut(be).enumerate() {
+                    d.copy_from_slice(&xq[t * k + b * be..t * k + (b + 1) * be]);
+                }
+            }
+            let outp = SharedMut::new(out);
+            let tile = kern.panel_tokens.max(1);
+            let f = |ps: Range<usize>| {
+                self.block_panel_rows(pk, tile, panels, bsc, &xg, &bsum, s, ps, &outp);
+            };
+            runner(panels.n_panels(), 1, &f);
+            return Ok(());
+        }
         // The panel kernels take Σq over the whole row.
         let bsum_k: std::borrow::Cow<'_, [i32]> = if self.nb == 1 || self.panels.is_none() {
             std::borrow::Cow::Borrowed(&bsum)
@@ -715,6 +765,78 @@ impl<'a> TernaryMatrix<'a> {
                 t0 += nt;
             }
             pb = pb_end;
+        }
+    }
+
+    /// Panels `ps` of a block-layout matrix with its block scales apart, for every token: one
+    /// panel and one block of 256 columns (`xg`'s block-major activations) per kernel call,
+    /// then `tile_out`'s float steps: `y = (Σ_b (T_b as f32) · d_b) / s`, blocks in order, or
+    /// `y = ((Σ_b T_b) as f32 / s) · d` for a row with one scale.
+    #[allow(clippy::too_many_arguments)]
+    fn block_panel_rows(
+        &self,
+        kernel: crate::tier::PanelKernel,
+        tile: usize,
+        panels: &Panels,
+        bsc: &BlockScales,
+        xg: &[i8],
+        bsum: &[i32],
+        s: &[f32],
+        ps: Range<usize>,
+        out: &SharedMut<f32>,
+    ) {
+        let n_tok = s.len();
+        let nb = self.nb;
+        let be = self.layout.block_elems();
+        let gpb = be / GROUP_COLS;
+        let mut raw = vec![0i32; tile * PANEL_ROWS];
+        let mut acc_f = vec![0f32; tile * PANEL_ROWS];
+        let mut acc_i = vec![0i32; tile * PANEL_ROWS];
+        for p in ps {
+            let w = panels.panels(p..p + 1);
+            let r0 = PANEL_ROWS * p;
+            let nr = (r0 + PANEL_ROWS).min(self.n_out) - r0;
+            let mut t0 = 0;
+            while t0 < n_tok {
+                let nt = (n_tok - t0).min(tile);
+                acc_f[..nt * PANEL_ROWS].fill(0.0);
+                acc_i[..nt * PANEL_ROWS].fill(0);
+                for b in 0..nb {
+                    let raw = &mut raw[..nt * PANEL_ROWS];
+                    let x = &xg[b * n_tok * be..(b + 1) * n_tok * be];
+                    kernel(&w[b * gpb..(b + 1) * gpb], gpb, x, be, t0, nt, raw);
+                    let mut d = [0f32; PANEL_ROWS];
+                    for (j, dj) in d.iter_mut().enumerate().take(nr) {
+                        *dj = half::f16::from_bits(bsc.d[(r0 + j) * nb + b]).to_f32();
+                    }
+                    for ti in 0..nt {
+                        let q = bsum[(t0 + ti) * nb + b];
+                        let at = ti * PANEL_ROWS;
+                        for j in 0..nr {
+                            // T_b = Σ u·q − Σ q over the block
+                            let tb = raw[at + j].wrapping_sub(q);
+                            acc_i[at + j] = acc_i[at + j].wrapping_add(tb);
+                            acc_f[at + j] += tb as f32 * d[j];
+                        }
+                    }
+                }
+                for ti in 0..nt {
+                    let t = t0 + ti;
+                    let at = t * self.n_out;
+                    // SAFETY: t < n_tok and r0 .. r0 + nr lie in 0..n_out, so the range is
+                    // inside `out`; panel ranges are disjoint between chunks, so no other
+                    // thread touches it.
+                    let dst = unsafe { out.slice_mut(at + r0..at + r0 + nr) };
+                    for (j, y) in dst.iter_mut().enumerate() {
+                        let i = ti * PANEL_ROWS + j;
+                        *y = match bsc.row_one[r0 + j] {
+                            Some(d) => (acc_i[i] as f32 / s[t]) * d,
+                            None => acc_f[i] / s[t],
+                        };
+                    }
+                }
+                t0 += nt;
+            }
         }
     }
 

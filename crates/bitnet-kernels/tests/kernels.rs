@@ -140,7 +140,11 @@ fn reference(m: &TernaryMatrix<'_>, w: &[u8], sib: Option<&[u8]>, q: &[i8], s: &
         let x = &q[t * k..(t + 1) * k];
         for r in 0..n_out {
             let v = &vals[r * k..(r + 1) * k];
-            out[t * n_out + r] = if layout == TernaryLayout::I2S {
+            let sc = &scale[r * nbr..(r + 1) * nbr];
+            // A TQ2_0/TQ1_0 row whose blocks all carry one scale takes I2_S's steps.
+            let one_scale = matches!(layout, TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0)
+                && sc.iter().all(|d| d.to_bits() == sc[0].to_bits());
+            out[t * n_out + r] = if layout == TernaryLayout::I2S || one_scale {
                 let tt: i32 = v.iter().zip(x).map(|(&a, &b)| a * i32::from(b)).sum();
                 (tt as f32 / s[t]) * scale[r * nbr]
             } else {
@@ -194,20 +198,26 @@ fn every_tier_matches_scalar_and_reference() {
         for (n_out, k) in shapes(layout, &mut rng) {
             let (w, sib) = random_tensor(&mut rng, layout, n_out, k);
             let m = TernaryMatrix::new(layout, n_out, k, &w, sib.as_deref()).unwrap();
+            // Repacked into panels too (I2_S, and the block layouts with their scales apart).
+            let mut packed = m.clone();
+            packed.repack_always(&pools[0]).unwrap();
             for n_tok in [1usize, 2, 3, 4, 5, 9] {
                 let (q, s) = random_acts(&mut rng, n_tok, k);
                 let want = reference(&m, &w, sib.as_deref(), &q, &s);
                 for &isa in &isas {
                     for pool in &pools {
-                        let mut out = vec![f32::NAN; n_tok * n_out];
-                        m.matmul_on(isa, &q, &s, &mut out, pool).unwrap().unwrap();
-                        for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                a.to_bits(),
-                                b.to_bits(),
-                                "{layout:?} {n_out}x{k} n_tok {n_tok} {isa:?} threads {} idx {i}: {a} vs {b}",
-                                pool.n_threads()
-                            );
+                        for (mat, what) in [(&m, "as stored"), (&packed, "repacked")] {
+                            let mut out = vec![f32::NAN; n_tok * n_out];
+                            mat.matmul_on(isa, &q, &s, &mut out, pool).unwrap().unwrap();
+                            for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{layout:?} {what} {n_out}x{k} n_tok {n_tok} {isa:?} \
+                                     threads {} idx {i}: {a} vs {b}",
+                                    pool.n_threads()
+                                );
+                            }
                         }
                     }
                 }
