@@ -792,31 +792,40 @@ impl<'a> TernaryMatrix<'a> {
         let mut raw = vec![0i32; tile * PANEL_ROWS];
         let mut acc_f = vec![0f32; tile * PANEL_ROWS];
         let mut acc_i = vec![0i32; tile * PANEL_ROWS];
+        // The panel's scales as f32, block-major (0 for padding rows).
+        let mut ds = vec![[0f32; PANEL_ROWS]; nb];
         for p in ps {
             let w = panels.panels(p..p + 1);
             let r0 = PANEL_ROWS * p;
             let nr = (r0 + PANEL_ROWS).min(self.n_out) - r0;
+            for (b, d) in ds.iter_mut().enumerate() {
+                for (j, dj) in d.iter_mut().enumerate() {
+                    *dj = if j < nr {
+                        half::f16::from_bits(bsc.d[(r0 + j) * nb + b]).to_f32()
+                    } else {
+                        0.0
+                    };
+                }
+            }
             let mut t0 = 0;
             while t0 < n_tok {
                 let nt = (n_tok - t0).min(tile);
                 acc_f[..nt * PANEL_ROWS].fill(0.0);
                 acc_i[..nt * PANEL_ROWS].fill(0);
-                for b in 0..nb {
+                for (b, d) in ds.iter().enumerate() {
                     let raw = &mut raw[..nt * PANEL_ROWS];
                     let x = &xg[b * n_tok * be..(b + 1) * n_tok * be];
                     kernel(&w[b * gpb..(b + 1) * gpb], gpb, x, be, t0, nt, raw);
-                    let mut d = [0f32; PANEL_ROWS];
-                    for (j, dj) in d.iter_mut().enumerate().take(nr) {
-                        *dj = half::f16::from_bits(bsc.d[(r0 + j) * nb + b]).to_f32();
-                    }
-                    for ti in 0..nt {
+                    let rows = raw.chunks_exact(PANEL_ROWS);
+                    let accs = acc_i.chunks_exact_mut(PANEL_ROWS);
+                    let accf = acc_f.chunks_exact_mut(PANEL_ROWS);
+                    for (ti, ((rw, ai), af)) in rows.zip(accs).zip(accf).enumerate() {
                         let q = bsum[(t0 + ti) * nb + b];
-                        let at = ti * PANEL_ROWS;
-                        for j in 0..nr {
+                        for j in 0..PANEL_ROWS {
                             // T_b = Σ u·q − Σ q over the block
-                            let tb = raw[at + j].wrapping_sub(q);
-                            acc_i[at + j] = acc_i[at + j].wrapping_add(tb);
-                            acc_f[at + j] += tb as f32 * d[j];
+                            let tb = rw[j].wrapping_sub(q);
+                            ai[j] = ai[j].wrapping_add(tb);
+                            af[j] += tb as f32 * d[j];
                         }
                     }
                 }
