@@ -402,6 +402,40 @@ mod tests {
         }
     }
 
+    /// For each of `n_toks` (random activations): every tier, one and two threads, gives
+    /// `want`'s scalar-tier output bit for bit from each of `mats`.
+    fn assert_tiers_give(
+        want: &TernaryMatrix<'_>,
+        mats: &[(&TernaryMatrix<'_>, &str)],
+        n_toks: &[usize],
+        st: &mut u64,
+        label: &str,
+    ) {
+        let (n_out, k) = (want.n_out(), want.n_in());
+        for &n_tok in n_toks {
+            let x = random_acts(st, n_tok * k, 2);
+            let s: Vec<f32> = (0..n_tok).map(|i| 1.5 + i as f32 * 0.25).collect();
+            let run = |m: &TernaryMatrix<'_>, isa, pool: &Pool| {
+                let mut out = vec![f32::NAN; n_tok * n_out];
+                m.matmul_on(isa, &x, &s, &mut out, pool).unwrap().unwrap();
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let expected = run(want, crate::Isa::Scalar, &Pool::new(1));
+            for threads in [1usize, 2] {
+                let pool = Pool::new(threads);
+                for isa in supported_isas() {
+                    for &(m, what) in mats {
+                        assert_eq!(
+                            run(m, isa, &pool),
+                            expected,
+                            "{label} {what} {isa:?} {n_out}x{k} tokens {n_tok} threads {threads}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// A TQ2_0 or TQ1_0 matrix whose blocks share one scale computes what the I2_S matrix
     /// of the same codes with that scale as β computes, bit for bit, on every tier, repacked
     /// into the panels (`repack_always`) or not: ragged row counts, token counts around the
@@ -409,7 +443,7 @@ mod tests {
     /// rows whose block scales differ the block kernels' result, repacked (the scales kept
     /// apart) or not; a TQ2_0 code 3 is not repacked.
     #[test]
-    fn uniform_block_layouts_compute_as_i2s() {
+    fn repacked_block_layouts_are_bit_exact() {
         use crate::layout::{tq1_0, tq2_0};
         let mut st = 0x7A11_5CA1_E5EE_D001u64;
         let beta = 0.093_75f32; // exact in f16
@@ -431,29 +465,9 @@ mod tests {
                     n_out.div_ceil(16) * k * 4,
                     "{layout:?}"
                 );
-                for n_tok in [1usize, 2, 5, 16, 17, 70] {
-                    let x = random_acts(&mut st, n_tok * k, 2);
-                    let s: Vec<f32> = (0..n_tok).map(|i| 1.5 + i as f32 * 0.25).collect();
-                    let run = |m: &TernaryMatrix<'_>, isa, pool: &Pool| {
-                        let mut out = vec![f32::NAN; n_tok * n_out];
-                        m.matmul_on(isa, &x, &s, &mut out, pool).unwrap().unwrap();
-                        out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                    };
-                    let want = run(&i2s_m, crate::Isa::Scalar, &pool1);
-                    for threads in [1usize, 2] {
-                        let pool = Pool::new(threads);
-                        for isa in supported_isas() {
-                            for (m, what) in [(&packed, "repacked"), (&plain, "as stored")] {
-                                assert_eq!(
-                                    run(m, isa, &pool),
-                                    want,
-                                    "{layout:?} {what} {isa:?} {n_out}x{k} tokens {n_tok} \
-                                     threads {threads}"
-                                );
-                            }
-                        }
-                    }
-                }
+                let mats = [(&packed, "repacked"), (&plain, "as stored")];
+                let what = format!("{layout:?}");
+                assert_tiers_give(&i2s_m, &mats, &[1, 2, 5, 16, 17, 70], &mut st, &what);
             }
             // A scale per row (each row's blocks alike): the panels with the scales apart;
             // every row computes what a one-row I2_S matrix with that row's scale computes,
@@ -517,27 +531,8 @@ mod tests {
                     let plain = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
                     let mut packed = plain.clone();
                     assert!(packed.repack_always(&pool1).unwrap() > 0, "{layout:?}");
-                    for n_tok in [1usize, 2, 5, 17, 70] {
-                        let x = random_acts(&mut st, n_tok * k, 2);
-                        let s: Vec<f32> = (0..n_tok).map(|i| 1.5 + i as f32 * 0.25).collect();
-                        let run = |m: &TernaryMatrix<'_>, isa, pool: &Pool| {
-                            let mut out = vec![f32::NAN; n_tok * n_out];
-                            m.matmul_on(isa, &x, &s, &mut out, pool).unwrap().unwrap();
-                            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                        };
-                        let want = run(&plain, crate::Isa::Scalar, &pool1);
-                        for threads in [1usize, 2] {
-                            let pool = Pool::new(threads);
-                            for isa in supported_isas() {
-                                assert_eq!(
-                                    run(&packed, isa, &pool),
-                                    want,
-                                    "{layout:?} mixed {isa:?} {n_out}x{k} tokens {n_tok} \
-                                     threads {threads}"
-                                );
-                            }
-                        }
-                    }
+                    let what = format!("{layout:?} mixed");
+                    assert_tiers_give(&plain, &[(&packed, "")], &[1, 2, 5, 17, 70], &mut st, &what);
                 }
             }
             // A TQ2_0 code 3 (+2 there): nothing is repacked.
