@@ -52,8 +52,7 @@ fn logits(file: &GgufFile, numerics: Numerics) -> Vec<f32> {
     logits_of(file, numerics, false)
 }
 
-/// [`logits`], with the projections repacked into panels first when `repack` (returns
-/// nothing different for layouts that are not repacked).
+/// [`logits`], with every projection repacked into panels first when `repack`.
 fn logits_of(file: &GgufFile, numerics: Numerics, repack: bool) -> Vec<f32> {
     let mut model = Model::load(file).unwrap();
     let pool = Pool::new(2);

@@ -59,8 +59,7 @@ pub struct TernaryMatrix<'a> {
     /// I2_S only: the packed codes were checked to hold no code 11 (see [`Self::check_codes`]).
     codes_clean: bool,
     /// The codes repacked into panels (`crate::panel`), used by the tiers that have a panel
-    /// kernel: I2_S's, or those of a TQ2_0/TQ1_0 matrix whose blocks share one scale
-    /// ([`Self::repack`]).
+    /// kernel: I2_S's, or a TQ2_0/TQ1_0 matrix's ([`Self::repack`]).
     panels: Option<Arc<Panels>>,
     /// The one scale of every block of a TQ2_0/TQ1_0 matrix repacked into panels: the
     /// panels' β.
@@ -380,7 +379,7 @@ impl<'a> TernaryMatrix<'a> {
             self.panels = Some(Arc::new(p));
             return Ok(n);
         }
-        if !matches!(self.layout, TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0) {
+        if !matches!(self.layout, TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0) || self.n_out == 0 {
             return Ok(0);
         }
         if let Some(p) = &self.panels {
