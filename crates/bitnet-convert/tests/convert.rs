@@ -272,6 +272,40 @@ fn block_layouts_with_one_scale_give_the_i2s_files_logits_bit_for_bit() {
     }
 }
 
+/// The golden model as TQ2_0 and TQ1_0 with block `i` of each matrix's scale `i mod 3` f16
+/// steps larger (block scales that differ, inside rows and between them): repacked into the panels with
+/// its scales kept apart, it gives the block kernels' logits bit for bit, in both numerics.
+#[test]
+fn block_layouts_with_differing_scales_are_repacked_bit_for_bit() {
+    let golden = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
+    for (target, block, at) in [(Target::Tq2_0, 66, 64), (Target::Tq1_0, 54, 52)] {
+        let mut bytes = run(&golden, &to(target)).unwrap();
+        let one_scale = parse(bytes.clone());
+        let base = usize::try_from(one_scale.data_offset()).unwrap();
+        for name in projections(&one_scale) {
+            let t = one_scale.tensor(&name).unwrap();
+            let start = base + usize::try_from(t.offset).unwrap();
+            let len = tensor_data(&one_scale, &name).len();
+            for (i, blk) in bytes[start..start + len]
+                .chunks_exact_mut(block)
+                .enumerate()
+            {
+                let step = u16::try_from(i % 3).unwrap();
+                let d = u16::from_le_bytes([blk[at], blk[at + 1]]) + step;
+                blk[at..at + 2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        let mixed = parse(bytes);
+        for numerics in [Numerics::Fast, Numerics::Exact] {
+            let want = logits(&mixed, numerics);
+            let what = format!("{} {numerics:?}", target.name());
+            assert_bits_equal(&logits_of(&mixed, numerics, true), &want, &what);
+            // The scales did change the logits.
+            assert_ne!(want, logits(&one_scale, numerics), "{what}");
+        }
+    }
+}
+
 #[test]
 fn per_block_f16_scales_keep_the_fast_gates_on_the_golden_model() {
     // The golden model (bitnet.cpp's I2_S, per-tensor f32 β) converted to TQ2_0 and TQ1_0:
