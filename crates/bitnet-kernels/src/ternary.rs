@@ -385,10 +385,15 @@ impl<'a> TernaryMatrix<'a> {
         if let Some(p) = &self.panels {
             return Ok(p.nbytes());
         }
+        // Each row's one scale, if it has one; the matrix shares one when every row has the
+        // first row's.
+        let row_one: Vec<Option<f32>> =
+            (0..self.n_out).map(|r| self.row_uniform_scale(r)).collect();
         let d = self.block_scale(0, 0);
-        let uniform = (0..self.n_out)
-            .all(|r| (0..self.nb).all(|b| self.block_scale(r, b).to_bits() == d.to_bits()))
-            && d.is_finite();
+        let uniform = d.is_finite()
+            && row_one
+                .iter()
+                .all(|o| o.is_some_and(|x| x.to_bits() == d.to_bits()));
         if !self.n_in.is_multiple_of(i2s::BLOCK_ELEMS) {
             return Ok(0);
         }
@@ -429,7 +434,6 @@ impl<'a> TernaryMatrix<'a> {
             let d: Vec<u16> = (0..self.n_out)
                 .flat_map(|r| (0..self.nb).map(move |b| bits(r, b)))
                 .collect();
-            let row_one = (0..self.n_out).map(|r| self.row_uniform_scale(r)).collect();
             n += d.len() * 2 + self.n_out * std::mem::size_of::<Option<f32>>();
             self.block_scales = Some(Arc::new(BlockScales { d, row_one }));
         }
