@@ -723,7 +723,8 @@ fn gpu_device_forward_matches_the_cpu() {
 }
 
 /// `json_schema` and `grammar` hold the reply (temperature 1 on the random tiny model); one
-/// that does not compile, or both at once, is `BITNET_ERR_INVALID` with a message.
+/// that does not compile, a negated Lark terminal, or both at once, is `BITNET_ERR_INVALID`
+/// with a message.
 #[test]
 fn structured_output_through_the_c_api() {
     let e = load(&cfg()).unwrap();
@@ -734,6 +735,8 @@ fn structured_output_through_the_c_api() {
     .unwrap();
     let grammar = CString::new(r#"start: "yes" | "no""#).unwrap();
     let bad = CString::new(r#"{"type":"nope"}"#).unwrap();
+    // A negated terminal: refused (its compilation has no bound on time or memory).
+    let negated = CString::new("start: A\nA: ~/[a-z]+/").unwrap();
     let run = |p: &bitnet_gen_params| -> (i32, String) {
         let mut c = Collect {
             text: Vec::new(),
@@ -783,6 +786,10 @@ fn structured_output_through_the_c_api() {
     for p in [
         bitnet_gen_params {
             json_schema: bad.as_ptr(),
+            ..base
+        },
+        bitnet_gen_params {
+            grammar: negated.as_ptr(),
             ..base
         },
         bitnet_gen_params {

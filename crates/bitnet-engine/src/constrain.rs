@@ -37,7 +37,9 @@ pub enum Constraint {
 impl Constraint {
     /// A grammar as a user wrote it: llguidance's Lark syntax (llama.cpp's `%llguidance {}`
     /// header allowed). llama.cpp's own GBNF (`root ::= …`) is refused with what to write
-    /// instead.
+    /// instead, and so are llguidance's negated (`~x`) and intersected (`x & y`) terminals:
+    /// compiling the negation of a large regular expression can take minutes and gigabytes
+    /// (llguidance's fuel does not bound it), so a request could stall the server.
     pub fn grammar_text(text: &str) -> Result<Constraint> {
         let gbnf = text.lines().any(|l| {
             let l = l.trim_start();
@@ -57,6 +59,15 @@ impl Constraint {
                          llguidance's Lark syntax (`name: …` rules, `start` the top one, \
                          `%json {…}` for a JSON schema)"
                     .into(),
+            });
+        }
+        if let Some(op) = lark_set_operator(text) {
+            return Err(EngineError::Grammar {
+                what: "grammar",
+                reason: format!(
+                    "{op} terminals are not supported (their compilation has no bound on time \
+                     or memory): write the terminal as a regular expression or alternatives"
+                ),
             });
         }
         Ok(Constraint::Lark(text.to_string()))
@@ -80,6 +91,72 @@ impl Constraint {
             Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         }
     }
+}
+
+/// The first of llguidance's Lark set operators in `text`, outside strings, regular
+/// expressions, comments and special tokens: `"negated"` for `~` before an atom (`~ 3`,
+/// `~ 1..5` are repetitions), `"intersected"` for `&`. The scan skips what the Lark lexer
+/// reads as one token; a run it cannot close (an unterminated string or regex) is read on
+/// as ordinary text. Where it reads a run more loosely than the lexer (any escape, a tab in
+/// a string) the lexer refuses the text before anything is compiled, so no operator that
+/// would reach the compiler is missed.
+fn lark_set_operator(text: &str) -> Option<&'static str> {
+    let b = text.as_bytes();
+    let mut i = 0;
+    // The end of a quoted run from `i` (on its opening `q`): after its closing `q`, or at
+    // `None` when the line or text ends first (then the run is read as ordinary text).
+    let run_end = |i: usize, q: u8, multiline: bool| -> Option<usize> {
+        let mut j = i + 1;
+        while j < b.len() {
+            match b[j] {
+                b'\\' => j += 2,
+                c if c == q => return Some(j + 1),
+                b'\n' if !multiline => return None,
+                _ => j += 1,
+            }
+        }
+        None
+    };
+    while i < b.len() {
+        match b[i] {
+            b'"' => i = run_end(i, b'"', false).unwrap_or(i + 1),
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                i = b[i..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(b.len(), |n| i + n);
+            }
+            b'/' => i = run_end(i, b'/', true).unwrap_or(i + 1),
+            b'#' => {
+                i = b[i..]
+                    .iter()
+                    .position(|&c| c == b'\n')
+                    .map_or(b.len(), |n| i + n)
+            }
+            b'<' => {
+                // A special token `<[^<>\s]+>`.
+                let n = b[i + 1..]
+                    .iter()
+                    .position(|&c| c == b'<' || c == b'>' || c.is_ascii_whitespace());
+                i = match n {
+                    Some(n) if n > 0 && b[i + 1 + n] == b'>' => i + n + 2,
+                    _ => i + 1,
+                };
+            }
+            b'&' => return Some("intersected"),
+            b'~' => {
+                let rest = text[i + 1..].trim_start_matches([' ', '\t']).as_bytes();
+                let digit = |k: usize| rest.get(k).is_some_and(u8::is_ascii_digit);
+                let number = digit(0) || (matches!(rest.first(), Some(b'+' | b'-')) && digit(1));
+                if !number {
+                    return Some("negated");
+                }
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    None
 }
 
 /// JSON written on one line, `", "` between items and `": "` after keys (as Python's

@@ -153,6 +153,39 @@ fn bad_schemas_and_grammars_are_typed_errors() {
     }
 }
 
+/// llguidance's negated and intersected terminals are refused (compiling a negated large
+/// regex has no bound on time or memory); `~` and `&` inside strings, regexes, comments and
+/// special tokens, and `~ N` repetitions, are not operators and compile.
+#[test]
+fn negated_and_intersected_terminals_are_refused_the_rest_compiles() {
+    for (g, op) in [
+        ("start: ~\"a\"", "negated"),
+        ("start: A\nA: ~ /x+/", "negated"),
+        ("start: A\nA: ~(\"a\" | \"b\")", "negated"),
+        ("start: A\nA: /a+/ & /[ab]+/", "intersected"),
+        ("start: \"~\" A\nA: \"x\"&\"x\"", "intersected"),
+        ("start: \"unterminated ~\nA: ~\"b\"", "negated"),
+    ] {
+        match Constraint::grammar_text(g) {
+            Err(EngineError::Grammar { reason, .. }) => {
+                assert!(reason.starts_with(op), "{g:?}: {reason}")
+            }
+            other => panic!("{g:?}: {other:?}"),
+        }
+    }
+    let e = engine();
+    for g in [
+        "start: \"ab\" ~ 2",
+        "start: \"ab\" ~ 1..3 \"c\"~2",
+        "start: \"~&\" A // a ~comment & more\n# ~ & too\nA: /[~&\\/]+~/",
+        "start: %json {\"type\": \"string\", \"pattern\": \"^[a-z~&]{2}$\"}",
+    ] {
+        let c = Constraint::grammar_text(g).unwrap_or_else(|err| panic!("{g:?}: {err}"));
+        e.constraint(&c)
+            .unwrap_or_else(|err| panic!("{g:?}: {err}"));
+    }
+}
+
 fn weather_tools(choice: Value, parallel: bool) -> bitnet_engine::tools::ToolSet {
     bitnet_engine::tools::ToolSet::from_openai(
         &json!([

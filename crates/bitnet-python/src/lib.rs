@@ -148,6 +148,46 @@ fn parse_options(
     Ok(opts)
 }
 
+/// The [`ToolSet`] of OpenAI's `tools` and `tool_choice` (JSON text) and
+/// `parallel_tool_calls`; None where they ask for no calls. Bad tools are `ValueError`.
+fn tool_set(
+    tools: &str,
+    tool_choice: Option<&str>,
+    parallel: Option<bool>,
+) -> PyResult<Option<ToolSet>> {
+    let json = |field: &str, t: &str| {
+        serde_json::from_str::<serde_json::Value>(t)
+            .map_err(|e| PyValueError::new_err(format!("{field}: {e}")))
+    };
+    let tools = json("tools", tools)?;
+    let choice = tool_choice.map(|c| json("tool_choice", c)).transpose()?;
+    ToolSet::from_openai(&tools, choice.as_ref(), parallel)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The constraint of a `("tools", text)` pair: `text` is a JSON object with `tools` and
+/// `tool_choice` (JSON values, the latter may be null) and `parallel_tool_calls` (a bool or
+/// null), as [`NativeModel::chat_tokens_tools`] took them.
+fn tools_constraint(text: &str) -> PyResult<Constraint> {
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| PyValueError::new_err(format!("tools: {e}")))?;
+    let field = |k: &str| v.get(k).filter(|x| !x.is_null());
+    let tools = field("tools").ok_or_else(|| PyValueError::new_err("tools: no `tools`"))?;
+    let parallel = match field("parallel_tool_calls") {
+        None => None,
+        Some(serde_json::Value::Bool(b)) => Some(*b),
+        Some(_) => {
+            return Err(PyValueError::new_err(
+                "parallel_tool_calls must be a bool or None",
+            ))
+        }
+    };
+    ToolSet::from_openai(tools, field("tool_choice"), parallel)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?
+        .and_then(|set| set.constraint())
+        .ok_or_else(|| PyValueError::new_err("tools: these tools ask for no constraint"))
+}
+
 fn chat_role(r: &str) -> PyResult<ChatRole> {
     match r {
         "system" | "developer" => Ok(ChatRole::System),
@@ -266,14 +306,7 @@ impl NativeModel {
         tool_choice: Option<&str>,
         parallel: Option<bool>,
     ) -> PyResult<(Vec<u32>, Option<String>)> {
-        let json = |field: &str, t: &str| {
-            serde_json::from_str::<serde_json::Value>(t)
-                .map_err(|e| PyValueError::new_err(format!("{field}: {e}")))
-        };
-        let tools = json("tools", tools)?;
-        let choice = tool_choice.map(|c| json("tool_choice", c)).transpose()?;
-        let set = ToolSet::from_openai(&tools, choice.as_ref(), parallel)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let set = tool_set(tools, tool_choice, parallel)?;
         let mut msgs = messages
             .into_iter()
             .map(|(r, c)| Ok(ChatMessage::new(chat_role(&r)?, c)))
@@ -515,6 +548,9 @@ impl NativeModel {
                     "grammar" => Constraint::grammar_text(&text)
                         .map_err(|e| PyValueError::new_err(e.to_string()))?,
                     "regex" => Constraint::Regex(text),
+                    // The tool-call grammar is rebuilt here from the tools themselves (it is
+                    // the engine's own, so it skips the checks a user's grammar gets).
+                    "tools" => tools_constraint(&text)?,
                     other => {
                         return Err(PyValueError::new_err(format!(
                             "unknown constraint kind {other:?}"

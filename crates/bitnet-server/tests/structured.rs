@@ -130,6 +130,7 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
             json!({ "type": "string", "pattern": "^[a-z]{3,9}$" }),
         );
     }
+    let negated = include_str!("data/grammar-negated-regex.lark");
     let cases = [
         (
             json!({ "response_format": { "type": "xml" } }),
@@ -158,6 +159,8 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
         (json!({ "json_schema": 5 }), "json_schema"),
         (json!({ "grammar": "root ::= \"a\"" }), "grammar"),
         (json!({ "grammar": "start: missing_rule" }), "grammar"),
+        // The fuzz input whose negated regex compiled for minutes and past 2 GB: refused.
+        (json!({ "grammar": negated }), "grammar"),
         (json!({ "grammar": 1 }), "grammar"),
         (
             json!({ "grammar": "start: \"a\"", "json_schema": person() }),

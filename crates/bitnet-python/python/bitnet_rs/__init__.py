@@ -246,8 +246,9 @@ class Model:
         }
 
     # -- generation --------------------------------------------------------------
-    def _start(self, prompt_ids, max_tokens, sampling):
-        constraint = _constraint(sampling)
+    def _start(self, prompt_ids, max_tokens, sampling, constraint=None):
+        if constraint is None:
+            constraint = _constraint(sampling)
         unknown = set(sampling) - set(_DEFAULTS) - {"seed", "stop"} - _CONSTRAINTS
         if unknown:
             raise TypeError(f"unknown sampling argument(s): {', '.join(sorted(unknown))}")
@@ -323,6 +324,7 @@ class Model:
             sampling.update(_response_format(response_format))
         msgs = _messages(messages)
         parser = None
+        constraint = None
         if tools is not None:
             ids, grammar = self._m.chat_tokens_tools(
                 msgs, json.dumps(tools),
@@ -332,13 +334,16 @@ class Model:
                     raise ValueError("tools cannot be combined with response_format, "
                                      "json_schema, json_object, grammar or regex "
                                      "(unless tool_choice is 'none')")
-                sampling["grammar"] = grammar
+                # The engine builds the calls' grammar again from the tools themselves.
+                constraint = ("tools", json.dumps({
+                    "tools": tools, "tool_choice": tool_choice,
+                    "parallel_tool_calls": parallel_tool_calls}))
                 parser = ToolParser()
         elif tool_choice not in (None, "none", "auto"):
             raise ValueError("tool_choice needs tools")
         else:
             ids = self._m.chat_tokens(msgs)
-        s = self._start(ids, max_tokens, sampling)
+        s = self._start(ids, max_tokens, sampling, constraint)
         meta = {
             "id": "chatcmpl-" + uuid.uuid4().hex[:24],
             "created": int(time.time()),
