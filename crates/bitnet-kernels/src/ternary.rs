@@ -385,6 +385,9 @@ impl<'a> TernaryMatrix<'a> {
         if let Some(p) = &self.panels {
             return Ok(p.nbytes());
         }
+        if !self.n_in.is_multiple_of(i2s::BLOCK_ELEMS) {
+            return Ok(0);
+        }
         // Each row's one scale, if it has one; the matrix shares one when every row has the
         // first row's.
         let row_one: Vec<Option<f32>> =
@@ -394,9 +397,6 @@ impl<'a> TernaryMatrix<'a> {
             && row_one
                 .iter()
                 .all(|o| o.is_some_and(|x| x.to_bits() == d.to_bits()));
-        if !self.n_in.is_multiple_of(i2s::BLOCK_ELEMS) {
-            return Ok(0);
-        }
         // The codes in I2_S's order, row by row; a code 3 (never written) leaves the matrix
         // as it is.
         let row_i2s = self.n_in / 4;
