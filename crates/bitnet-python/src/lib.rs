@@ -481,7 +481,8 @@ impl NativeModel {
 
     /// Starts generating after `prompt` (token ids); returns a [`Stream`] of text pieces.
     /// `constraint`: `(kind, text)` with kind `json_schema` (the schema as JSON text),
-    /// `json_object`, `grammar` (llguidance Lark) or `regex`; checked here (`ValueError`).
+    /// `json_object`, `grammar` (llguidance Lark), `regex` or `tools` (the calls' grammar of
+    /// the tools, see `tools_constraint`); checked here (`ValueError`).
     #[pyo3(signature = (prompt, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, stop, constraint=None))]
     #[allow(clippy::too_many_arguments)]
     fn start(
