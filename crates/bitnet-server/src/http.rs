@@ -566,6 +566,21 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         Endpoint::Chat => "messages",
         Endpoint::Completion => "prompt",
     };
+    // Admission: a bounded number of requests in hand, taken before the prompt is tokenized
+    // and the constraint compiled, so that a flood of requests cannot run those without bound.
+    let ticket = Ticket::try_take(&s.in_flight, s.cfg.parallel.saturating_add(s.cfg.max_queue))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!(
+                    "the server is busy: {} requests are generating or waiting; retry later",
+                    s.cfg.parallel.saturating_add(s.cfg.max_queue)
+                ),
+            )
+            .with_code("queue_full")
+            .retry_after(1)
+        })?;
 
     let tok = Arc::clone(&ready.tokenizer);
     let prompt = tokenize_blocking(move || tokenize(&tok, &input)).await?;
@@ -601,10 +616,15 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         sampler.seed = random_u64();
     }
     // Compile the constraint here, so that a schema or grammar that does not compile is a
-    // 400 before anything is queued.
+    // 400 before anything is queued; at most `parallel` compilations at once.
     let constraint = match constraint {
         None => None,
         Some(c) => {
+            let _permit = s
+                .compiles
+                .acquire()
+                .await
+                .map_err(|_| unavailable("the server is shutting down"))?;
             let grammars = Arc::clone(&ready.grammars);
             let tok = Arc::clone(&ready.tokenizer);
             let compiled = tokenize_blocking(move || {
@@ -626,20 +646,6 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         }
     };
 
-    // Admission: a bounded number of requests in the scheduler's hands.
-    let ticket = Ticket::try_take(&s.in_flight, s.cfg.parallel.saturating_add(s.cfg.max_queue))
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                format!(
-                    "the server is busy: {} requests are generating or waiting; retry later",
-                    s.cfg.parallel.saturating_add(s.cfg.max_queue)
-                ),
-            )
-            .with_code("queue_full")
-            .retry_after(1)
-        })?;
     let (tx, mut rx) = unbounded_channel();
     let job = Job {
         prompt,

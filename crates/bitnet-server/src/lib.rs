@@ -199,8 +199,11 @@ pub(crate) struct Shared {
     ready: OnceLock<Ready>,
     phase: watch::Sender<Phase>,
     draining: AtomicBool,
-    /// Requests handed to the scheduler and not yet finished (waiting or in a slot).
+    /// Requests admitted and not yet finished (being prepared, waiting or in a slot).
     in_flight: Arc<AtomicUsize>,
+    /// Constraint compilations running at once: at most `parallel` (a hostile schema or
+    /// grammar can take seconds and hundreds of MB to compile within llguidance's limits).
+    compiles: tokio::sync::Semaphore,
     scheduler: Mutex<Option<std::thread::JoinHandle<()>>>,
     started: u64,
 }
@@ -227,6 +230,7 @@ impl Server {
             .await
             .map_err(|source| ServerError::Bind { addr, source })?;
         let (phase, _) = watch::channel(Phase::Loading);
+        let compiles = tokio::sync::Semaphore::new(cfg.parallel);
         Ok(Server {
             listener,
             shared: Arc::new(Shared {
@@ -236,6 +240,7 @@ impl Server {
                 phase,
                 draining: AtomicBool::new(false),
                 in_flight: Arc::new(AtomicUsize::new(0)),
+                compiles,
                 scheduler: Mutex::new(None),
                 started: api::unix_now(),
             }),
@@ -305,7 +310,7 @@ impl ServerHandle {
         &self.shared.metrics
     }
 
-    /// Requests handed to the scheduler and not finished (waiting or generating).
+    /// Requests admitted and not finished (being prepared, waiting or generating).
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Relaxed)
     }

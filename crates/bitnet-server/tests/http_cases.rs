@@ -436,9 +436,24 @@ async fn queue_full_is_429_with_retry_after() {
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(r.json()["error"]["code"], "queue_full");
+    // Admission comes before the prompt is tokenized and the constraint compiled: a grammar
+    // that does not compile (a 400 when there is room) and an over-long prompt get the 429
+    // too, so a flood of them cannot make the server compile or tokenize without bound.
+    let long = "word ".repeat(2000);
+    let bad = [
+        chat_body(r#","grammar":"start: missing_rule""#),
+        format!(r#"{{"messages":[{{"role":"user","content":"{long}"}}],"max_tokens":4}}"#),
+    ];
+    for body in &bad {
+        let r = post(s.addr, CHAT, body).await;
+        assert_eq!(r.status, 429, "{:?}", r.json());
+    }
     drop(a);
     assert_eq!(b.await.unwrap().status, 200);
     s.wait_idle(Duration::from_secs(5)).await;
+    for body in &bad {
+        assert_eq!(post(s.addr, CHAT, body).await.status, 400);
+    }
     assert!(s.metric("bitnet_requests_rejected_busy_total").await >= 1.0);
 }
 
