@@ -187,6 +187,17 @@ async fn handle(s: &AppState, req: Request) -> Result<Response, ApiError> {
     let o = json_object(s, req).await?;
     let r = parse(&o, ready.n_vocab, ready.n_embd)?;
     drop(o);
+    // Admission before the inputs are tokenized (as for generation).
+    let ticket = Ticket::try_take(&s.in_flight, s.cfg.parallel.saturating_add(s.cfg.max_queue))
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "the server is busy; retry later",
+            )
+            .with_code("queue_full")
+            .retry_after(1)
+        })?;
     let tok = Arc::clone(&ready.tokenizer);
     let n_ctx = ready.n_ctx;
     let inputs = tokenize_blocking(move || {
@@ -218,16 +229,6 @@ async fn handle(s: &AppState, req: Request) -> Result<Response, ApiError> {
             .collect::<Result<Vec<_>, _>>()
     })
     .await?;
-    let ticket = Ticket::try_take(&s.in_flight, s.cfg.parallel.saturating_add(s.cfg.max_queue))
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                "the server is busy; retry later",
-            )
-            .with_code("queue_full")
-            .retry_after(1)
-        })?;
     let n_tokens: usize = inputs.iter().map(Vec::len).sum();
     let (reply, rx) = tokio::sync::oneshot::channel();
     ready
