@@ -24,7 +24,7 @@ use serde_json::{json, Map, Value};
 
 use crate::api::ApiError;
 use crate::http::{counted, json_object, loading_error, tokenize_blocking, unavailable, AppState};
-use crate::scheduler::{EmbedJob, Msg, Ticket};
+use crate::scheduler::{EmbedJob, Msg};
 use crate::Ready;
 
 /// Most inputs in one request (OpenAI's limit).
@@ -188,16 +188,7 @@ async fn handle(s: &AppState, req: Request) -> Result<Response, ApiError> {
     let r = parse(&o, ready.n_vocab, ready.n_embd)?;
     drop(o);
     // Admission before the inputs are tokenized (as for generation).
-    let ticket = Ticket::try_take(&s.in_flight, s.cfg.parallel.saturating_add(s.cfg.max_queue))
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                "the server is busy; retry later",
-            )
-            .with_code("queue_full")
-            .retry_after(1)
-        })?;
+    let ticket = crate::http::admit(s)?;
     let tok = Arc::clone(&ready.tokenizer);
     let n_ctx = ready.n_ctx;
     let inputs = tokenize_blocking(move || {

@@ -510,6 +510,23 @@ fn tokenize(tok: &Tokenizer, input: &Input) -> Result<Vec<u32>, ApiError> {
     }
 }
 
+/// Admission: a ticket for one of the `parallel + max_queue` requests the server holds at once
+/// (generating, embedding or waiting), or a 429 with `Retry-After`. Taken before a request's
+/// text is tokenized or its constraint compiled, so that a flood of requests cannot run those
+/// without bound.
+pub(crate) fn admit(s: &Shared) -> Result<Ticket, ApiError> {
+    let cap = s.cfg.parallel.saturating_add(s.cfg.max_queue);
+    Ticket::try_take(&s.in_flight, cap).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!("the server is busy: {cap} requests are in hand; retry later"),
+        )
+        .with_code("queue_full")
+        .retry_after(1)
+    })
+}
+
 /// Runs a tokenization on a blocking thread: a large text must not stall the runtime.
 pub(crate) async fn tokenize_blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
@@ -568,19 +585,7 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
     };
     // Admission: a bounded number of requests in hand, taken before the prompt is tokenized
     // and the constraint compiled, so that a flood of requests cannot run those without bound.
-    let ticket = Ticket::try_take(&s.in_flight, s.cfg.parallel.saturating_add(s.cfg.max_queue))
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                format!(
-                    "the server is busy: {} requests are generating or waiting; retry later",
-                    s.cfg.parallel.saturating_add(s.cfg.max_queue)
-                ),
-            )
-            .with_code("queue_full")
-            .retry_after(1)
-        })?;
+    let ticket = admit(s)?;
 
     let tok = Arc::clone(&ready.tokenizer);
     let prompt = tokenize_blocking(move || tokenize(&tok, &input)).await?;
