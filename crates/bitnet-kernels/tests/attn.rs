@@ -239,6 +239,46 @@ fn thread_count_and_chunking_do_not_change_the_result_much() {
 }
 
 #[test]
+fn a_prompt_row_is_bit_identical_to_the_same_row_alone() {
+    // How many rows share a work item depends on the heads per KV head; a row's arithmetic
+    // must not. One chunk of positions (under 256, one thread) both ways.
+    let mut rng = Rng::new(11);
+    for gqa in [1, 2, 4, 8] {
+        let shape = AttnShape {
+            n_head: 2 * gqa,
+            n_head_kv: 2,
+            head_dim: 64,
+        };
+        let (pos0, n) = (5, 37);
+        let c = case(&mut rng, shape, pos0, n, 4.0);
+        let qw = shape.n_head * shape.head_dim;
+        for isa in [Isa::Scalar, bitnet_kernels::isa()] {
+            let pool = Pool::new(1);
+            let batch = run(&c, isa, true, &pool);
+            for t in 0..n {
+                let kv = (pos0 + t + 1) * shape.n_head_kv * shape.head_dim;
+                let one = Case {
+                    shape,
+                    pos0: pos0 + t,
+                    n: 1,
+                    q: c.q[t * qw..][..qw].to_vec(),
+                    k: c.k[..kv].to_vec(),
+                    v: c.v[..kv].to_vec(),
+                    k16: c.k16[..kv].to_vec(),
+                    v16: c.v16[..kv].to_vec(),
+                    scale: c.scale,
+                };
+                let alone = run(&one, isa, true, &pool);
+                assert!(
+                    same_bits(&batch[t * qw..][..qw], &alone),
+                    "gqa {gqa}, {isa:?}, row {t}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn a_dominant_position_wins_and_masked_positions_are_ignored() {
     // Query row t sees positions 0..=pos0+t only: a huge score at a later position must
     // not leak into earlier rows.
