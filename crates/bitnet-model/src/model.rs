@@ -827,7 +827,7 @@ impl<'a> Model<'a> {
                     (&l.wk, &ni.k, &mut sc.k),
                     (&l.wv, &ni.v, &mut sc.v),
                 ],
-                (&mut sc.rs, &mut sc.b, &mut sc.xq, &mut sc.s),
+                (&mut sc.rs, &mut sc.xq, &mut sc.s),
                 exec,
             )?,
         }
@@ -942,7 +942,7 @@ impl<'a> Model<'a> {
                     (&l.w_gate, &ni.gate, &mut sc.g),
                     (&l.w_up, &ni.up, &mut sc.up),
                 ],
-                (&mut sc.rs, &mut sc.b, &mut sc.xq, &mut sc.s),
+                (&mut sc.rs, &mut sc.xq, &mut sc.s),
                 exec,
             )?,
         }
@@ -1053,23 +1053,38 @@ impl<'a> Model<'a> {
     }
 
     /// `out = Lin(W, RMS(a, W's input norm))` for projections that read the same rows `a`
-    /// (`width` wide): one RMS factor per row, shared; `tmp` holds the factors, the normed rows
-    /// and their int8 codes and scales.
+    /// (`width` wide): one RMS factor per row, shared; `tmp` holds the factors and the int8
+    /// codes and scales. Each row is normed and quantized in one pass (the normed row stays
+    /// in a per-thread buffer): `RMS(a, w)` bit for bit, as [`numerics::scale_row`] gives
+    /// it, then the codes [`quantize_rows`] would give.
     #[allow(clippy::type_complexity)]
     fn lin_norm_in<const P: usize>(
         &self,
         a: &[f32],
         width: usize,
         projections: [(&TernaryMatrix<'_>, &Vec<f32>, &mut Vec<f32>); P],
-        tmp: (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<i8>, &mut Vec<f32>),
+        tmp: (&mut Vec<f32>, &mut Vec<i8>, &mut Vec<f32>),
         exec: &Exec<'_>,
     ) -> Result<()> {
-        let (rs, b, xq, s) = tmp;
+        let (rs, xq, s) = tmp;
         let n = a.len() / width.max(1);
         self.row_scales(a, width, rs, exec)?;
+        let rs = &rs[..];
         for (w, norm, out) in projections {
-            self.scaled_rows(a, rs, norm, width, b, exec)?;
-            quantize_rows(b, width, xq, s, exec)?;
+            let (q, sc) = (sized(xq, a.len()), sized(s, n));
+            each_row2(exec, q, width, sc, 1, &|r, qs, ss| {
+                let mut y = vec![0.0f32; width];
+                let xs = &a[r.start * width..r.end * width];
+                for (((src, qr), sv), &f) in xs
+                    .chunks_exact(width)
+                    .zip(qs.chunks_exact_mut(width))
+                    .zip(ss.iter_mut())
+                    .zip(&rs[r])
+                {
+                    numerics::scale_row(src, f, norm, &mut y);
+                    *sv = act::quantize_i8(&y, qr);
+                }
+            })?;
             self.lin(w, xq, s, n, exec, out)?;
         }
         Ok(())
@@ -1088,30 +1103,6 @@ impl<'a> Model<'a> {
         each_row(exec, rs, 1, &|r, out| {
             for (i, o) in r.zip(out.iter_mut()) {
                 *o = numerics::rms_scale(&x[i * width..(i + 1) * width], eps, nm);
-            }
-        })
-    }
-
-    /// `y` = each `width`-row of `x` times its factor in `rs`, times `w`: the RMSNorm of `x`
-    /// with weights `w`, bit for bit.
-    fn scaled_rows(
-        &self,
-        x: &[f32],
-        rs: &[f32],
-        w: &[f32],
-        width: usize,
-        y: &mut Vec<f32>,
-        exec: &Exec<'_>,
-    ) -> Result<()> {
-        let y = sized(y, x.len());
-        each_row(exec, y, width, &|r, ys| {
-            let xs = &x[r.start * width..r.end * width];
-            for ((src, dst), &f) in xs
-                .chunks_exact(width)
-                .zip(ys.chunks_exact_mut(width))
-                .zip(&rs[r])
-            {
-                numerics::scale_row(src, f, w, dst);
             }
         })
     }
