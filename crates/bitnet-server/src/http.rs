@@ -583,8 +583,7 @@ async fn handle(s: &AppState, req: Request, endpoint: Endpoint) -> Result<Respon
         Endpoint::Chat => "messages",
         Endpoint::Completion => "prompt",
     };
-    // Admission: a bounded number of requests in hand, taken before the prompt is tokenized
-    // and the constraint compiled, so that a flood of requests cannot run those without bound.
+    // Admission, before the prompt is tokenized and the constraint compiled.
     let ticket = admit(s)?;
 
     let tok = Arc::clone(&ready.tokenizer);
