@@ -240,8 +240,8 @@ fn thread_count_and_chunking_do_not_change_the_result_much() {
 
 #[test]
 fn a_prompt_row_is_bit_identical_to_the_same_row_alone() {
-    // How many rows share a work item depends on the heads per KV head; a row's arithmetic
-    // must not. One chunk of positions (under 256, one thread) both ways.
+    // A prompt's rows share work items; a row's arithmetic must not depend on the rows
+    // beside it. One chunk of positions (under 256, one thread) both ways.
     let mut rng = Rng::new(11);
     for gqa in [1, 2, 4, 8] {
         let shape = AttnShape {
