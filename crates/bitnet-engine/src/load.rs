@@ -434,7 +434,7 @@ pub fn open_file(path: &Path, in_memory: bool) -> Result<GgufFile> {
 /// (`bitnet_kernels::has_panel_kernel`), releasing the mapped pages of the file's copies as
 /// each matrix is done: the tiers that use panels never read them again, so the weights stay
 /// resident once, not twice. (A file read into memory keeps its copy: +1× the projections.)
-/// TQ2_0 and TQ1_0 projections go into the same panels, in both numerics
+/// TQ2_0, TQ1_0, BitNet32F16 and Split32 projections go into the same panels, in both numerics
 /// (`TernaryMatrix::repack`: the same integer sums and float steps; a matrix whose blocks
 /// share one scale takes I2_S's on every path, another keeps its block scales apart).
 /// Returns the bytes of the repacked copies (0 when the tier has no panel kernel).

@@ -199,16 +199,22 @@ fn repacked_weights_give_the_same_logits_bit_for_bit() {
     }
 }
 
-/// TQ2_0 and TQ1_0 projections (one scale per tensor, as the converters write) are repacked
-/// into the I2_S panels (on a tier that has them) in both numerics, and give the unrepacked
-/// logits bit for bit (their rows take I2_S's float steps either way).
+/// TQ2_0, TQ1_0, BitNet32F16 and Split32 projections (one scale per tensor, as the writers
+/// make them from a BitNet model) are repacked into the I2_S panels (on a tier that has them)
+/// in both numerics, and give the unrepacked logits bit for bit (their rows take I2_S's float
+/// steps either way).
 #[test]
 fn block_layouts_with_one_scale_are_repacked_in_both_numerics() {
     use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
     let panels = bitnet_kernels::has_panel_kernel(bitnet_kernels::isa());
     eprintln!("tier {} repacks: {panels}", bitnet_kernels::isa().name());
     let dir = tempfile::tempdir().unwrap();
-    for layout in [WeightLayout::Tq2_0, WeightLayout::Tq1_0] {
+    for layout in [
+        WeightLayout::Tq2_0,
+        WeightLayout::Tq1_0,
+        WeightLayout::BitNet32F16,
+        WeightLayout::Split32WithSibling,
+    ] {
         let mut spec = SynthSpec::preset(Preset::Tiny);
         spec.layout = layout;
         let path = dir.path().join(format!("{layout:?}.gguf"));

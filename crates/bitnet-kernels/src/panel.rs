@@ -436,67 +436,86 @@ mod tests {
         }
     }
 
-    /// A TQ2_0 or TQ1_0 matrix whose blocks share one scale computes what the I2_S matrix
-    /// of the same codes with that scale as β computes, bit for bit, on every tier, repacked
-    /// into the panels (`repack_always`) or not: ragged row counts, token counts around the
-    /// tiles, one and two threads. Rows with a scale each give each row's I2_S result, and
-    /// rows whose block scales differ the block kernels' result, repacked (the scales kept
-    /// apart) or not; a TQ2_0 code 3 is not repacked.
+    /// A block-layout matrix (TQ2_0, TQ1_0, BitNet32F16, Split32) whose blocks share one
+    /// scale computes what the I2_S matrix of the same codes with that scale as β computes,
+    /// bit for bit, on every tier, repacked into the panels (`repack_always`) or not: ragged
+    /// row counts, token counts around the tiles, one and two threads. Rows with a scale each
+    /// give each row's I2_S result, and rows whose block scales differ the block kernels'
+    /// result, repacked (the scales kept apart) or not; a code the layout never writes
+    /// (TQ2_0's 3, the 32-blocks' 0) is not repacked.
     #[test]
     fn repacked_block_layouts_are_bit_exact() {
-        use crate::layout::{tq1_0, tq2_0};
+        use crate::layout::{seq32, tq1_0, tq2_0};
+        const LAYOUTS: [TernaryLayout; 4] = [
+            TernaryLayout::Tq2_0,
+            TernaryLayout::Tq1_0,
+            TernaryLayout::BitNet32F16,
+            TernaryLayout::Split32WithSibling,
+        ];
+        // The layout's bytes and, for Split32, its sibling scales (f32).
+        let pack = |layout: TernaryLayout, values: &[i8], scales: &[f32]| match layout {
+            TernaryLayout::Tq2_0 => (tq2_0::pack(values, scales).unwrap(), None),
+            TernaryLayout::Tq1_0 => (tq1_0::pack(values, scales).unwrap(), None),
+            TernaryLayout::BitNet32F16 => (seq32::pack_inline(values, scales).unwrap(), None),
+            _ => {
+                let (codes, sib) = seq32::pack_split(values, scales).unwrap();
+                (codes, Some(sib))
+            }
+        };
         let mut st = 0x7A11_5CA1_E5EE_D001u64;
         let beta = 0.093_75f32; // exact in f16
-        for (n_out, k) in [(1usize, 256usize), (15, 256), (17, 512), (40, 768)] {
+        for (n_out, k) in [
+            (1usize, 256usize),
+            (15, 256),
+            (17, 512),
+            (40, 768),
+            (9, 384),
+        ] {
             let values: Vec<i8> = (0..n_out * k)
                 .map(|_| i8::try_from(next(&mut st) % 3).unwrap_or(0) - 1)
                 .collect();
             let i2s_bytes = i2s::pack_values(&values, beta).unwrap();
             let i2s_m = TernaryMatrix::new(TernaryLayout::I2S, n_out, k, &i2s_bytes, None).unwrap();
-            let scales = vec![beta; n_out * k / 256];
-            let tq2 = tq2_0::pack(&values, &scales).unwrap();
-            let tq1 = tq1_0::pack(&values, &scales).unwrap();
             let pool1 = Pool::new(1);
-            for (layout, bytes) in [(TernaryLayout::Tq2_0, &tq2), (TernaryLayout::Tq1_0, &tq1)] {
-                let plain = TernaryMatrix::new(layout, n_out, k, bytes, None).unwrap();
+            // K = 384 is not a whole number of TQ blocks.
+            let layouts = LAYOUTS.iter().filter(|l| k.is_multiple_of(l.block_elems()));
+            for &layout in layouts {
+                let be = layout.block_elems();
+                let what = format!("{layout:?}");
+                let (bytes, sib) = pack(layout, &values, &vec![beta; n_out * k / be]);
+                let plain = TernaryMatrix::new(layout, n_out, k, &bytes, sib.as_deref()).unwrap();
                 let mut packed = plain.clone();
                 assert_eq!(
                     packed.repack_always(&pool1).unwrap(),
                     n_out.div_ceil(16) * k * 4,
-                    "{layout:?}"
+                    "{what}"
                 );
                 let mats = [(&packed, "repacked"), (&plain, "as stored")];
-                let what = format!("{layout:?}");
                 assert_tiers_give(&i2s_m, &mats, &[1, 2, 5, 16, 17, 70], &mut st, &what);
-            }
-            // A scale per row (each row's blocks alike): the panels with the scales apart;
-            // every row computes what a one-row I2_S matrix with that row's scale computes,
-            // repacked or not.
-            if n_out > 1 {
-                let per_row: Vec<f32> = (0..n_out)
-                    .flat_map(|r| {
-                        let d = beta * (1.0 + r as f32 / 8.0);
-                        std::iter::repeat_n(d, k / 256)
-                    })
-                    .collect();
-                let n_tok = 5;
-                let x = random_acts(&mut st, n_tok * k, 2);
-                let s: Vec<f32> = (0..n_tok).map(|i| 1.25 + i as f32 * 0.5).collect();
-                for layout in [TernaryLayout::Tq2_0, TernaryLayout::Tq1_0] {
-                    let bytes = match layout {
-                        TernaryLayout::Tq2_0 => tq2_0::pack(&values, &per_row).unwrap(),
-                        _ => tq1_0::pack(&values, &per_row).unwrap(),
-                    };
-                    let plain = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
+
+                // A scale per row (each row's blocks alike): the panels with the scales
+                // apart; every row computes what a one-row I2_S matrix with that row's scale
+                // computes, repacked or not.
+                if n_out > 1 {
+                    let row_d = |r: usize| beta * (1.0 + r as f32 / 8.0);
+                    let per_row: Vec<f32> = (0..n_out)
+                        .flat_map(|r| std::iter::repeat_n(row_d(r), k / be))
+                        .collect();
+                    let n_tok = 5;
+                    let x = random_acts(&mut st, n_tok * k, 2);
+                    let s: Vec<f32> = (0..n_tok).map(|i| 1.25 + i as f32 * 0.5).collect();
+                    let (bytes, sib) = pack(layout, &values, &per_row);
+                    let plain =
+                        TernaryMatrix::new(layout, n_out, k, &bytes, sib.as_deref()).unwrap();
                     let mut packed = plain.clone();
-                    assert!(packed.repack_always(&pool1).unwrap() > 0, "{layout:?}");
+                    assert!(packed.repack_always(&pool1).unwrap() > 0, "{what}");
                     for isa in supported_isas() {
-                        for (m, what) in [(&packed, "repacked"), (&plain, "as stored")] {
+                        for (m, how) in [(&packed, "repacked"), (&plain, "as stored")] {
                             let mut out = vec![f32::NAN; n_tok * n_out];
                             m.matmul_on(isa, &x, &s, &mut out, &pool1).unwrap().unwrap();
                             for r in 0..n_out {
                                 let row = &values[r * k..(r + 1) * k];
-                                let one = i2s::pack_values(row, per_row[r * (k / 256)]).unwrap();
+                                let one = i2s::pack_values(row, row_d(r)).unwrap();
                                 let m1 = TernaryMatrix::new(TernaryLayout::I2S, 1, k, &one, None)
                                     .unwrap();
                                 let mut y = vec![f32::NAN; n_tok];
@@ -507,40 +526,62 @@ mod tests {
                                     assert_eq!(
                                         out[t * n_out + r].to_bits(),
                                         y[t].to_bits(),
-                                        "{layout:?} {what} {isa:?} row {r} token {t}"
+                                        "{what} {how} {isa:?} row {r} token {t}"
                                     );
                                 }
                             }
                         }
                     }
                 }
-            }
-            // A scale per block (random, one row keeping one scale): the panels with the
-            // scales apart compute what the block kernels compute, bit for bit.
-            if scales.len() > 1 {
-                let nb = k / 256;
-                let mut mixed: Vec<f32> = (0..scales.len())
-                    .map(|_| beta * (0.5 + (next(&mut st) % 64) as f32 / 32.0))
-                    .collect();
-                mixed[..nb].fill(beta);
-                for layout in [TernaryLayout::Tq2_0, TernaryLayout::Tq1_0] {
-                    let bytes = match layout {
-                        TernaryLayout::Tq2_0 => tq2_0::pack(&values, &mixed).unwrap(),
-                        _ => tq1_0::pack(&values, &mixed).unwrap(),
+
+                // A scale per block (random, one row keeping one scale): the panels with the
+                // scales apart compute what the block kernels compute, bit for bit. Split32's
+                // f32 scales are not all f16 values here (kept as f32 beside the panels).
+                let nb = k / be;
+                if n_out * nb > 1 {
+                    let f32_only = if layout == TernaryLayout::Split32WithSibling {
+                        1.000_1
+                    } else {
+                        1.0
                     };
-                    let plain = TernaryMatrix::new(layout, n_out, k, &bytes, None).unwrap();
+                    let mut mixed: Vec<f32> = (0..n_out * nb)
+                        .map(|_| beta * (0.5 + (next(&mut st) % 64) as f32 / 32.0) * f32_only)
+                        .collect();
+                    mixed[..nb].fill(beta);
+                    let (bytes, sib) = pack(layout, &values, &mixed);
+                    let plain =
+                        TernaryMatrix::new(layout, n_out, k, &bytes, sib.as_deref()).unwrap();
                     let mut packed = plain.clone();
-                    assert!(packed.repack_always(&pool1).unwrap() > 0, "{layout:?}");
-                    let what = format!("{layout:?} mixed");
+                    assert!(packed.repack_always(&pool1).unwrap() > 0, "{what}");
+                    let what = format!("{what} mixed");
                     assert_tiers_give(&plain, &[(&packed, "")], &[1, 2, 5, 17, 70], &mut st, &what);
                 }
+
+                // A code the layout never writes: nothing is repacked.
+                let (mut bytes, sib) = pack(layout, &values, &vec![beta; n_out * k / be]);
+                match layout {
+                    // +2 in TQ2_0
+                    TernaryLayout::Tq2_0 => bytes[5] |= 0b11 << 2,
+                    // −2 in the 32-blocks (element 1 of the first block)
+                    TernaryLayout::BitNet32F16 | TernaryLayout::Split32WithSibling => {
+                        bytes[0] &= !(0b11 << 2)
+                    }
+                    // TQ1_0's base-3 digits have no such code.
+                    _ => continue,
+                }
+                let mut m = TernaryMatrix::new(layout, n_out, k, &bytes, sib.as_deref()).unwrap();
+                assert_eq!(m.repack_always(&pool1).unwrap(), 0, "{what}");
             }
-            // A TQ2_0 code 3 (+2 there): nothing is repacked.
-            let mut three = tq2.clone();
-            three[5] |= 0b11 << 2;
-            let mut m = TernaryMatrix::new(TernaryLayout::Tq2_0, n_out, k, &three, None).unwrap();
-            assert_eq!(m.repack_always(&pool1).unwrap(), 0);
         }
+    }
+
+    /// QK256 (values ±1, ±2, no zero) is never repacked into the ternary panels.
+    #[test]
+    fn qk256_is_not_repacked() {
+        let values: Vec<i8> = (0..16 * 256).map(|i| [-2i8, -1, 1, 2][i % 4]).collect();
+        let bytes = crate::layout::qk256::pack(&values, 256).unwrap();
+        let mut m = TernaryMatrix::new(TernaryLayout::Qk256, 16, 256, &bytes, None).unwrap();
+        assert_eq!(m.repack_always(&Pool::new(1)).unwrap(), 0);
     }
 
     #[test]

@@ -59,22 +59,48 @@ pub struct TernaryMatrix<'a> {
     /// I2_S only: the packed codes were checked to hold no code 11 (see [`Self::check_codes`]).
     codes_clean: bool,
     /// The codes repacked into panels (`crate::panel`), used by the tiers that have a panel
-    /// kernel: I2_S's, or a TQ2_0/TQ1_0 matrix's ([`Self::repack`]).
+    /// kernel: I2_S's, or a block layout's ([`Self::repack`]).
     panels: Option<Arc<Panels>>,
-    /// The one scale of every block of a TQ2_0/TQ1_0 matrix repacked into panels: the
+    /// The one scale of every block of a block-layout matrix repacked into panels: the
     /// panels' β.
     uniform: Option<f32>,
-    /// The block scales of a TQ2_0/TQ1_0 matrix repacked into panels whose blocks do not
+    /// The block scales of a block-layout matrix repacked into panels whose blocks do not
     /// all share one scale.
     block_scales: Option<Arc<BlockScales>>,
+}
+
+/// Block scales as stored: f16 bits where every scale is an f16 (TQ2_0, TQ1_0, BitNet32F16,
+/// a Split32 sibling of F16 or of f16-exact F32 values), else f32 (half the memory where it
+/// can be: BitNet32F16's scales are an eighth of its codes' bytes).
+#[derive(Debug)]
+enum ScaleStore {
+    F16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+impl ScaleStore {
+    #[inline]
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            ScaleStore::F16(v) => half::f16::from_bits(v[i]).to_f32(),
+            ScaleStore::F32(v) => v[i],
+        }
+    }
+
+    fn nbytes(&self) -> usize {
+        match self {
+            ScaleStore::F16(v) => v.len() * 2,
+            ScaleStore::F32(v) => v.len() * 4,
+        }
+    }
 }
 
 /// The scales of a repacked block-layout matrix, kept apart so that the file's bytes are not
 /// read again.
 #[derive(Debug)]
 struct BlockScales {
-    /// f16 bits, `n_out × nb`, row-major.
-    d: Vec<u16>,
+    /// `n_out × nb`, row-major.
+    d: ScaleStore,
     /// Each row's one scale when all its blocks carry the same (I2_S's float steps).
     row_one: Vec<Option<f32>>,
 }
@@ -271,14 +297,16 @@ impl<'a> TernaryMatrix<'a> {
         }
     }
 
-    /// The one scale of row `r` of a TQ2_0 or TQ1_0 matrix when all its blocks carry the
-    /// same one (bit for bit): such a row is computed with I2_S's float steps (one multiply
-    /// by the scale after the whole row's integer sum), so a file converted from I2_S gives
-    /// the I2_S file's logits bit for bit, in both numerics, whether or not it is repacked.
-    /// `None` for other layouts and for rows whose block scales differ (blocks in order).
+    /// The one scale of row `r` of a block-layout matrix (TQ2_0, TQ1_0, BitNet32F16,
+    /// Split32) when all its blocks carry the same one (bit for bit): such a row is computed
+    /// with I2_S's float steps (one multiply by the scale after the whole row's integer sum),
+    /// so a file converted from I2_S gives the I2_S file's logits bit for bit, in both
+    /// numerics, whether or not it is repacked. `None` for I2_S and QK256 (a tensor scale,
+    /// or values that are not ternary) and for rows whose block scales differ (blocks in
+    /// order).
     #[inline]
     fn row_uniform_scale(&self, r: usize) -> Option<f32> {
-        if !matches!(self.layout, TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0) {
+        if !self.layout.is_ternary_block_layout() {
             return None;
         }
         let d = self.block_scale(r, 0);
@@ -350,17 +378,18 @@ impl<'a> TernaryMatrix<'a> {
         })
     }
 
-    /// Repack an I2_S, TQ2_0 or TQ1_0 matrix into panels when the selected tier has a panel
-    /// kernel ([`crate::isa`]). A block layout's codes go into the same panels as I2_S's. When
-    /// all its blocks share one scale (as the converters write a BitNet model's per-tensor
-    /// scale), that scale is their β and every panel kernel runs it as it runs I2_S (its rows
-    /// take I2_S's float steps on every path, see `row_uniform_scale`); otherwise its scales
-    /// are kept beside the panels and the panel kernel runs one block of 256 columns at a
-    /// time, the float steps those of the block kernels. Returns the bytes of the new copy
-    /// (scales included), 0 when nothing was done (other layouts, a code 3 the block layouts
-    /// never write, a tier without the kernel). Results are bit-identical either way, in both
-    /// numerics; once repacked, the tiers with a panel kernel no longer read
-    /// [`Self::packed_data`].
+    /// Repack an I2_S, TQ2_0, TQ1_0, BitNet32F16 or Split32 matrix into panels when the
+    /// selected tier has a panel kernel ([`crate::isa`]); K must be a multiple of 128 (I2_S's
+    /// block). A block layout's codes go into the same panels as I2_S's. When all its blocks
+    /// share one scale (as the writers make a BitNet model's per-tensor scale), that scale is
+    /// their β and every panel kernel runs it as it runs I2_S (its rows take I2_S's float
+    /// steps on every path, see `row_uniform_scale`); otherwise its scales are kept beside
+    /// the panels and the panel kernel runs one block (256 or 32 columns) at a time, the
+    /// float steps those of the block kernels. Returns the bytes of the new copy (scales
+    /// included), 0 when nothing was done (QK256, whose values are not ternary; a code the
+    /// layout never writes: TQ2_0's 3, BitNet32F16's and Split32's 0; a tier without the
+    /// kernel). Results are bit-identical either way, in both numerics; once repacked, the
+    /// tiers with a panel kernel no longer read [`Self::packed_data`].
     pub fn repack(&mut self, pool: &Pool) -> Result<usize, KernelError> {
         if kernels().i2s_panel.is_none() {
             return Ok(0);
@@ -379,7 +408,7 @@ impl<'a> TernaryMatrix<'a> {
             self.panels = Some(Arc::new(p));
             return Ok(n);
         }
-        if !matches!(self.layout, TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0) || self.n_out == 0 {
+        if !self.layout.is_ternary_block_layout() || self.n_out == 0 {
             return Ok(0);
         }
         if let Some(p) = &self.panels {
@@ -397,8 +426,8 @@ impl<'a> TernaryMatrix<'a> {
             && row_one
                 .iter()
                 .all(|o| o.is_some_and(|x| x.to_bits() == d.to_bits()));
-        // The codes in I2_S's order, row by row; a code 3 (never written) leaves the matrix
-        // as it is.
+        // The codes in I2_S's order, row by row; a code the layout never writes leaves the
+        // matrix as it is.
         let row_i2s = self.n_in / 4;
         let total = self
             .n_out
@@ -430,11 +459,16 @@ impl<'a> TernaryMatrix<'a> {
         if uniform {
             self.uniform = Some(d);
         } else {
-            let bits = |r: usize, b: usize| half::f16::from_f32(self.block_scale(r, b)).to_bits();
-            let d: Vec<u16> = (0..self.n_out)
-                .flat_map(|r| (0..self.nb).map(move |b| bits(r, b)))
-                .collect();
-            n += d.len() * 2 + self.n_out * std::mem::size_of::<Option<f32>>();
+            let this = &*self;
+            let all =
+                || (0..this.n_out).flat_map(|r| (0..this.nb).map(move |b| this.block_scale(r, b)));
+            let f16_exact = |x: f32| half::f16::from_f32(x).to_f32().to_bits() == x.to_bits();
+            let d = if all().all(f16_exact) {
+                ScaleStore::F16(all().map(|x| half::f16::from_f32(x).to_bits()).collect())
+            } else {
+                ScaleStore::F32(all().collect())
+            };
+            n += d.nbytes() + self.n_out * std::mem::size_of::<Option<f32>>();
             self.block_scales = Some(Arc::new(BlockScales { d, row_one }));
         }
         self.panels = Some(Arc::new(p));
@@ -772,7 +806,7 @@ impl<'a> TernaryMatrix<'a> {
     }
 
     /// Panels `ps` of a block-layout matrix with its block scales apart, for every token: one
-    /// panel and one block of 256 columns (`xg`'s block-major activations) per kernel call,
+    /// panel and one block of 256 or 32 columns (`xg`'s block-major activations) per call,
     /// then `tile_out`'s float steps: `y = (Σ_b (T_b as f32) · d_b) / s`, blocks in order, or
     /// `y = ((Σ_b T_b) as f32 / s) · d` for a row with one scale.
     #[allow(clippy::too_many_arguments)]
@@ -804,7 +838,7 @@ impl<'a> TernaryMatrix<'a> {
             for (b, d) in ds.iter_mut().enumerate() {
                 for (j, dj) in d.iter_mut().enumerate() {
                     *dj = if j < nr {
-                        half::f16::from_bits(bsc.d[(r0 + j) * nb + b]).to_f32()
+                        bsc.d.get((r0 + j) * nb + b)
                     } else {
                         0.0
                     };
@@ -1057,9 +1091,9 @@ impl<'a> TernaryMatrix<'a> {
     }
 }
 
-/// One TQ2_0 or TQ1_0 row's codes written in I2_S's order (`out`: K/4 bytes); false when
-/// the row holds a code 3 (TQ2_0's unused code, +2 there, not I2_S's 0) or the layout is
-/// another.
+/// One block-layout row's codes written in I2_S's order (`out`: K/4 bytes, K a multiple of
+/// 128); false when the row holds a code its layout never writes (TQ2_0's 3, +2 there; the
+/// 32-blocks' 0, −2 there: neither is ternary) or the layout is another.
 fn block_codes_as_i2s(layout: TernaryLayout, row: &[u8], out: &mut [u8]) -> bool {
     match layout {
         TernaryLayout::Tq2_0 => {
@@ -1085,6 +1119,31 @@ fn block_codes_as_i2s(layout: TernaryLayout, row: &[u8], out: &mut [u8]) -> bool
                         return false;
                     }
                     o[32 * (e / 128) + e % 32] |= c << (6 - 2 * ((e % 128) / 32));
+                }
+            }
+            true
+        }
+        TernaryLayout::BitNet32F16 | TernaryLayout::Split32WithSibling => {
+            // Element 32l + m of I2_S block h (byte m, bits 6 − 2l) is element m of 32-block
+            // 4h + l: byte m/4 of its codes, bits 2(m % 4); code c is value c − 2, I2_S's
+            // code is value + 1.
+            let stride = if layout == TernaryLayout::BitNet32F16 {
+                crate::layout::seq32::INLINE_BLOCK_BYTES
+            } else {
+                crate::layout::seq32::PACKED_BYTES
+            };
+            let blocks: Vec<&[u8]> = row.chunks_exact(stride).collect();
+            for (h, o) in out.chunks_exact_mut(32).enumerate() {
+                for (m, ob) in o.iter_mut().enumerate() {
+                    let mut byte = 0u8;
+                    for l in 0..4 {
+                        let c = crate::layout::seq32::code(blocks[4 * h + l], m);
+                        if c == 0 {
+                            return false;
+                        }
+                        byte |= (c - 1) << (6 - 2 * l);
+                    }
+                    *ob = byte;
                 }
             }
             true

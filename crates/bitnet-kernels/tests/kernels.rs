@@ -141,8 +141,9 @@ fn reference(m: &TernaryMatrix<'_>, w: &[u8], sib: Option<&[u8]>, q: &[i8], s: &
         for r in 0..n_out {
             let v = &vals[r * k..(r + 1) * k];
             let sc = &scale[r * nbr..(r + 1) * nbr];
-            // A TQ2_0/TQ1_0 row whose blocks all carry one scale takes I2_S's steps.
-            let one_scale = matches!(layout, TernaryLayout::Tq2_0 | TernaryLayout::Tq1_0)
+            // A TQ2_0, TQ1_0, BitNet32F16 or Split32 row whose blocks all carry one scale
+            // takes I2_S's steps.
+            let one_scale = !matches!(layout, TernaryLayout::I2S | TernaryLayout::Qk256)
                 && sc.iter().all(|d| d.to_bits() == sc[0].to_bits());
             out[t * n_out + r] = if layout == TernaryLayout::I2S || one_scale {
                 let tt: i32 = v.iter().zip(x).map(|(&a, &b)| a * i32::from(b)).sum();

@@ -120,7 +120,8 @@ fn last_logits(bytes: Vec<u8>) -> Vec<f32> {
 
 /// Every layout writes a model that loads and runs; layouts holding the same ternary values
 /// agree with I2_S up to the scale's storage precision (f16 scales in TQ2_0, TQ1_0,
-/// BitNet32F16).
+/// BitNet32F16), and Split32, whose sibling holds I2_S's f32 scale in every block, gives its
+/// logits bit for bit (a row with one scale takes I2_S's float steps).
 #[test]
 fn every_layout_loads_and_runs() {
     let reference = last_logits(write(&tiny(WeightLayout::I2S)));
@@ -141,6 +142,10 @@ fn every_layout_loads_and_runs() {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0f32, f32::max);
             assert!(max < 0.05, "{layout:?}: max |Δ| {max} vs I2_S");
+        }
+        if layout == WeightLayout::Split32WithSibling {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&logits), bits(&reference), "{layout:?} vs I2_S");
         }
     }
 }

@@ -47,6 +47,18 @@ impl TernaryLayout {
         }
     }
 
+    /// A layout of ternary codes with a scale per block (TQ2_0, TQ1_0, BitNet32F16,
+    /// Split32): not I2_S (one tensor scale), not QK256 (values ±1, ±2).
+    pub const fn is_ternary_block_layout(self) -> bool {
+        matches!(
+            self,
+            TernaryLayout::Tq2_0
+                | TernaryLayout::Tq1_0
+                | TernaryLayout::BitNet32F16
+                | TernaryLayout::Split32WithSibling
+        )
+    }
+
     /// The multiple K must be (QK256 allows any K: rows are padded to whole blocks).
     pub const fn k_multiple(self) -> usize {
         match self {
