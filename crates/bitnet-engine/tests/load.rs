@@ -202,14 +202,17 @@ fn repacked_weights_give_the_same_logits_bit_for_bit() {
 /// TQ2_0, TQ1_0, BitNet32F16 and Split32 projections (one scale per tensor, as the writers
 /// make them from a BitNet model) are repacked into the I2_S panels (on a tier that has them)
 /// in both numerics, and give the unrepacked logits bit for bit (their rows take I2_S's float
-/// steps either way).
+/// steps either way). Split32, whose sibling holds the I2_S file's f32 scale in every block,
+/// gives the I2_S file's logits too, repacked or not, in both numerics.
 #[test]
 fn block_layouts_with_one_scale_are_repacked_in_both_numerics() {
     use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
     let panels = bitnet_kernels::has_panel_kernel(bitnet_kernels::isa());
     eprintln!("tier {} repacks: {panels}", bitnet_kernels::isa().name());
     let dir = tempfile::tempdir().unwrap();
+    let mut i2s = None;
     for layout in [
+        WeightLayout::I2S,
         WeightLayout::Tq2_0,
         WeightLayout::Tq1_0,
         WeightLayout::BitNet32F16,
@@ -226,6 +229,10 @@ fn block_layouts_with_one_scale_are_repacked_in_both_numerics() {
             &mut |_, _| {},
         )
         .unwrap();
+        if layout == WeightLayout::I2S {
+            i2s = Some(path);
+            continue;
+        }
         for numerics in [Numerics::Fast, Numerics::Exact] {
             let (r0, b0, plain) = repack_run(&path, numerics, false);
             let (r1, b1, packed) = repack_run(&path, numerics, true);
@@ -236,6 +243,10 @@ fn block_layouts_with_one_scale_are_repacked_in_both_numerics() {
                 assert_eq!((r1, b1), (0, 0), "{layout:?} {numerics:?}");
             }
             assert_eq!(bits(&plain), bits(&packed), "{layout:?} {numerics:?}");
+            if layout == WeightLayout::Split32WithSibling {
+                let (_, _, want) = repack_run(i2s.as_deref().unwrap(), numerics, false);
+                assert_eq!(bits(&plain), bits(&want), "{layout:?} {numerics:?} vs I2_S");
+            }
         }
     }
 }
