@@ -1132,12 +1132,11 @@ fn block_codes_as_i2s(layout: TernaryLayout, row: &[u8], out: &mut [u8]) -> bool
             } else {
                 crate::layout::seq32::PACKED_BYTES
             };
-            let blocks: Vec<&[u8]> = row.chunks_exact(stride).collect();
             for (h, o) in out.chunks_exact_mut(32).enumerate() {
                 for (m, ob) in o.iter_mut().enumerate() {
                     let mut byte = 0u8;
                     for l in 0..4 {
-                        let c = crate::layout::seq32::code(blocks[4 * h + l], m);
+                        let c = crate::layout::seq32::code(&row[(4 * h + l) * stride..], m);
                         if c == 0 {
                             return false;
                         }
