@@ -14,29 +14,19 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The directory holding `libbitnet.so`. `cargo test` builds this crate as an rlib only,
-/// so the shared library is built here, into a target directory of the test's own (no
-/// contention with the cargo running the tests).
+/// The directory holding `libbitnet.so`: the one beside this test's executable
+/// (`target/<profile>/deps`). The library's crate types (cdylib, staticlib, rlib) come
+/// from one compiler run, which cargo makes before it links the integration tests, so the
+/// shared library there is always the one this test's rlib was built with.
 fn lib_dir() -> PathBuf {
-    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-target");
-    let st = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "bitnet-capi",
-            "--lib",
-            "--target-dir",
-        ])
-        .arg(&target)
-        .current_dir(root())
-        .status()
-        .expect("cargo runs");
-    assert!(st.success(), "building libbitnet failed");
-    let dir = target.join("debug");
+    let exe = std::env::current_exe().expect("the test knows its executable");
+    let dir = exe
+        .parent()
+        .expect("the executable has a directory")
+        .to_path_buf();
     assert!(
         dir.join("libbitnet.so").is_file(),
-        "libbitnet.so not found in {}",
+        "libbitnet.so not found beside the test executable in {}",
         dir.display()
     );
     dir
