@@ -420,8 +420,8 @@ fn q8_activation_dots_every_tier() {
 
 /// The F16 dots of fast numerics (`matmul_q8`) on every tier against the scalar tier's:
 /// bit-identical where the tier has a fused multiply-add; WebAssembly's `simd128` tier
-/// multiplies, then adds, so its results are within the rounding of one product a step
-/// (run under wasm32 by scripts/test-wasm). Random shapes, ragged K, 1..7 tokens.
+/// multiplies, then adds: bit-identical to [`ggml_dot_unfused`], its scalar twin (run under
+/// wasm32 by scripts/test-wasm). Random shapes, ragged K, 1..7 tokens.
 #[test]
 fn f16_fast_dots_match_scalar() {
     let mut rng = Rng::new(91);
@@ -456,23 +456,43 @@ fn f16_fast_dots_match_scalar() {
                     let xt = &x[t * cols..(t + 1) * cols];
                     for r in 0..rows {
                         m.dequantize_row(r, &mut w).unwrap();
-                        let mag: f64 = w
-                            .iter()
-                            .zip(xt)
-                            .map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs())
-                            .sum();
-                        let bound =
-                            2.0 * ((cols / 32) as f64 + 4.0) * f64::from(f32::EPSILON) * mag;
-                        let (g, e) = (f64::from(got[t * rows + r]), f64::from(want[t * rows + r]));
-                        assert!(
-                            (g - e).abs() <= bound,
-                            "{isa:?} {rows}x{cols} n_tok {n_tok} t {t} r {r}: {g} vs {e} (bound {bound})"
+                        let want = ggml_dot_unfused(&w, xt);
+                        let g = got[t * rows + r];
+                        assert_eq!(
+                            g.to_bits(),
+                            want.to_bits(),
+                            "{isa:?} {rows}x{cols} n_tok {n_tok} t {t} r {r}: {g} vs {want}"
                         );
                     }
                 }
             }
         }
     }
+}
+
+/// The scalar twin of the `simd128` tier's fast F16 dot: ggml's order (4 accumulators × 8
+/// lanes over chunks of 32, the lanes reduced pairwise, the K % 32 tail added in f64) with
+/// each product rounded before it is added, as WebAssembly has no fused multiply-add.
+fn ggml_dot_unfused(w: &[f32], x: &[f32]) -> f32 {
+    let main = x.len() - x.len() % 32;
+    let mut acc = [[0f32; 8]; 4];
+    for c in (0..main).step_by(32) {
+        for (j, aj) in acc.iter_mut().enumerate() {
+            for (l, a) in aj.iter_mut().enumerate() {
+                let i = c + 8 * j + l;
+                *a += w[i] * x[i];
+            }
+        }
+    }
+    let a: Vec<f32> = (0..8)
+        .map(|l| (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]))
+        .collect();
+    let t = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    let mut sum = f64::from((t[0] + t[1]) + (t[2] + t[3]));
+    for i in main..x.len() {
+        sum += f64::from(w[i] * x[i]);
+    }
+    sum as f32
 }
 
 /// `matmul_q8`: a token's outputs do not depend on the other tokens of the call (F16 rows go

@@ -363,10 +363,83 @@ fn ggml_reduce(acc: &[[v128; 2]; 4], row: &[u8], x: &[f32], main: usize) -> f32 
     r
 }
 
+/// Eight F16 values (16 bytes) as two f32x4 holding each value times 2^-112: the half in
+/// the upper 16 bits of a lane (an interleave with zeros), shifted right by 3 with its sign
+/// and masked, puts its exponent and mantissa where an f32's go, with the f32 exponent 112
+/// below the half's; subnormal halves and zeros come out as the f32 subnormals and zeros of
+/// the same scale. Exact for every finite half; an infinity or NaN (exponent field 31)
+/// becomes a finite value, so callers check for those ([`non_finite_halves`]).
+#[inline(always)]
+fn f16x8_scaled(h: v128) -> [v128; 2] {
+    let zero = u16x8_splat(0);
+    let mask = u32x4_splat(0x8fff_e000);
+    let lo = i16x8_shuffle::<0, 8, 1, 9, 2, 10, 3, 11>(zero, h);
+    let hi = i16x8_shuffle::<4, 12, 5, 13, 6, 14, 7, 15>(zero, h);
+    [
+        v128_and(i32x4_shr(lo, 3), mask),
+        v128_and(i32x4_shr(hi, 3), mask),
+    ]
+}
+
+/// `big` updated with the eight halves of `h`: lane-wise max of `|h|`'s bits, which is
+/// 0x7c00 or more exactly where a half is an infinity or a NaN ([`non_finite_halves`]).
+#[inline(always)]
+fn track_magnitude(big: v128, h: v128) -> v128 {
+    u16x8_max(big, v128_and(h, u16x8_splat(0x7fff)))
+}
+
+/// Whether the halves tracked in `big` held an infinity or a NaN.
+#[inline(always)]
+fn non_finite_halves(big: v128) -> bool {
+    v128_any_true(u16x8_ge(big, u16x8_splat(0x7c00)))
+}
+
+/// 2^112: [`f16x8_scaled`]'s values times `x · 2^112` are the halves' values times `x`,
+/// the same real products, so each rounds to the same f32.
+const TWO_112: f32 = f32::from_bits(0x7780_0000);
+
 /// F16 row · x in the ggml order of [`scalar::f16_dot_ggml`] (4 accumulators × 8 lanes over
 /// chunks of 32, the same reduction and tail), each product added to its lane after it is
 /// rounded (WebAssembly has no fused multiply-add): fast numerics' F16 dot.
+///
+/// Each product is taken as `(w · 2^-112) · (x · 2^112)` ([`f16x8_scaled`]: three operations
+/// per four halves instead of a full conversion): the same real product, so the same f32,
+/// unless `x · 2^112` overflows (|x| ≥ 2^16), which makes the sum infinite or NaN; that, or
+/// an infinite or NaN weight, sends the row through [`f16_dot_converted`], which converts
+/// every half to its f32 value. Either way the result is [`f16_dot_converted`]'s, bit for bit.
 fn f16_dot_fast(row: &[u8], x: &[f32]) -> f32 {
+    let k = x.len();
+    if row.len() < 2 * k {
+        return scalar::f16_dot_ggml(row, x);
+    }
+    let main = k - k % 32;
+    let up = f32x4_splat(TWO_112);
+    let mut acc = [[f32x4_splat(0.0); 2]; 4];
+    let mut big = u16x8_splat(0);
+    for c in (0..main).step_by(32) {
+        for (j, aj) in acc.iter_mut().enumerate() {
+            // SAFETY: c + 8j + 8 ≤ main ≤ K: 2(c + 8j) + 16 ≤ 2K ≤ row.len() (checked above).
+            let h = unsafe { ld(row, 2 * (c + 8 * j)) };
+            big = track_magnitude(big, h);
+            let w = f16x8_scaled(h);
+            for (hh, a) in aj.iter_mut().enumerate() {
+                // SAFETY: c + 8j + 4hh + 4 ≤ main ≤ K = x.len().
+                let xv = f32x4_mul(unsafe { ld(x, c + 8 * j + 4 * hh) }, up);
+                *a = f32x4_add(*a, f32x4_mul(w[hh], xv));
+            }
+        }
+    }
+    let r = ggml_reduce(&acc, row, x, main);
+    if r.is_finite() && !non_finite_halves(big) {
+        return r;
+    }
+    f16_dot_converted(row, x)
+}
+
+/// [`f16_dot_fast`] with every half converted to its f32 value ([`f16x8_to_f32`]) before
+/// its product: the definition the fast form keeps, and its path for the rows and inputs
+/// the fast form cannot take.
+fn f16_dot_converted(row: &[u8], x: &[f32]) -> f32 {
     let k = x.len();
     if row.len() < 2 * k {
         return scalar::f16_dot_ggml(row, x);
@@ -388,7 +461,9 @@ fn f16_dot_fast(row: &[u8], x: &[f32]) -> f32 {
 }
 
 /// [`f16_dot_fast`] of each row (`row_bytes` apart in `rows`) with each token:
-/// `out[r·n_tok + t]`; each row converted to f32 once for all tokens.
+/// `out[r·n_tok + t]`. Each row is converted once for all tokens (scaled by 2^-112, as in
+/// [`f16_dot_fast`]) and the tokens once per call (scaled by 2^112); a row with an infinite
+/// or NaN half, or a result that is not finite, is computed by [`f16_dot_converted`].
 fn f16_dot_fast_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
     let n_tok = xs.len();
     let Some(k) = xs.first().map(|x| x.len()) else {
@@ -398,24 +473,43 @@ fn f16_dot_fast_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
         return scalar::f16_dot_ggml_multi(rows, row_bytes, xs, out);
     }
     let main = k - k % 32;
+    let up = f32x4_splat(TWO_112);
+    let xup: Vec<Vec<v128>> = xs
+        .iter()
+        .map(|x| {
+            (0..main)
+                .step_by(4)
+                .map(|i| f32x4_mul(load(x, i), up))
+                .collect()
+        })
+        .collect();
     let mut wf = vec![f32x4_splat(0.0); main / 4];
     for (row, o) in rows.chunks_exact(row_bytes).zip(out.chunks_mut(n_tok)) {
+        let mut big = u16x8_splat(0);
         for (i, pair) in wf.chunks_exact_mut(2).enumerate() {
-            let [lo, hi] = f16x8_to_f32(load(row, 16 * i));
+            let h = load(row, 16 * i);
+            big = track_magnitude(big, h);
+            let [lo, hi] = f16x8_scaled(h);
             pair[0] = lo;
             pair[1] = hi;
         }
-        for (o, x) in o.iter_mut().zip(xs) {
+        let finite_row = !non_finite_halves(big);
+        for ((o, x), xu) in o.iter_mut().zip(xs).zip(&xup) {
             let mut acc = [[f32x4_splat(0.0); 2]; 4];
-            for c in (0..main).step_by(32) {
+            for c in (0..main / 4).step_by(8) {
                 for (j, aj) in acc.iter_mut().enumerate() {
                     for (h, a) in aj.iter_mut().enumerate() {
-                        let xv = load(x, c + 8 * j + 4 * h);
-                        *a = f32x4_add(*a, f32x4_mul(wf[(c + 8 * j + 4 * h) / 4], xv));
+                        let i = c + 2 * j + h;
+                        *a = f32x4_add(*a, f32x4_mul(wf[i], xu[i]));
                     }
                 }
             }
-            *o = ggml_reduce(&acc, row, x, main);
+            let r = ggml_reduce(&acc, row, x, main);
+            *o = if finite_row && r.is_finite() {
+                r
+            } else {
+                f16_dot_converted(row, x)
+            };
         }
     }
 }
@@ -542,6 +636,130 @@ mod tests {
             let mut rot = hs;
             rot.rotate_left(usize::from(base / 8 % 8));
             check(rot);
+        }
+    }
+
+    /// Every finite half, in every lane: [`f16x8_scaled`] gives its value times 2^-112
+    /// exactly (subnormal halves and both zeros included), and `track_magnitude` flags
+    /// exactly the infinities and NaNs.
+    #[test]
+    fn every_finite_half_scales_exactly() {
+        for base in (0..=u16::MAX).step_by(8) {
+            for rot in [0usize, 3] {
+                let mut hs: [u16; 8] =
+                    std::array::from_fn(|i| base.wrapping_add(u16::try_from(i).unwrap_or(0)));
+                hs.rotate_left(rot);
+                let mut bytes = [0u8; 16];
+                for (i, h) in hs.iter().enumerate() {
+                    bytes[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
+                }
+                let v = load(&bytes, 0);
+                let [lo, hi] = f16x8_scaled(v);
+                let got = [
+                    f32x4_extract_lane::<0>(lo),
+                    f32x4_extract_lane::<1>(lo),
+                    f32x4_extract_lane::<2>(lo),
+                    f32x4_extract_lane::<3>(lo),
+                    f32x4_extract_lane::<0>(hi),
+                    f32x4_extract_lane::<1>(hi),
+                    f32x4_extract_lane::<2>(hi),
+                    f32x4_extract_lane::<3>(hi),
+                ];
+                let flagged = non_finite_halves(track_magnitude(u16x8_splat(0), v));
+                let any_non_finite = hs.iter().any(|&h| h & 0x7c00 == 0x7c00);
+                assert_eq!(flagged, any_non_finite, "{hs:04x?}");
+                for (&h, g) in hs.iter().zip(got) {
+                    let w = half::f16::from_bits(h).to_f32();
+                    if !w.is_finite() {
+                        continue;
+                    }
+                    // w · 2^-112 is an f32 (normal or subnormal): the f64 product is exact.
+                    #[allow(clippy::cast_possible_truncation)] // exact, see above
+                    let want = (f64::from(w) * (-112f64).exp2()) as f32;
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{h:#06x}: {g:e} against {want:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// [`f16_dot_fast`] and [`f16_dot_fast_multi`] against [`f16_dot_converted`], bit for
+    /// bit: ragged lengths, weights of every exponent (subnormal halves and zeros among
+    /// them), activations from 2^-40 to 2^16 and, in some cases, one past 2^16 (where
+    /// `x · 2^112` overflows), an infinity or a NaN; infinite and NaN weights in others.
+    #[test]
+    fn scaled_f16_dots_equal_converted() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut below = |n: u64| usize::try_from(next() % n).unwrap_or(0);
+        for case in 0..400usize {
+            let k = 1 + below(300);
+            let rows = 1 + below(4);
+            let n_tok = 1 + below(3);
+            let mut data = vec![0u8; rows * 2 * k];
+            for pair in data.chunks_exact_mut(2) {
+                let sign = u16::try_from(below(2)).unwrap_or(0) << 15;
+                // Exponent fields 0..=30: every finite scale, subnormals (0) included.
+                let exp = u16::try_from(below(31)).unwrap_or(0) << 10;
+                let man = u16::try_from(below(1024)).unwrap_or(0);
+                pair.copy_from_slice(&(sign | exp | man).to_le_bytes());
+            }
+            if case % 7 == 0 {
+                let at = 2 * below(u64::try_from(rows * k).unwrap_or(1));
+                let h: u16 = if case % 14 == 0 { 0xfc00 } else { 0x7e01 };
+                data[at..at + 2].copy_from_slice(&h.to_le_bytes());
+            }
+            let mut xs: Vec<Vec<f32>> = (0..n_tok)
+                .map(|_| {
+                    (0..k)
+                        .map(|_| {
+                            let e = i32::try_from(below(56)).unwrap_or(0) - 40;
+                            let m = f32::from(u16::try_from(below(65_536)).unwrap_or(0));
+                            let v = (1.0 + m / 65_536.0) * 2f32.powi(e);
+                            if below(2) == 0 {
+                                v
+                            } else {
+                                -v
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            if case % 5 == 0 {
+                let (t, i) = (
+                    below(u64::try_from(n_tok).unwrap_or(1)),
+                    below(u64::try_from(k).unwrap_or(1)),
+                );
+                xs[t][i] = [f32::INFINITY, f32::NAN, 70_000.0][case / 5 % 3];
+            }
+            let xr: Vec<&[f32]> = xs.iter().map(Vec::as_slice).collect();
+            let mut multi = vec![0f32; rows * n_tok];
+            f16_dot_fast_multi(&data, 2 * k, &xr, &mut multi);
+            for (r, row) in data.chunks_exact(2 * k).enumerate() {
+                for (t, x) in xr.iter().enumerate() {
+                    let want = f16_dot_converted(row, x);
+                    let one = f16_dot_fast(row, x);
+                    assert_eq!(
+                        one.to_bits(),
+                        want.to_bits(),
+                        "case {case} row {r} token {t}: {one:e} vs {want:e}"
+                    );
+                    let m = multi[r * n_tok + t];
+                    assert_eq!(
+                        m.to_bits(),
+                        want.to_bits(),
+                        "case {case} row {r} token {t}: multi {m:e} vs {want:e}"
+                    );
+                }
+            }
         }
     }
 }
