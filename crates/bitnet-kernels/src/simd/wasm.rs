@@ -645,7 +645,7 @@ mod tests {
     #[test]
     fn every_finite_half_scales_exactly() {
         for base in (0..=u16::MAX).step_by(8) {
-            for rot in [0usize, 3] {
+            for rot in 0..8 {
                 let mut hs: [u16; 8] =
                     std::array::from_fn(|i| base.wrapping_add(u16::try_from(i).unwrap_or(0)));
                 hs.rotate_left(rot);
