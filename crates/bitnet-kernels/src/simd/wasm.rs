@@ -249,7 +249,7 @@ fn i2s_tokens<const N: usize>(w: &[u8], xs: [&[i8]; N]) -> [i32; N] {
         }
         b0 = b1;
     }
-    acc.map(|a| a.into_iter().fold(0i32, |s, a| s.wrapping_add(a.sum())))
+    acc.map(chains_sum)
 }
 
 /// Four consecutive I2_S rows (`w4`, K/4 bytes each) and token `t`, each activation vector
@@ -287,7 +287,7 @@ fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 4] {
         }
         b0 = b1;
     }
-    acc.map(|a| a.into_iter().fold(0i32, |s, a| s.wrapping_add(a.sum())))
+    acc.map(chains_sum)
 }
 
 /// Running sums a row in [`i2s_quad`], a token in [`i2s_tokens`], a block in [`tq2`]. With relaxed SIMD each
@@ -307,6 +307,12 @@ const SUM_CHAINS: usize = if cfg!(target_feature = "relaxed-simd") {
 #[allow(clippy::modulo_one)] // SUM_CHAINS is 1 without relaxed SIMD: every plane into one
 const fn chain(l: usize) -> usize {
     l % SUM_CHAINS
+}
+
+/// The total of a row's (or token's, or block's) running sums.
+#[inline(always)]
+fn chains_sum(a: [Acc; SUM_CHAINS]) -> i32 {
+    a.into_iter().fold(0i32, |s, a| s.wrapping_add(a.sum()))
 }
 
 /// TQ2_0: `out[ti·nb + b] = Σ c·q` per block of 256.
@@ -333,7 +339,7 @@ fn tq2(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
                     }
                 }
             }
-            out[ti * nb + b] = acc.into_iter().fold(0i32, |s, a| s.wrapping_add(a.sum()));
+            out[ti * nb + b] = chains_sum(acc);
         }
     }
 }
@@ -419,6 +425,33 @@ fn non_finite_halves(big: v128) -> bool {
 /// the same real products, so each rounds to the same f32.
 const TWO_112: f32 = f32::from_bits(0x7780_0000);
 
+/// The ggml-order lane sums (4 accumulators × 8 lanes over chunks of 32) of the first
+/// `main` values (a multiple of 32) of an F16 row and `x`: each chunk of eight halves made
+/// into two f32x4 by `conv`, each f32x4 of `x` by `xv`, each product rounded, then added.
+#[inline(always)]
+fn ggml_lanes(
+    row: &[u8],
+    x: &[f32],
+    main: usize,
+    mut conv: impl FnMut(v128) -> [v128; 2],
+    xv: impl Fn(v128) -> v128,
+) -> [[v128; 2]; 4] {
+    assert!(main.is_multiple_of(32) && main <= x.len() && 2 * main <= row.len());
+    let mut acc = [[f32x4_splat(0.0); 2]; 4];
+    for c in (0..main).step_by(32) {
+        for (j, aj) in acc.iter_mut().enumerate() {
+            // SAFETY: c + 8j + 8 ≤ main: 2(c + 8j) + 16 ≤ 2·main ≤ row.len() (asserted above).
+            let w = conv(unsafe { ld(row, 2 * (c + 8 * j)) });
+            for (h, a) in aj.iter_mut().enumerate() {
+                // SAFETY: c + 8j + 4h + 4 ≤ main ≤ x.len() (asserted above).
+                let xh = xv(unsafe { ld(x, c + 8 * j + 4 * h) });
+                *a = f32x4_add(*a, f32x4_mul(w[h], xh));
+            }
+        }
+    }
+    acc
+}
+
 /// F16 row · x in the ggml order of [`scalar::f16_dot_ggml`] (4 accumulators × 8 lanes over
 /// chunks of 32, the same reduction and tail), each product added to its lane after it is
 /// rounded (WebAssembly has no fused multiply-add): fast numerics' F16 dot.
@@ -435,21 +468,12 @@ fn f16_dot_fast(row: &[u8], x: &[f32]) -> f32 {
     }
     let main = k - k % 32;
     let up = f32x4_splat(TWO_112);
-    let mut acc = [[f32x4_splat(0.0); 2]; 4];
     let mut big = u16x8_splat(0);
-    for c in (0..main).step_by(32) {
-        for (j, aj) in acc.iter_mut().enumerate() {
-            // SAFETY: c + 8j + 8 ≤ main ≤ K: 2(c + 8j) + 16 ≤ 2K ≤ row.len() (checked above).
-            let h = unsafe { ld(row, 2 * (c + 8 * j)) };
-            big = track_magnitude(big, h);
-            let w = f16x8_scaled(h);
-            for (hh, a) in aj.iter_mut().enumerate() {
-                // SAFETY: c + 8j + 4hh + 4 ≤ main ≤ K = x.len().
-                let xv = f32x4_mul(unsafe { ld(x, c + 8 * j + 4 * hh) }, up);
-                *a = f32x4_add(*a, f32x4_mul(w[hh], xv));
-            }
-        }
-    }
+    let conv = |h| {
+        big = track_magnitude(big, h);
+        f16x8_scaled(h)
+    };
+    let acc = ggml_lanes(row, x, main, conv, |v| f32x4_mul(v, up));
     let r = ggml_reduce(&acc, row, x, main);
     if r.is_finite() && !non_finite_halves(big) {
         return r;
@@ -466,18 +490,7 @@ fn f16_dot_converted(row: &[u8], x: &[f32]) -> f32 {
         return scalar::f16_dot_ggml(row, x);
     }
     let main = k - k % 32;
-    let mut acc = [[f32x4_splat(0.0); 2]; 4];
-    for c in (0..main).step_by(32) {
-        for (j, aj) in acc.iter_mut().enumerate() {
-            // SAFETY: c + 8j + 8 ≤ main ≤ K: 2(c + 8j) + 16 ≤ 2K ≤ row.len() (checked above).
-            let w = f16x8_to_f32(unsafe { ld(row, 2 * (c + 8 * j)) });
-            for (h, a) in aj.iter_mut().enumerate() {
-                // SAFETY: c + 8j + 4h + 4 ≤ main ≤ K = x.len().
-                let xv = unsafe { ld(x, c + 8 * j + 4 * h) };
-                *a = f32x4_add(*a, f32x4_mul(w[h], xv));
-            }
-        }
-    }
+    let acc = ggml_lanes(row, x, main, f16x8_to_f32, |v| v);
     ggml_reduce(&acc, row, x, main)
 }
 
