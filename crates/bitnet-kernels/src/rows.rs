@@ -18,6 +18,7 @@
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use crate::dispatch::{kernels, kernels_for};
 use crate::layout::read_f16;
@@ -146,6 +147,9 @@ pub struct RowMatrix<'a> {
     row_bytes: usize,
     /// `rows × row_bytes` bytes.
     data: Cow<'a, [u8]>,
+    /// F16: whether every half is finite, found on first use by the tiers that ask
+    /// ([`Kernels::f16_fast_rows`]).
+    finite: OnceLock<bool>,
 }
 
 impl<'a> RowMatrix<'a> {
@@ -173,6 +177,7 @@ impl<'a> RowMatrix<'a> {
             cols,
             row_bytes,
             data,
+            finite: OnceLock::new(),
         })
     }
 
@@ -199,6 +204,19 @@ impl<'a> RowMatrix<'a> {
 
     fn row(&self, r: usize) -> &[u8] {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// An F16 matrix: whether none of its halves is infinite or NaN (one pass, on first use).
+    fn halves_finite(&self) -> bool {
+        *self.finite.get_or_init(|| {
+            self.data.chunks(1 << 16).all(|c| {
+                // |h| below 0x7c00 (exponent 31): the max over a chunk vectorizes.
+                let big = c.chunks_exact(2).fold(0u16, |m, b| {
+                    m.max(u16::from_le_bytes([b[0], b[1]]) & 0x7fff)
+                });
+                big < 0x7c00
+            })
+        })
     }
 
     /// Dequantize row `r` (embedding lookup) into `out` (length `cols`).
@@ -466,6 +484,23 @@ impl<'a> RowMatrix<'a> {
             return Ok(());
         }
         let outp = crate::pool::SharedMut::new(out);
+        if let (Some(fast_rows), true, RowType::F16, F16DotOrder::Ggml) =
+            (kern.f16_fast_rows, q8_act && n_tok == 1, self.ty, order)
+        {
+            let finite = self.halves_finite();
+            let xt = token(0);
+            let f = |rows: Range<usize>| {
+                let mut y = vec![0f32; rows.len()];
+                let bytes = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
+                fast_rows(bytes, self.row_bytes, xt, finite, &mut y);
+                for (r, v) in rows.zip(y) {
+                    // SAFETY: r < rows (one token); rows are disjoint between chunks.
+                    unsafe { outp.write(r, v) };
+                }
+            };
+            pool.for_rows(self.rows, 16, &f);
+            return Ok(());
+        }
         let direct = direct_dot(kern, self.ty, order, q8_act);
         let f = |rows: Range<usize>| {
             let mut buf = Vec::new();

@@ -102,6 +102,10 @@ pub(crate) type RowDotQ8 = fn(row: &[u8], xq: &[i8], xd: &[f32]) -> f32;
 /// activations: `out[r·n_tok + t] = dot(row r, xs[t])`, each result exactly what the
 /// single-token dot of the same order gives.
 pub(crate) type RowsDotMulti = fn(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]);
+/// One token's dots of consecutive rows (`row_bytes` apart), one per `out` value; the `bool`
+/// says that every half of the rows is finite (the caller checked).
+pub(crate) type F16FastRows =
+    fn(rows: &[u8], row_bytes: usize, x: &[f32], finite: bool, out: &mut [f32]);
 /// [`RowDotQ8`] for `out.len()` tokens: codes `xq` (`cols` per token), scales `xd` (`cols/32`
 /// per token); each result exactly the single-token dot's.
 pub(crate) type RowDotQ8Multi = fn(row: &[u8], xq: &[i8], xd: &[f32], cols: usize, out: &mut [f32]);
@@ -175,6 +179,9 @@ pub(crate) struct Kernels {
     /// tier multiplies, then adds. Exact numerics never uses them.
     pub f16_dot_fast: RowDot,
     pub f16_dot_fast_multi: RowsDotMulti,
+    /// One token's `f16_dot_fast` of consecutive rows, bit for bit, with the token prepared
+    /// once per call; `None`: `f16_dot_fast` per row is as good.
+    pub f16_fast_rows: Option<F16FastRows>,
     /// Q8_0 row · Q8_0 activations (integer block dots).
     pub q8_0_q8: RowDotQ8,
     /// Q4_0 row · Q8_0 activations (integer block dots).

@@ -470,6 +470,58 @@ fn f16_fast_dots_match_scalar() {
     }
 }
 
+/// The fast F16 dot of one token over matrices holding an infinite or NaN half (the
+/// `simd128` tier checks a matrix's halves once, and only a matrix of finite halves skips the
+/// check of each row): every tier against the scalar tier, the `simd128` tier against its
+/// twin [`ggml_dot_unfused`]; NaN taken for NaN (its sign and payload are the engine's).
+/// Random shapes, ragged K, one and two threads.
+#[test]
+fn f16_fast_dots_with_non_finite_halves() {
+    let mut rng = Rng::new(92);
+    let pools = [Pool::new(1), Pool::new(2)];
+    let isas = supported_isas();
+    if !isas.contains(&Isa::Simd128) {
+        eprintln!(
+            "f16_fast_dots_with_non_finite_halves: the simd128 tier is not on this host ({}); scripts/test-wasm runs it",
+            std::env::consts::ARCH
+        );
+    }
+    let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+    for case in 0..30 {
+        let rows = 1 + rng.below(40);
+        let cols = 1 + rng.below(700);
+        let mut data = random_rows(&mut rng, RowType::F16, rows, cols);
+        let bad: u16 = [0x7c00, 0xfc00, 0x7e01][case % 3];
+        let at = 2 * rng.below(rows * cols);
+        data[at..at + 2].copy_from_slice(&bad.to_le_bytes());
+        let m = RowMatrix::new(RowType::F16, rows, cols, Cow::Borrowed(&data)).unwrap();
+        let x: Vec<f32> = (0..cols).map(|_| rng.f32() * 2.0).collect();
+        let pool = &pools[case % 2];
+        let mut want = vec![0f32; rows];
+        m.matmul_q8_on(Isa::Scalar, &x, &mut want, pool)
+            .unwrap()
+            .unwrap();
+        let mut w = vec![0f32; cols];
+        for &isa in &isas {
+            let mut got = vec![0f32; rows];
+            m.matmul_q8_on(isa, &x, &mut got, pool).unwrap().unwrap();
+            for r in 0..rows {
+                let want = if isa == Isa::Simd128 {
+                    m.dequantize_row(r, &mut w).unwrap();
+                    ggml_dot_unfused(&w, &x)
+                } else {
+                    want[r]
+                };
+                assert!(
+                    same(got[r], want),
+                    "{isa:?} case {case} {rows}x{cols} row {r}: {} vs {want}",
+                    got[r]
+                );
+            }
+        }
+    }
+}
+
 /// The scalar twin of the `simd128` tier's fast F16 dot: ggml's order (4 accumulators × 8
 /// lanes over chunks of 32, the lanes reduced pairwise, the K % 32 tail added in f64) with
 /// each product rounded before it is added, as WebAssembly has no fused multiply-add.

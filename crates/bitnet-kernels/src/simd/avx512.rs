@@ -30,6 +30,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     f16_dot_ggml_multi,
     f16_dot_fast: f16_dot_ggml,
     f16_dot_fast_multi: f16_dot_ggml_multi,
+    f16_fast_rows: None,
     ..avx2::TABLE_BASE
 };
 

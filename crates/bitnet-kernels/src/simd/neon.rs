@@ -39,6 +39,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     f16_dot_ggml_multi: scalar::f16_dot_ggml_multi,
     f16_dot_fast: scalar::f16_dot_ggml,
     f16_dot_fast_multi: scalar::f16_dot_ggml_multi,
+    f16_fast_rows: None,
     q8_0_q8_multi: scalar::q8_0_q8_multi,
     q4_0_q8_multi: scalar::q4_0_q8_multi,
     i2s_panel: None,

@@ -47,6 +47,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     f16_dot_ggml_multi: scalar::f16_dot_ggml_multi,
     f16_dot_fast,
     f16_dot_fast_multi,
+    f16_fast_rows: Some(f16_fast_rows),
     q8_0_q8_multi,
     q4_0_q8_multi,
     i2s_panel: None,
@@ -408,6 +409,19 @@ fn f16x8_scaled(h: v128) -> [v128; 2] {
     ]
 }
 
+/// [`f16x8_scaled`]'s values in another order: the even halves, then the odd ones
+/// (`[h0, h2, h4, h6]`, `[h1, h3, h5, h7]`). Each 32-bit lane of `h` holds a pair of halves,
+/// the odd one in its upper 16 bits, where the shift and mask want it: two operations per
+/// four halves instead of three (no interleave with zeros).
+#[inline(always)]
+fn f16x8_scaled_split(h: v128) -> [v128; 2] {
+    let mask = u32x4_splat(0x8fff_e000);
+    [
+        v128_and(i32x4_shr(i32x4_shl(h, 16), 3), mask),
+        v128_and(i32x4_shr(h, 3), mask),
+    ]
+}
+
 /// `big` updated with the eight halves of `h`: lane-wise max of `|h|`'s bits, which is
 /// 0x7c00 or more exactly where a half is an infinity or a NaN ([`non_finite_halves`]).
 #[inline(always)]
@@ -492,6 +506,63 @@ fn f16_dot_converted(row: &[u8], x: &[f32]) -> f32 {
     let main = k - k % 32;
     let acc = ggml_lanes(row, x, main, f16x8_to_f32, |v| v);
     ggml_reduce(&acc, row, x, main)
+}
+
+/// One token's [`f16_dot_fast`] of consecutive rows (`row_bytes` apart in `rows`, one per
+/// `out` value), bit for bit. The token is scaled by 2^112 once per call, and each eight of
+/// its values put in the order of [`f16x8_scaled_split`], whose lane sums go back into
+/// ggml's lanes before the reduction. `finite`: the caller knows that no half of these rows
+/// is infinite or NaN, so the rows skip the check of their halves ([`track_magnitude`]); a
+/// result that is not finite (an activation of 2^16 or more) still goes through
+/// [`f16_dot_converted`].
+fn f16_fast_rows(rows: &[u8], row_bytes: usize, x: &[f32], finite: bool, out: &mut [f32]) {
+    let k = x.len();
+    if row_bytes < 2 * k {
+        for (row, o) in rows.chunks(row_bytes.max(1)).zip(out.iter_mut()) {
+            *o = f16_dot_fast(row, x);
+        }
+        return;
+    }
+    let main = k - k % 32;
+    let xs: Vec<f32> = x[..main]
+        .chunks_exact(8)
+        .flat_map(|c| [c[0], c[2], c[4], c[6], c[1], c[3], c[5], c[7]])
+        .map(|v| v * TWO_112)
+        .collect();
+    for (row, o) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
+        *o = if finite {
+            f16_split_row::<false>(row, x, &xs, main)
+        } else {
+            f16_split_row::<true>(row, x, &xs, main)
+        };
+    }
+}
+
+/// One row of [`f16_fast_rows`]: `xs` is the token's first `main` values scaled and in
+/// split order; `CHECK`: track the row's halves for infinities and NaNs.
+#[inline(always)]
+fn f16_split_row<const CHECK: bool>(row: &[u8], x: &[f32], xs: &[f32], main: usize) -> f32 {
+    let mut big = u16x8_splat(0);
+    let conv = |h| {
+        if CHECK {
+            big = track_magnitude(big, h);
+        }
+        f16x8_scaled_split(h)
+    };
+    let split = ggml_lanes(row, xs, main, conv, |v| v);
+    // Lane l of `e` summed element 8j + 2l of each chunk, lane l of `o` element 8j + 2l + 1.
+    let acc = split.map(|[e, o]| {
+        [
+            i32x4_shuffle::<0, 4, 1, 5>(e, o),
+            i32x4_shuffle::<2, 6, 3, 7>(e, o),
+        ]
+    });
+    let r = ggml_reduce(&acc, row, x, main);
+    if r.is_finite() && !(CHECK && non_finite_halves(big)) {
+        r
+    } else {
+        f16_dot_converted(row, x)
+    }
 }
 
 /// [`f16_dot_fast`] of each row (`row_bytes` apart in `rows`) with each token:
@@ -699,6 +770,21 @@ mod tests {
                     f32x4_extract_lane::<2>(hi),
                     f32x4_extract_lane::<3>(hi),
                 ];
+                // The split order: evens, then odds, the same values.
+                let [ev, od] = f16x8_scaled_split(v);
+                let split = [
+                    f32x4_extract_lane::<0>(ev),
+                    f32x4_extract_lane::<0>(od),
+                    f32x4_extract_lane::<1>(ev),
+                    f32x4_extract_lane::<1>(od),
+                    f32x4_extract_lane::<2>(ev),
+                    f32x4_extract_lane::<2>(od),
+                    f32x4_extract_lane::<3>(ev),
+                    f32x4_extract_lane::<3>(od),
+                ];
+                for (i, (a, b)) in got.iter().zip(split).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{hs:04x?} half {i}");
+                }
                 let flagged = non_finite_halves(track_magnitude(u16x8_splat(0), v));
                 let any_non_finite = hs.iter().any(|&h| h & 0x7c00 == 0x7c00);
                 assert_eq!(flagged, any_non_finite, "{hs:04x?}");
@@ -720,7 +806,8 @@ mod tests {
         }
     }
 
-    /// [`f16_dot_fast`] and [`f16_dot_fast_multi`] against [`f16_dot_converted`], bit for
+    /// [`f16_dot_fast`], [`f16_dot_fast_multi`] and [`f16_fast_rows`] against
+    /// [`f16_dot_converted`], bit for
     /// bit: ragged lengths, weights of every exponent (subnormal halves and zeros among
     /// them), activations from 2^-40 to 2^16 and, in some cases, one past 2^16 (where
     /// `x · 2^112` overflows), an infinity or a NaN; infinite and NaN weights in others.
@@ -777,6 +864,25 @@ mod tests {
             let xr: Vec<&[f32]> = xs.iter().map(Vec::as_slice).collect();
             let mut multi = vec![0f32; rows * n_tok];
             f16_dot_fast_multi(&data, 2 * k, &xr, &mut multi);
+            // One token at a time through the rows kernel: checking the halves, and (where
+            // they are all finite, as its caller would know) not checking them.
+            let all_finite = data
+                .chunks_exact(2)
+                .all(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 != 0x7c00);
+            let by_rows: Vec<[Vec<f32>; 2]> = xr
+                .iter()
+                .map(|x| {
+                    [true, false].map(|finite| {
+                        let mut y = vec![0f32; rows];
+                        if finite && !all_finite {
+                            y.fill(f32::NAN);
+                        } else {
+                            f16_fast_rows(&data, 2 * k, x, finite, &mut y);
+                        }
+                        y
+                    })
+                })
+                .collect();
             for (r, row) in data.chunks_exact(2 * k).enumerate() {
                 for (t, x) in xr.iter().enumerate() {
                     let want = f16_dot_converted(row, x);
@@ -796,6 +902,16 @@ mod tests {
                         same(m),
                         "case {case} row {r} token {t}: multi {m:e} vs {want:e}"
                     );
+                    for (finite, y) in [true, false].iter().zip(&by_rows[t]) {
+                        if *finite && !all_finite {
+                            continue;
+                        }
+                        let g = y[r];
+                        assert!(
+                            same(g),
+                            "case {case} row {r} token {t}: rows (finite {finite}) {g:e} vs {want:e}"
+                        );
+                    }
                 }
             }
         }
