@@ -64,7 +64,12 @@ pub fn tier_against_scalar(seed: u64, rounds: usize) -> Result<usize, String> {
                     tq2_0::pack(&values, &scales).map_err(|e| e.to_string())?
                 }
             };
-            let m = TernaryMatrix::new(layout, n_out, k, &w, None).map_err(|e| e.to_string())?;
+            let mut m =
+                TernaryMatrix::new(layout, n_out, k, &w, None).map_err(|e| e.to_string())?;
+            if layout == TernaryLayout::I2S && round % 3 == 1 {
+                // Checked to hold no code 11: the tier's kernels for such tensors.
+                m.check_codes();
+            }
             for n_tok in [1usize, 2, 3, 4, 5, 9] {
                 let x: Vec<i8> = (0..n_tok * k)
                     .map(|j| match round % 5 {

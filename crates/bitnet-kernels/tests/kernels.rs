@@ -329,7 +329,7 @@ fn i2s_checked_clean_path_matches_reference() {
         assert!(!m.codes_checked_clean());
         assert_eq!(m.check_codes(), 0);
         assert!(m.codes_checked_clean());
-        for n_tok in [1usize, 4, 6] {
+        for n_tok in [1usize, 3, 4, 6, 7] {
             let (q, s) = random_acts(&mut rng, n_tok, k);
             let want = reference(&m, &w, None, &q, &s);
             for isa in supported_isas() {
