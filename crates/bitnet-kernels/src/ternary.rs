@@ -680,11 +680,11 @@ impl<'a> TernaryMatrix<'a> {
             TernaryLayout::Qk256 => kern.qk256,
         };
         let outp = SharedMut::new(out);
-        let quad = kern
-            .i2s_quad
+        let several = kern
+            .i2s_rows
             .filter(|_| self.layout == TernaryLayout::I2S && n_tok == 1);
         let f = |rows: Range<usize>| {
-            self.rows_kernel(kernel, quad, &p, &bsum, s, rows, &outp);
+            self.rows_kernel(kernel, several, &p, &bsum, s, rows, &outp);
         };
         runner(self.n_out, ROW_GRAIN, &f);
         Ok(())
@@ -712,7 +712,7 @@ impl<'a> TernaryMatrix<'a> {
     fn rows_kernel(
         &self,
         kernel: crate::tier::TernaryKernel,
-        quad: Option<crate::tier::I2sQuadKernel>,
+        several: Option<crate::tier::I2sRows>,
         p: &Prepared<'_>,
         bsum: &[i32],
         s: &[f32],
@@ -723,12 +723,14 @@ impl<'a> TernaryMatrix<'a> {
         let nb = self.nb;
         let off = self.layout.code_offset();
         let mut rows = rows;
-        if let (Some(quad), Scales::Tensor(beta)) = (quad, self.scales) {
-            // I2_S matvec: four rows per call, same integers and float steps as below.
-            while rows.len() >= 4 {
+        if let (Some(several), Scales::Tensor(beta)) = (several, self.scales) {
+            // I2_S matvec: several rows per call, same integers and float steps as below.
+            let n = several.rows.max(1);
+            let mut t = vec![0i32; n];
+            while rows.len() >= n {
                 let r = rows.start;
-                let w4 = &self.data[r * self.row_bytes..(r + 4) * self.row_bytes];
-                let t = quad(w4, p, 0, self.codes_clean);
+                let w = &self.data[r * self.row_bytes..(r + n) * self.row_bytes];
+                (several.kernel)(w, p, 0, self.codes_clean, &mut t);
                 for (i, raw) in t.iter().enumerate() {
                     // y = ((T as f32) / s) · β
                     let tt = raw - off * bsum[0];
@@ -736,7 +738,7 @@ impl<'a> TernaryMatrix<'a> {
                     // SAFETY: r + i < n_out and n_tok = 1; rows are disjoint between chunks.
                     unsafe { out.write(r + i, y) };
                 }
-                rows.start += 4;
+                rows.start += n;
             }
         }
         let mut raw = vec![0i32; TOKEN_TILE * nb];
@@ -1223,17 +1225,19 @@ mod tests {
         *state
     }
 
-    /// Every tier's four-row I2_S kernel against the scalar per-row kernel, on distinct random
-    /// rows (a swapped or mixed row fails), with code 11 present (checking kernel) and absent
-    /// (clean kernel), extreme and random activations, and K from one block to the model's.
+    /// Every tier's several-row I2_S kernel against the scalar per-row kernel, on distinct
+    /// random rows (a swapped or mixed row fails), with code 11 present (checking kernel) and
+    /// absent (clean kernel), extreme and random activations, and K from one block to the
+    /// model's.
     #[test]
-    fn i2s_quad_matches_scalar_rows() {
+    fn i2s_rows_match_scalar_rows() {
+        const MAX_ROWS: usize = 8;
         let mut st = 0x9E37_79B9_7F4A_7C15u64;
         let mut tested = 0;
         for k in [128usize, 256, 640, 2560, 6912] {
             let rb = k / 4;
             for with_11 in [false, true] {
-                let w: Vec<u8> = (0..4 * rb)
+                let w: Vec<u8> = (0..MAX_ROWS * rb)
                     .map(|_| {
                         let mut b = 0u8;
                         for _ in 0..4 {
@@ -1258,19 +1262,25 @@ mod tests {
                         })
                         .collect();
                     let p = Prepared::new(TernaryLayout::I2S, &x, k, 1);
-                    let want: [i32; 4] = std::array::from_fn(|r| {
+                    let want: [i32; MAX_ROWS] = std::array::from_fn(|r| {
                         let mut o = [0i32; 1];
                         scalar::i2s(&w[r * rb..(r + 1) * rb], &p, 0, 1, &mut o);
                         o[0]
                     });
-                    assert_eq!(scalar::i2s_quad(&w, &p, 0, !with_11), want);
+                    let mut got = [0i32; MAX_ROWS];
+                    scalar::i2s_rows(&w, &p, 0, !with_11, &mut got);
+                    assert_eq!(got, want);
                     for isa in supported_isas() {
-                        let Some(quad) = kernels_for(isa).and_then(|t| t.i2s_quad) else {
+                        let Some(several) = kernels_for(isa).and_then(|t| t.i2s_rows) else {
                             continue;
                         };
+                        let n = several.rows;
+                        assert!((1..=MAX_ROWS).contains(&n), "{isa:?}: {n} rows a call");
+                        let mut got = vec![0i32; n];
+                        (several.kernel)(&w[..n * rb], &p, 0, !with_11, &mut got);
                         assert_eq!(
-                            quad(&w, &p, 0, !with_11),
-                            want,
+                            got,
+                            want[..n],
                             "{isa:?} K {k} code 11 {with_11} acts {acts}"
                         );
                         tested += 1;
@@ -1278,6 +1288,6 @@ mod tests {
                 }
             }
         }
-        eprintln!("four-row kernels checked: {tested} cases");
+        eprintln!("several-row kernels checked: {tested} cases");
     }
 }

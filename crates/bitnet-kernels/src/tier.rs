@@ -89,10 +89,18 @@ impl Isa {
 /// (`nt ≤ TOKEN_TILE`), written to `out[ti·nb + b]`.
 pub(crate) type TernaryKernel =
     fn(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]);
-/// I2_S, one token, four consecutive rows at once: `w4` holds the rows back to back (K/4
-/// bytes each); returns `Σ u·q` of each row for token `t`. `clean` = the rows hold no code 11
-/// (the kernel may skip the fix-up).
-pub(crate) type I2sQuadKernel = fn(w4: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 4];
+/// I2_S, one token, `out.len()` consecutive rows at once (the [`I2sRows::rows`] of its
+/// table): `w` holds the rows back to back (K/4 bytes each); `out[i]` = `Σ u·q` of row `i` for
+/// token `t`. `clean` = the rows hold no code 11 (the kernel may skip the fix-up).
+pub(crate) type I2sRowsKernel =
+    fn(w: &[u8], p: &Prepared<'_>, t: usize, clean: bool, out: &mut [i32]);
+
+/// A tier's decode kernel for I2_S and the number of rows it takes a call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct I2sRows {
+    pub kernel: I2sRowsKernel,
+    pub rows: usize,
+}
 /// A float row dot: `row` (encoded bytes) · `x`.
 pub(crate) type RowDot = fn(row: &[u8], x: &[f32]) -> f32;
 /// A quantized row · activations quantized per 32 (Q8_0's quantizer): codes `xq` (|q| ≤ 127)
@@ -157,9 +165,9 @@ pub(crate) struct Kernels {
     pub i2s: TernaryKernel,
     /// I2_S for tensors verified to hold no code 11 (may skip the fix-up).
     pub i2s_clean: TernaryKernel,
-    /// Four I2_S rows for one token (decode matvecs), sharing the activation loads and
-    /// prefetching the rows as one stream; `None` where the per-row kernel is as good.
-    pub i2s_quad: Option<I2sQuadKernel>,
+    /// Several I2_S rows for one token (decode matvecs), sharing the activation loads and
+    /// reading the rows as one stream; `None` where the per-row kernel is as good.
+    pub i2s_rows: Option<I2sRows>,
     pub tq2: TernaryKernel,
     pub tq1: TernaryKernel,
     pub bitnet32: TernaryKernel,

@@ -46,7 +46,10 @@ pub(crate) const TABLE_BASE: Kernels = Kernels {
     isa: Isa::Avx2,
     i2s,
     i2s_clean,
-    i2s_quad: Some(i2s_quad),
+    i2s_rows: Some(crate::tier::I2sRows {
+        kernel: i2s_quad,
+        rows: 4,
+    }),
     tq2,
     tq1,
     bitnet32,
@@ -280,20 +283,21 @@ unsafe fn i2s_tile<const NT: usize, const SANITIZE: bool>(
     }
 }
 
-fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, clean: bool) -> [i32; 4] {
+fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, clean: bool, out: &mut [i32]) {
     let k = p.k;
-    if !k.is_multiple_of(128) || w4.len() < k || p.x.len() < (t + 1) * k {
-        return scalar::i2s_quad(w4, p, t, clean);
+    if out.len() != 4 || !k.is_multiple_of(128) || w4.len() < k || p.x.len() < (t + 1) * k {
+        return scalar::i2s_rows(w4, p, t, clean, out);
     }
     // SAFETY: AVX2 detected before this table is used; lengths checked above (four rows of
     // K/4 bytes each = K bytes).
-    unsafe {
+    let r = unsafe {
         if clean {
             i2s_quad_impl::<false>(w4, p.token(t))
         } else {
             i2s_quad_impl::<true>(w4, p.token(t))
         }
-    }
+    };
+    out.copy_from_slice(&r);
 }
 
 /// How far ahead [`i2s_quad_impl`] prefetches, in bytes of its contiguous four-row stream

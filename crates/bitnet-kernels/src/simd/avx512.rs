@@ -24,7 +24,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Avx512,
     i2s,
     i2s_clean: i2s,
-    i2s_quad: avx2::TABLE_BASE.i2s_quad,
+    i2s_rows: avx2::TABLE_BASE.i2s_rows,
     tq2,
     f16_dot_ggml,
     f16_dot_ggml_multi,

@@ -22,7 +22,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Neon,
     i2s,
     i2s_clean: i2s,
-    i2s_quad: None,
+    i2s_rows: None,
     tq2,
     tq1: scalar::tq1,
     bitnet32: scalar::bitnet32,

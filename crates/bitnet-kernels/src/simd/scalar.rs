@@ -25,16 +25,14 @@ pub(crate) fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mu
     }
 }
 
-/// I2_S for four consecutive rows and one token (the twin of the SIMD four-row kernels):
-/// `w4` holds rows r..r+4 back to back, K/4 bytes each.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86 tables have four-row kernels
-pub(crate) fn i2s_quad(w4: &[u8], p: &Prepared<'_>, t: usize, _clean: bool) -> [i32; 4] {
+/// I2_S for `out.len()` consecutive rows and one token (the twin of the SIMD several-row
+/// kernels): `w` holds the rows back to back, K/4 bytes each.
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // the NEON table has no such kernel
+pub(crate) fn i2s_rows(w: &[u8], p: &Prepared<'_>, t: usize, _clean: bool, out: &mut [i32]) {
     let rb = p.k / 4;
-    std::array::from_fn(|r| {
-        let mut o = [0i32; 1];
-        i2s(&w4[r * rb..(r + 1) * rb], p, t, 1, &mut o);
-        o[0]
-    })
+    for (r, o) in out.iter_mut().enumerate() {
+        i2s(&w[r * rb..(r + 1) * rb], p, t, 1, std::slice::from_mut(o));
+    }
 }
 
 /// TQ2_0: `out[ti·nb + b] = Σ_e c_e · q_(256b+e)`.
@@ -334,7 +332,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     isa: Isa::Scalar,
     i2s,
     i2s_clean: i2s,
-    i2s_quad: None,
+    i2s_rows: None,
     tq2,
     tq1,
     bitnet32,
