@@ -101,6 +101,7 @@ pub(crate) struct I2sRows {
     pub kernel: I2sRowsKernel,
     pub rows: usize,
 }
+
 /// A float row dot: `row` (encoded bytes) · `x`.
 pub(crate) type RowDot = fn(row: &[u8], x: &[f32]) -> f32;
 /// A quantized row · activations quantized per 32 (Q8_0's quantizer): codes `xq` (|q| ≤ 127)
