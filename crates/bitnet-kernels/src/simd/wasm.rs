@@ -780,29 +780,19 @@ mod tests {
                     bytes[2 * i..2 * i + 2].copy_from_slice(&h.to_le_bytes());
                 }
                 let v = load(&bytes, 0);
-                let [lo, hi] = f16x8_scaled(v);
-                let got = [
-                    f32x4_extract_lane::<0>(lo),
-                    f32x4_extract_lane::<1>(lo),
-                    f32x4_extract_lane::<2>(lo),
-                    f32x4_extract_lane::<3>(lo),
-                    f32x4_extract_lane::<0>(hi),
-                    f32x4_extract_lane::<1>(hi),
-                    f32x4_extract_lane::<2>(hi),
-                    f32x4_extract_lane::<3>(hi),
-                ];
+                let lanes = |v: v128| {
+                    [
+                        f32x4_extract_lane::<0>(v),
+                        f32x4_extract_lane::<1>(v),
+                        f32x4_extract_lane::<2>(v),
+                        f32x4_extract_lane::<3>(v),
+                    ]
+                };
+                let [lo, hi] = f16x8_scaled(v).map(lanes);
+                let got: [f32; 8] = std::array::from_fn(|i| [lo, hi][i / 4][i % 4]);
                 // The split order: evens, then odds, the same values.
-                let [ev, od] = f16x8_scaled_split(v);
-                let split = [
-                    f32x4_extract_lane::<0>(ev),
-                    f32x4_extract_lane::<0>(od),
-                    f32x4_extract_lane::<1>(ev),
-                    f32x4_extract_lane::<1>(od),
-                    f32x4_extract_lane::<2>(ev),
-                    f32x4_extract_lane::<2>(od),
-                    f32x4_extract_lane::<3>(ev),
-                    f32x4_extract_lane::<3>(od),
-                ];
+                let [ev, od] = f16x8_scaled_split(v).map(lanes);
+                let split: [f32; 8] = std::array::from_fn(|i| [ev, od][i % 2][i / 2]);
                 for (i, (a, b)) in got.iter().zip(split).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "{hs:04x?} half {i}");
                 }
