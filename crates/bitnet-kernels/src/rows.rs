@@ -490,13 +490,11 @@ impl<'a> RowMatrix<'a> {
             let finite = self.halves_finite();
             let xt = token(0);
             let f = |rows: Range<usize>| {
-                let mut y = vec![0f32; rows.len()];
                 let bytes = &self.data[rows.start * self.row_bytes..rows.end * self.row_bytes];
-                fast_rows(bytes, self.row_bytes, xt, finite, &mut y);
-                for (r, v) in rows.zip(y) {
-                    // SAFETY: r < rows (one token); rows are disjoint between chunks.
-                    unsafe { outp.write(r, v) };
-                }
+                // SAFETY: rows ⊆ 0..self.rows = out.len() (one token); rows are disjoint
+                // between chunks, and `out` outlives `for_rows`.
+                let y = unsafe { outp.slice_mut(rows) };
+                fast_rows(bytes, self.row_bytes, xt, finite, y);
             };
             pool.for_rows(self.rows, 16, &f);
             return Ok(());
