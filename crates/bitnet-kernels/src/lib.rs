@@ -5,6 +5,8 @@
 //! - [`act`]: per-token int8 activation quantization (docs/FORMATS.md §1).
 //! - [`attn`]: causal GQA attention over an f16/f32 KV cache read in place, threaded.
 //! - [`exact`]: bitnet.cpp's float reductions bit for bit, and its attention, threaded.
+//! - [`rowops`]: element-wise float steps (RMSNorm's scaling, the GEMM epilogue) on the
+//!   tier's widest vectors.
 //! - [`TernaryMatrix`]: a borrowed ternary weight matrix; int8-activation matvec / matmul.
 //! - [`panel`] / [`lut`]: I2_S repacked at load for the integer GEMM, and its table-lookup
 //!   variant.
@@ -18,10 +20,10 @@
 //! the `Kernels` table, prepared activations); then the tiers in `simd` (`scalar` below the
 //! others, `avx512` and `vnni256` on `avx2`); then `dispatch`, which names each tier's table
 //! and picks one; and on top the operations model code calls (`ternary`, `rows`, `act`,
-//! `attn`, `exact`).
+//! `attn`, `exact`, `rowops`).
 //!
-//! `unsafe` is confined to the SIMD tiers (`simd::*`, intrinsics behind runtime detection)
-//! and the pool (lifetime-erased job closure, disjoint output writes); each unsafe fn has a
+//! `unsafe` is confined to the SIMD code behind runtime detection (the tiers in `simd::*`,
+//! `attn`'s x86 loops, the wider compilations in `exact` and `rowops`) and the pool (lifetime-erased job closure, disjoint output writes); each unsafe fn has a
 //! `# Safety` section.
 
 pub mod act;
@@ -37,6 +39,7 @@ pub mod layout;
 pub mod lut;
 pub mod panel;
 mod pool;
+pub mod rowops;
 pub mod rows;
 mod simd;
 mod ternary;

@@ -652,7 +652,7 @@ impl<'a> TernaryMatrix<'a> {
             if n_tok >= amx.min_tokens {
                 let outp = SharedMut::new(out);
                 let f = |ps: Range<usize>| {
-                    self.amx_rows(amx, panels, beta, xq, &bsum_k, s, ps, &outp);
+                    self.amx_rows((amx, kern.isa), panels, beta, xq, &bsum_k, s, ps, &outp);
                 };
                 runner(panels.n_panels(), 2, &f);
                 return Ok(());
@@ -664,7 +664,17 @@ impl<'a> TernaryMatrix<'a> {
             let outp = SharedMut::new(out);
             let tile = kern.panel_tokens.max(1);
             let f = |ps: Range<usize>| {
-                self.panel_rows(pk, tile, panels, beta, xq, &bsum_k, s, ps, &outp);
+                self.panel_rows(
+                    (pk, kern.isa),
+                    tile,
+                    panels,
+                    beta,
+                    xq,
+                    &bsum_k,
+                    s,
+                    ps,
+                    &outp,
+                );
             };
             runner(panels.n_panels(), 2, &f);
             return Ok(());
@@ -765,7 +775,7 @@ impl<'a> TernaryMatrix<'a> {
     #[allow(clippy::too_many_arguments)]
     fn panel_rows(
         &self,
-        kernel: crate::tier::PanelKernel,
+        (kernel, isa): (crate::tier::PanelKernel, Isa),
         tile: usize,
         panels: &Panels,
         beta: f32,
@@ -798,7 +808,8 @@ impl<'a> TernaryMatrix<'a> {
                         nt,
                         &mut raw[..nt * rows],
                     );
-                    self.panel_out(&raw[..nt * rows], p, np, t0, nt, bsum, s, beta, out);
+                    let raw = &raw[..nt * rows];
+                    self.panel_out(isa, raw, p, np, t0, nt, bsum, s, beta, out);
                     p += np;
                 }
                 t0 += nt;
@@ -894,6 +905,7 @@ impl<'a> TernaryMatrix<'a> {
     #[inline]
     fn panel_out(
         &self,
+        isa: Isa,
         raw: &[i32],
         p: usize,
         np: usize,
@@ -915,10 +927,8 @@ impl<'a> TernaryMatrix<'a> {
             // SAFETY: t < n_tok and r0 .. r_end lie in 0..n_out, so the range is inside
             // `out`; panel ranges are disjoint between chunks, so no other thread touches it.
             let dst = unsafe { out.slice_mut(at + r0..at + r_end) };
-            for (d, &v) in dst.iter_mut().zip(src) {
-                // y = ((T as f32) / s) · β, T = Σ u·q − Σ q
-                *d = ((v - b) as f32 / st) * beta;
-            }
+            // y = ((T as f32) / s) · β, T = Σ u·q − Σ q
+            crate::rowops::panel_out(isa, src, b, st, beta, dst);
         }
     }
 
@@ -928,7 +938,7 @@ impl<'a> TernaryMatrix<'a> {
     #[allow(clippy::too_many_arguments)]
     fn amx_rows(
         &self,
-        amx: Amx,
+        (amx, isa): (Amx, Isa),
         panels: &Panels,
         beta: f32,
         xq: &[i8],
@@ -960,7 +970,7 @@ impl<'a> TernaryMatrix<'a> {
                     raw,
                     &mut codes,
                 );
-                self.panel_out(raw, p, np, t0, nt, bsum, s, beta, out);
+                self.panel_out(isa, raw, p, np, t0, nt, bsum, s, beta, out);
                 p += np;
             }
             t0 += nt;

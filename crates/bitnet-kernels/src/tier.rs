@@ -161,7 +161,6 @@ pub(crate) struct Amx {
 /// The function table of one tier.
 #[derive(Debug)]
 pub(crate) struct Kernels {
-    #[allow(dead_code)] // kept for debugging output of the table
     pub isa: Isa,
     pub i2s: TernaryKernel,
     /// I2_S for tensors verified to hold no code 11 (may skip the fix-up).

@@ -55,9 +55,7 @@ fn scale_of(sum: f64, n: usize, eps: f32) -> f32 {
 
 /// `y = (x * scale) * w` in f32: the end of every RMSNorm.
 pub fn scale_row(x: &[f32], scale: f32, w: &[f32], y: &mut [f32]) {
-    for ((o, &xi), &wi) in y.iter_mut().zip(x).zip(w) {
-        *o = (xi * scale) * wi;
-    }
+    bitnet_kernels::rowops::scale_row(x, scale, w, y);
 }
 
 /// RMSNorm of one row for fast numerics: [`rms_norm`] with the f32 squares summed in eight f64

@@ -1,0 +1,117 @@
+//! The element-wise row steps (`rowops`): every tier this CPU supports against the plain
+//! twins, bit for bit, over random lengths (ragged tails around every vector width) and
+//! values of every kind (subnormal, infinite, NaN, the whole i32 range).
+#![allow(clippy::unwrap_used, clippy::panic, clippy::cast_possible_truncation)]
+
+mod common;
+
+use bitnet_kernels::{rowops, supported_isas, Isa};
+use common::Rng;
+
+/// Any f32 bit pattern one time in four (infinities, NaNs, subnormals included), else a value
+/// of ordinary size.
+fn any_f32(rng: &mut Rng) -> f32 {
+    if rng.below(4) == 0 {
+        f32::from_bits(rng.next_u64() as u32)
+    } else {
+        rng.f32() * 8.0
+    }
+}
+
+fn lengths(rng: &mut Rng) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..=70).collect();
+    v.extend([127, 128, 129, 1024, 2560, 3072]);
+    v.extend((0..12).map(|_| 71 + rng.below(3000)));
+    v
+}
+
+fn first_difference(got: &[f32], want: &[f32]) -> Option<usize> {
+    got.iter()
+        .zip(want)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+}
+
+#[test]
+fn scale_row_matches_the_twin_on_every_tier() {
+    let isas = supported_isas();
+    eprintln!("tiers tested: {isas:?}");
+    let mut rng = Rng::new(41);
+    for n in lengths(&mut rng) {
+        let x: Vec<f32> = (0..n).map(|_| any_f32(&mut rng)).collect();
+        let w: Vec<f32> = (0..n).map(|_| any_f32(&mut rng)).collect();
+        let s = if rng.below(8) == 0 {
+            any_f32(&mut rng)
+        } else {
+            rng.f32()
+        };
+        let mut want = vec![0.0f32; n];
+        rowops::scale_row_scalar(&x, s, &w, &mut want);
+        for (i, want) in want.iter().enumerate() {
+            assert_eq!(want.to_bits(), ((x[i] * s) * w[i]).to_bits(), "twin, n {n}");
+        }
+        for &isa in &isas {
+            let mut got = vec![7.0f32; n];
+            rowops::scale_row_on(isa, &x, s, &w, &mut got).unwrap();
+            if let Some(i) = first_difference(&got, &want) {
+                panic!("{isa:?} n {n} at {i}: {} vs {}", got[i], want[i]);
+            }
+        }
+        let mut got = vec![7.0f32; n];
+        rowops::scale_row(&x, s, &w, &mut got);
+        assert_eq!(first_difference(&got, &want), None, "default tier, n {n}");
+    }
+}
+
+#[test]
+fn gemm_epilogue_matches_the_twin_on_every_tier() {
+    let isas = supported_isas();
+    let mut rng = Rng::new(43);
+    for n in lengths(&mut rng) {
+        let wide = rng.below(3) == 0;
+        let raw: Vec<i32> = (0..n)
+            .map(|_| {
+                if wide {
+                    rng.next_u64() as i32
+                } else {
+                    rng.below(1 << 20) as i32 - (1 << 19)
+                }
+            })
+            .collect();
+        let b = if wide {
+            rng.next_u64() as i32
+        } else {
+            rng.below(4096) as i32 - 2048
+        };
+        let s = match rng.below(10) {
+            0 => 0.0,
+            1 => any_f32(&mut rng),
+            _ => rng.f32() * 300.0,
+        };
+        let beta = rng.f32() * 2.0;
+        let mut want = vec![0.0f32; n];
+        rowops::panel_out_scalar(&raw, b, s, beta, &mut want);
+        for (i, want) in want.iter().enumerate() {
+            let t = raw[i].wrapping_sub(b) as f32;
+            assert_eq!(want.to_bits(), ((t / s) * beta).to_bits(), "twin, n {n}");
+        }
+        for &isa in &isas {
+            let mut got = vec![7.0f32; n];
+            rowops::panel_out_on(isa, &raw, b, s, beta, &mut got).unwrap();
+            if let Some(i) = first_difference(&got, &want) {
+                panic!("{isa:?} n {n} at {i}: {} vs {}", got[i], want[i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn missing_tiers_are_refused() {
+    for isa in [Isa::Neon, Isa::Avx2, Isa::Avx512, Isa::Simd128] {
+        let mut y = [0.0f32; 2];
+        assert_eq!(
+            rowops::scale_row_on(isa, &[1.0, 2.0], 3.0, &[1.0, 1.0], &mut y).is_some(),
+            isa.is_supported(),
+            "{isa:?}"
+        );
+    }
+}
