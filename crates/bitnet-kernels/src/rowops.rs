@@ -1,6 +1,10 @@
-//! Element-wise float steps over rows, on the widest vectors the selected tier has: the
-//! weighted scaling of RMSNorm ([`scale_row`]) and the float epilogue of the integer GEMM
-//! (`panel_out`: `y = ((T − Σq) as f32 / s) · β`).
+//! Float steps over rows, on the widest vectors the selected tier has: the sums of squares
+//! of fast numerics' RMSNorm ([`sum_sq_rows`]), its weighted scaling ([`scale_row`]) and the
+//! float epilogue of the integer GEMM (`panel_out`: `y = ((T − Σq) as f32 / s) · β`).
+//!
+//! The sums of squares keep their one order of additions (eight f64 lanes, each summed in
+//! sequence: [`sum_sq_lanes8`]); a lane's additions form a dependency chain, so the tiers
+//! sum four rows at once, in registers side by side, each row in its own order.
 //!
 //! Each step is one inlined body of independent per-element operations, compiled three times
 //! on x86-64: plainly (SSE2, the scalar twin), with AVX2 and with AVX-512 F enabled, where the
@@ -106,11 +110,185 @@ fn out_body(raw: &[i32], b: i32, s: f32, beta: f32, dst: &mut [f32]) {
     }
 }
 
+/// The f32 squares of `x` summed in f64 as fast numerics' RMSNorm sums them: element `i`
+/// into lane `i mod 8`, each lane in order from 0.0, then the lanes added 0+4, 1+5, 2+6,
+/// 3+7, then (0+4)+(2+6) and (1+5)+(3+7), then those two. (The plain twin of
+/// [`sum_sq_rows`].)
+pub fn sum_sq_lanes8(x: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let (chunks, tail) = x.as_chunks::<8>();
+    for c in chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += f64::from(v * v);
+        }
+    }
+    for (l, &v) in lanes.iter_mut().zip(tail) {
+        *l += f64::from(v * v);
+    }
+    fold8(lanes)
+}
+
+#[inline(always)]
+fn fold8([a, b, c, d, e, f, g, h]: [f64; 8]) -> f64 {
+    ((a + e) + (c + g)) + ((b + f) + (d + h))
+}
+
+/// `out[r]` = [`sum_sq_lanes8`] of row `r` of `x` (rows of `width` values; `out.len()` rows,
+/// as many as `x` holds), bit for bit, on the selected tier.
+pub fn sum_sq_rows(x: &[f32], width: usize, out: &mut [f64]) {
+    sum_sq_rows_with(crate::isa(), x, width, out);
+}
+
+/// [`sum_sq_rows`] on a chosen tier (tests, benchmarks); `None` if this CPU lacks it.
+pub fn sum_sq_rows_on(isa: Isa, x: &[f32], width: usize, out: &mut [f64]) -> Option<()> {
+    isa.is_supported()
+        .then(|| sum_sq_rows_with(isa, x, width, out))
+}
+
+fn sum_sq_rows_with(isa: Isa, x: &[f32], width: usize, out: &mut [f64]) {
+    let rows = match x.len().checked_div(width) {
+        Some(n) => n.min(out.len()),
+        None => {
+            // Rows of no values sum to 0.
+            out.fill(0.0);
+            return;
+        }
+    };
+    let (x, out) = (&x[..rows * width], &mut out[..rows]);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx512 && Isa::Avx512.is_supported() {
+            // SAFETY: AVX-512 F is available (checked above).
+            unsafe { x86::sum_sq_avx512(x, width, out) };
+            return;
+        }
+        if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
+            // SAFETY: AVX2 is available (checked above).
+            unsafe { x86::sum_sq_avx2(x, width, out) };
+            return;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
+    for (o, row) in out.iter_mut().zip(x.chunks_exact(width)) {
+        *o = sum_sq_lanes8(row);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! The plain bodies compiled with wider vectors enabled.
+    //! The plain bodies compiled with wider vectors enabled, and the sums of squares of four
+    //! rows at a time.
 
-    use super::{out_body, scale_body};
+    use std::arch::x86_64::*;
+
+    use super::{fold8, out_body, scale_body};
+
+    /// Rows summed side by side.
+    const GROUP: usize = 4;
+
+    /// The rows of `x` in groups of up to [`GROUP`], each group with its part of `out`.
+    fn groups<'a>(
+        x: &'a [f32],
+        width: usize,
+        out: &'a mut [f64],
+    ) -> impl Iterator<Item = ([&'a [f32]; GROUP], &'a mut [f64])> {
+        x.chunks(GROUP * width)
+            .zip(out.chunks_mut(GROUP))
+            .map(move |(xs, o)| {
+                let mut g: [&[f32]; GROUP] = [&[]; GROUP];
+                for (slot, row) in g.iter_mut().zip(xs.chunks_exact(width)) {
+                    *slot = row;
+                }
+                (g, o)
+            })
+    }
+
+    /// The last, partial chunk of eight values of `row`, zero-padded (a square of 0.0 adds
+    /// +0.0, which leaves a lane that starts at +0.0 and only gains squares unchanged).
+    #[inline(always)]
+    fn tail(row: &[f32]) -> [f32; 8] {
+        let (_, t) = row.as_chunks::<8>();
+        let mut v = [0f32; 8];
+        v[..t.len()].copy_from_slice(t);
+        v
+    }
+
+    /// # Safety
+    /// AVX-512 F is available; `x.len() == out.len() · width`, `width > 0`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn sum_sq_avx512(x: &[f32], width: usize, out: &mut [f64]) {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        fn add(a: &mut __m512d, v: __m256) {
+            *a = _mm512_add_pd(*a, _mm512_cvtps_pd(_mm256_mul_ps(v, v)));
+        }
+        let full = width / 8;
+        for (g, o) in groups(x, width, out) {
+            let g = &g[..o.len()];
+            let mut acc = [_mm512_setzero_pd(); GROUP];
+            for c in 0..full {
+                for (a, row) in acc.iter_mut().zip(g) {
+                    // SAFETY: chunk c < width / 8 lies inside the row (8 floats from 8c).
+                    add(a, unsafe { _mm256_loadu_ps(row.as_ptr().add(8 * c)) });
+                }
+            }
+            if full * 8 < width {
+                for (a, row) in acc.iter_mut().zip(g) {
+                    let v = tail(row);
+                    // SAFETY: `v` is 8 floats.
+                    add(a, unsafe { _mm256_loadu_ps(v.as_ptr()) });
+                }
+            }
+            for (dst, a) in o.iter_mut().zip(acc) {
+                let mut lanes = [0f64; 8];
+                // SAFETY: `lanes` is 8 f64.
+                unsafe { _mm512_storeu_pd(lanes.as_mut_ptr(), a) };
+                *dst = fold8(lanes);
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2 is available; `x.len() == out.len() · width`, `width > 0`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn sum_sq_avx2(x: &[f32], width: usize, out: &mut [f64]) {
+        /// Lanes 0–3 and 4–7 of a row.
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn add((lo, hi): &mut (__m256d, __m256d), v: __m256) {
+            let sq = _mm256_mul_ps(v, v);
+            *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+            *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(sq)));
+        }
+        let full = width / 8;
+        for (g, o) in groups(x, width, out) {
+            let g = &g[..o.len()];
+            let mut acc = [(_mm256_setzero_pd(), _mm256_setzero_pd()); GROUP];
+            for c in 0..full {
+                for (a, row) in acc.iter_mut().zip(g) {
+                    // SAFETY: chunk c < width / 8 lies inside the row (8 floats from 8c).
+                    add(a, unsafe { _mm256_loadu_ps(row.as_ptr().add(8 * c)) });
+                }
+            }
+            if full * 8 < width {
+                for (a, row) in acc.iter_mut().zip(g) {
+                    let v = tail(row);
+                    // SAFETY: `v` is 8 floats.
+                    add(a, unsafe { _mm256_loadu_ps(v.as_ptr()) });
+                }
+            }
+            for (dst, (lo, hi)) in o.iter_mut().zip(acc) {
+                let mut lanes = [0f64; 8];
+                // SAFETY: `lanes` is 8 f64; the two stores fill its halves.
+                unsafe {
+                    _mm256_storeu_pd(lanes.as_mut_ptr(), lo);
+                    _mm256_storeu_pd(lanes.as_mut_ptr().add(4), hi);
+                }
+                *dst = fold8(lanes);
+            }
+        }
+    }
 
     /// # Safety
     /// AVX2 is available.

@@ -1,6 +1,7 @@
 //! The element-wise row steps (`rowops`): every tier this CPU supports against the plain
 //! twins, bit for bit, over random lengths (ragged tails around every vector width) and
-//! values of every kind (subnormal, infinite, NaN, the whole i32 range).
+//! values of every kind (subnormal, infinite, NaN, the whole i32 range). A NaN matches any
+//! NaN: which operand's payload an instruction passes on is not part of the arithmetic.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::cast_possible_truncation)]
 
 mod common;
@@ -25,10 +26,16 @@ fn lengths(rng: &mut Rng) -> Vec<usize> {
     v
 }
 
+fn same32(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+fn same64(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
 fn first_difference(got: &[f32], want: &[f32]) -> Option<usize> {
-    got.iter()
-        .zip(want)
-        .position(|(a, b)| a.to_bits() != b.to_bits())
+    got.iter().zip(want).position(|(&a, &b)| !same32(a, b))
 }
 
 #[test]
@@ -47,7 +54,7 @@ fn scale_row_matches_the_twin_on_every_tier() {
         let mut want = vec![0.0f32; n];
         rowops::scale_row_scalar(&x, s, &w, &mut want);
         for (i, want) in want.iter().enumerate() {
-            assert_eq!(want.to_bits(), ((x[i] * s) * w[i]).to_bits(), "twin, n {n}");
+            assert!(same32(*want, (x[i] * s) * w[i]), "twin, n {n}");
         }
         for &isa in &isas {
             let mut got = vec![7.0f32; n];
@@ -92,7 +99,7 @@ fn gemm_epilogue_matches_the_twin_on_every_tier() {
         rowops::panel_out_scalar(&raw, b, s, beta, &mut want);
         for (i, want) in want.iter().enumerate() {
             let t = raw[i].wrapping_sub(b) as f32;
-            assert_eq!(want.to_bits(), ((t / s) * beta).to_bits(), "twin, n {n}");
+            assert!(same32(*want, (t / s) * beta), "twin, n {n}");
         }
         for &isa in &isas {
             let mut got = vec![7.0f32; n];
@@ -114,4 +121,60 @@ fn missing_tiers_are_refused() {
             "{isa:?}"
         );
     }
+}
+
+/// The definition written out: lane `i mod 8`, in order, then the fixed fold.
+fn lanes8_by_hand(x: &[f32]) -> f64 {
+    let mut l = [0f64; 8];
+    for (i, &v) in x.iter().enumerate() {
+        l[i % 8] += f64::from(v * v);
+    }
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+#[test]
+fn sums_of_squares_match_the_twin_on_every_tier() {
+    let isas = supported_isas();
+    let mut rng = Rng::new(47);
+    let mut widths: Vec<usize> = (1..=40).collect();
+    widths.extend([64, 127, 128, 129, 1024, 2048, 3072]);
+    widths.extend((0..8).map(|_| 41 + rng.below(3000)));
+    for width in widths {
+        for rows in [0, 1, 2, 3, 4, 5, 7, 8, 9] {
+            let wild = rng.below(3) == 0;
+            let x: Vec<f32> = (0..rows * width)
+                .map(|_| {
+                    if wild {
+                        any_f32(&mut rng)
+                    } else {
+                        rng.f32() * 30.0
+                    }
+                })
+                .collect();
+            let want: Vec<f64> = x.chunks_exact(width).map(rowops::sum_sq_lanes8).collect();
+            for (row, w) in x.chunks_exact(width).zip(&want) {
+                assert!(same64(*w, lanes8_by_hand(row)), "twin, width {width}");
+            }
+            for &isa in &isas {
+                // One spare slot: only `rows` results are written.
+                let mut got = vec![-1.0f64; rows + 1];
+                rowops::sum_sq_rows_on(isa, &x, width, &mut got).unwrap();
+                for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        same64(*g, *w),
+                        "{isa:?} width {width} rows {rows} row {r}: {g} vs {w}"
+                    );
+                }
+                assert_eq!(
+                    got[rows].to_bits(),
+                    (-1.0f64).to_bits(),
+                    "{isa:?} wrote past"
+                );
+            }
+        }
+    }
+    // Rows of no values.
+    let mut out = [5.0f64; 2];
+    rowops::sum_sq_rows(&[], 0, &mut out);
+    assert_eq!(out, [0.0, 0.0]);
 }

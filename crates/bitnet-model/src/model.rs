@@ -837,7 +837,7 @@ impl<'a> Model<'a> {
         // 2b. Q, K = RMS(Q, attn_q_norm), RMS(K, attn_k_norm), head by head (qwen3, gemma3)
         let hd = c.head_dim;
         if let (Some(qn), Some(kn)) = (&l.attn_q_norm, &l.attn_k_norm) {
-            let (eps, norm) = (c.rms_eps, numerics::rms_norm_for(exec.numerics));
+            let (eps, nm) = (c.rms_eps, exec.numerics);
             each_row2(
                 exec,
                 &mut sc.q[..n * qd],
@@ -846,13 +846,13 @@ impl<'a> Model<'a> {
                 kv,
                 &|_, qs, ks| {
                     let mut tmp = vec![0.0f32; hd];
-                    for head in qs.chunks_exact_mut(hd) {
-                        norm(head, qn, eps, &mut tmp);
-                        head.copy_from_slice(&tmp);
-                    }
-                    for head in ks.chunks_exact_mut(hd) {
-                        norm(head, kn, eps, &mut tmp);
-                        head.copy_from_slice(&tmp);
+                    for (x, w) in [(qs, qn), (ks, kn)] {
+                        let mut f = vec![0f32; x.len() / hd.max(1)];
+                        numerics::rms_scales(x, hd, eps, nm, &mut f);
+                        for (head, &f) in x.chunks_exact_mut(hd).zip(&f) {
+                            numerics::scale_row(head, f, w, &mut tmp);
+                            head.copy_from_slice(&tmp);
+                        }
                     }
                 },
             )?;
@@ -1043,11 +1043,17 @@ impl<'a> Model<'a> {
         exec: &Exec<'_>,
     ) -> Result<()> {
         let y = sized(y, x.len());
-        let (eps, norm) = (self.config.rms_eps, numerics::rms_norm_for(exec.numerics));
+        let (eps, nm) = (self.config.rms_eps, exec.numerics);
         each_row(exec, y, width, &|r, ys| {
             let xs = &x[r.start * width..r.end * width];
-            for (src, dst) in xs.chunks_exact(width).zip(ys.chunks_exact_mut(width)) {
-                norm(src, w, eps, dst);
+            let mut f = vec![0f32; r.len()];
+            numerics::rms_scales(xs, width, eps, nm, &mut f);
+            for ((src, dst), &f) in xs
+                .chunks_exact(width)
+                .zip(ys.chunks_exact_mut(width))
+                .zip(&f)
+            {
+                numerics::scale_row(src, f, w, dst);
             }
         })
     }
@@ -1101,9 +1107,7 @@ impl<'a> Model<'a> {
         let rs = sized(rs, x.len() / width.max(1));
         let (eps, nm) = (self.config.rms_eps, exec.numerics);
         each_row(exec, rs, 1, &|r, out| {
-            for (i, o) in r.zip(out.iter_mut()) {
-                *o = numerics::rms_scale(&x[i * width..(i + 1) * width], eps, nm);
-            }
+            numerics::rms_scales(&x[r.start * width..r.end * width], width, eps, nm, out);
         })
     }
 

@@ -11,6 +11,8 @@
 //! 2,560 dependent additions; the sums differ only in f64 rounding). Shared by both modes: RoPE
 //! tables from libm `powf`/`cosf`/`sinf` of an iterated f32 angle.
 
+use bitnet_kernels::rowops;
+
 use crate::config::RopeStyle;
 
 /// Which float paths the forward pass follows.
@@ -60,26 +62,17 @@ pub fn scale_row(x: &[f32], scale: f32, w: &[f32], y: &mut [f32]) {
 
 /// RMSNorm of one row for fast numerics: [`rms_norm`] with the f32 squares summed in eight f64
 /// lanes (element `i` into lane `i mod 8`, the lanes then added pairwise: 0+4, 1+5, 2+6, 3+7,
-/// then 0+2, 1+3, then 0+1), which the compiler vectorizes. The rest is [`rms_norm`]'s.
+/// then 0+2, 1+3, then 0+1: `bitnet_kernels::rowops::sum_sq_lanes8`). The rest is
+/// [`rms_norm`]'s.
 pub fn rms_norm_fast(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     debug_assert!(x.len() == w.len() && x.len() == y.len());
     scale_row(x, scale_of(sum_sq_fast(x), x.len(), eps), w, y);
 }
 
 fn sum_sq_fast(x: &[f32]) -> f64 {
-    let mut lanes = [0f64; 8];
-    let chunks = x.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += f64::from(v * v);
-        }
-    }
-    for (l, &v) in lanes.iter_mut().zip(tail) {
-        *l += f64::from(v * v);
-    }
-    let [a, b, c, d, e, f, g, h] = lanes;
-    ((a + e) + (c + g)) + ((b + f) + (d + h))
+    let mut s = [0f64];
+    rowops::sum_sq_rows(x, x.len(), &mut s);
+    s[0]
 }
 
 /// The factor the RMSNorm of `numerics` multiplies `x` by (before the weights): rows normed
@@ -91,6 +84,27 @@ pub fn rms_scale(x: &[f32], eps: f32, numerics: Numerics) -> f32 {
         Numerics::Fast => sum_sq_fast(x),
     };
     scale_of(sum, x.len(), eps)
+}
+
+/// [`rms_scale`] of each `width`-row of `x` into `out` (as many rows as both hold); fast
+/// numerics sums several rows at once (the same sums, bit for bit).
+pub fn rms_scales(x: &[f32], width: usize, eps: f32, numerics: Numerics, out: &mut [f32]) {
+    let rows = x.chunks_exact(width.max(1));
+    match numerics {
+        Numerics::Exact => {
+            for (o, row) in out.iter_mut().zip(rows) {
+                *o = scale_of(sum_sq(row), width, eps);
+            }
+        }
+        Numerics::Fast => {
+            let n = out.len().min(rows.len());
+            let mut sums = vec![0f64; n];
+            rowops::sum_sq_rows(x, width, &mut sums);
+            for (o, &sum) in out.iter_mut().zip(&sums) {
+                *o = scale_of(sum, width, eps);
+            }
+        }
+    }
 }
 
 /// The RMSNorm of `numerics`: [`rms_norm`] (exact) or [`rms_norm_fast`].
