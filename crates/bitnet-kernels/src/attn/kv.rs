@@ -17,6 +17,12 @@ pub(super) trait KvElem: Copy + Send + Sync {
     const PER: usize = 1;
     /// Element `e` of a row that starts at `row[0]` (for a code, before its scale).
     fn elem(row: &[Self], e: usize) -> f32;
+    /// Elements `16c..16c+16` of a row that holds them all, widened: [`Self::elem`] lane by
+    /// lane (the plain tiers' chunk).
+    #[inline(always)]
+    fn whole_chunk(row: &[Self], c: usize) -> [f32; LANES] {
+        std::array::from_fn(|x| Self::elem(row, c * LANES + x))
+    }
     /// Elements `16c..16c+16` of the row at `row`, widened.
     ///
     /// # Safety
@@ -71,6 +77,15 @@ impl KvElem for f16 {
     #[inline(always)]
     fn elem(row: &[Self], e: usize) -> f32 {
         row[e].to_f32()
+    }
+    /// WebAssembly has no half conversion instruction: sixteen at once in SIMD (the same
+    /// values as `elem`'s software conversion; a NaN stays a NaN).
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    #[inline(always)]
+    fn whole_chunk(row: &[Self], c: usize) -> [f32; LANES] {
+        let mut h = [f16::ZERO; LANES];
+        h.copy_from_slice(&row[c * LANES..][..LANES]);
+        crate::simd::wasm::f16x16_to_f32(&h)
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
@@ -346,11 +361,15 @@ impl<'a, T: KvElem> Block<'a, T> {
     #[inline(always)]
     pub(super) fn chunk(&self, jj: usize, c: usize) -> [f32; LANES] {
         let r = self.row(jj);
-        let mut out = [0f32; LANES];
         let lo = c * LANES;
         let hi = (lo + LANES).min(self.d);
-        for (o, e) in out.iter_mut().zip(lo..hi) {
-            *o = T::elem(r, e);
+        let mut out = [0f32; LANES];
+        if hi - lo == LANES {
+            out = T::whole_chunk(r, c);
+        } else {
+            for (o, e) in out.iter_mut().zip(lo..hi) {
+                *o = T::elem(r, e);
+            }
         }
         if T::SCALED {
             // An exact product: a code of at most 8 bits times a half's 11-bit significand.
@@ -360,5 +379,31 @@ impl<'a, T: KvElem> Block<'a, T> {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every half, in every lane of a chunk: the chunk conversion (SIMD on WebAssembly) gives
+    /// `elem`'s value, bit for bit (any NaN for a NaN).
+    #[test]
+    fn whole_chunks_widen_every_half_exactly() {
+        let row: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+        for shift in [0usize, 5] {
+            let row = &row[shift..];
+            for c in 0..row.len() / LANES {
+                let got = f16::whole_chunk(row, c);
+                for (x, g) in got.iter().enumerate() {
+                    let want = f16::elem(row, c * LANES + x);
+                    assert!(
+                        g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                        "half {:#06x}: {g} vs {want}",
+                        row[c * LANES + x].to_bits()
+                    );
+                }
+            }
+        }
     }
 }

@@ -387,6 +387,19 @@ fn f16x8_to_f32(h: v128) -> [v128; 2] {
     ]
 }
 
+/// Sixteen halves widened to f32 (the attention's cache rows): [`f16x8_to_f32`] twice.
+#[inline(always)]
+pub(crate) fn f16x16_to_f32(h: &[half::f16; 16]) -> [f32; 16] {
+    let [a, b] = f16x8_to_f32(load(h, 0));
+    let [c, d] = f16x8_to_f32(load(h, 8));
+    let mut out = [0f32; 16];
+    for (i, v) in [a, b, c, d].into_iter().enumerate() {
+        // SAFETY: `out[4i..4i + 4]` is in bounds (i < 4); v128_store needs no alignment.
+        unsafe { v128_store(out.as_mut_ptr().add(4 * i).cast::<v128>(), v) };
+    }
+    out
+}
+
 /// The ggml reduction of [`scalar::f16_dot_ggml`] from its 4 × 8 lane accumulators (two
 /// f32x4 each), then the tail in f64.
 #[inline(always)]
