@@ -5,10 +5,11 @@
 //! element type (f16, f32, or Q8_0 / Q4_0 codes with their scales): no per-step conversion of the
 //! history, and no `[n][n_kv]` score matrix, so memory does not grow with n².
 //!
-//! **Work split.** A work item is (a block of up to [`TOKEN_BLOCK`] query rows, one KV head,
-//! one chunk of KV positions). It carries every query head that reads that KV head (GQA): up
-//! to `TOKEN_BLOCK × gqa` query vectors (16 for a prompt of the 2B-4T model, 4 for a decode
-//! step), and each K and V row is read once per item, 16 lanes at a time, widened in
+//! **Work split.** A work item is (a block of query rows, one KV head, one chunk of KV
+//! positions). It carries every query head that reads that KV head (GQA): the block holds
+//! [`TOKEN_BLOCK`] rows, or more where the model has fewer than four query heads a KV head
+//! (up to 16 query vectors: 16 for a prompt of the 2B-4T model or of a Qwen3-0.6B shape, 4 for
+//! a decode step), and each K and V row is read once per item, 16 lanes at a time, widened in
 //! registers once and used by all of them. Items run on the kernel [`Pool`]. Decode (one row)
 //! splits the positions into chunks so that every thread streams part of the cache; the
 //! chunks' partial softmax states are merged at the end (flash-decoding). The next block's
@@ -51,7 +52,7 @@ mod x86;
 use kv::KvElem;
 use work::{Job, Plan};
 
-/// Query rows per work item.
+/// Query rows per work item (the fewest; see the module docs).
 pub const TOKEN_BLOCK: usize = 4;
 /// KV positions per online-softmax step.
 pub const POS_BLOCK: usize = 64;

@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use super::item::padded_queries;
-use super::{AttnShape, KvLayout, KvRows, LANES, MIN_CHUNK, POS_BLOCK, TOKEN_BLOCK};
+use super::{AttnShape, KvLayout, KvRows, LANES, MAX_GQA, MIN_CHUNK, POS_BLOCK, TOKEN_BLOCK};
 use crate::aligned::AlignedBuf;
 use crate::pool::SharedMut;
 use crate::Pool;
@@ -12,6 +12,8 @@ use crate::Pool;
 /// How the call is cut into items.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Plan {
+    /// Query rows an item takes ([`token_block`]).
+    pub(super) token_block: usize,
     pub(super) token_blocks: usize,
     pub(super) n_head_kv: usize,
     pub(super) chunks: usize,
@@ -21,7 +23,8 @@ pub(super) struct Plan {
 
 impl Plan {
     pub(super) fn new(shape: &AttnShape, pos0: usize, n: usize, threads: usize) -> Plan {
-        let token_blocks = n.div_ceil(TOKEN_BLOCK);
+        let token_block = token_block(shape.n_head / shape.n_head_kv.max(1));
+        let token_blocks = n.div_ceil(token_block);
         let n_kv = pos0 + n;
         let base = token_blocks * shape.n_head_kv;
         // Enough items for every thread several times over, in chunks of useful length.
@@ -29,6 +32,7 @@ impl Plan {
         let chunks = want.min(n_kv.div_ceil(MIN_CHUNK)).max(1);
         let chunk_len = n_kv.div_ceil(chunks).div_ceil(POS_BLOCK) * POS_BLOCK;
         Plan {
+            token_block,
             token_blocks,
             n_head_kv: shape.n_head_kv,
             chunks: n_kv.div_ceil(chunk_len),
@@ -53,8 +57,17 @@ impl Plan {
     }
 
     pub(super) fn token_rows(&self, tb: usize) -> Range<usize> {
-        tb * TOKEN_BLOCK..((tb + 1) * TOKEN_BLOCK).min(self.n)
+        tb * self.token_block..((tb + 1) * self.token_block).min(self.n)
     }
+}
+
+/// Query rows a work item takes for `gqa` query heads a KV head: [`TOKEN_BLOCK`], or more
+/// where that gives fewer than [`LANES`] query vectors (up to [`MAX_GQA`] of them), so that
+/// every K and V row widened serves at least 16 vectors (the score kernels' widest form).
+/// Each query row's result does not depend on the rows beside it.
+pub(super) fn token_block(gqa: usize) -> usize {
+    let gqa = gqa.max(1);
+    (LANES / gqa).clamp(TOKEN_BLOCK, (MAX_GQA / gqa).max(1))
 }
 
 pub(super) struct Job<'a> {
@@ -73,7 +86,7 @@ pub(super) struct Job<'a> {
 impl Job<'_> {
     /// Floats of one item's partial state: per query vector, `acc[d]`, `m`, `l`.
     pub(super) fn part_len(&self) -> usize {
-        TOKEN_BLOCK * self.gqa * (self.shape.head_dim + 2)
+        self.plan.token_block * self.gqa * (self.shape.head_dim + 2)
     }
 }
 
@@ -93,7 +106,7 @@ pub(super) struct Scratch {
 impl Scratch {
     pub(super) fn new(job: &Job<'_>) -> Scratch {
         let dp = job.shape.head_dim.next_multiple_of(LANES);
-        let nq = padded_queries(TOKEN_BLOCK * job.gqa);
+        let nq = padded_queries(job.plan.token_block * job.gqa);
         Scratch {
             s: AlignedBuf::zeroed(nq * POS_BLOCK),
             qv: AlignedBuf::zeroed(nq * dp),
@@ -217,5 +230,21 @@ mod tests {
                 assert_eq!(p.item(tb, g, c), it);
             }
         }
+    }
+
+    #[test]
+    fn items_hold_at_least_sixteen_query_vectors_where_they_can() {
+        for (gqa, rows) in [(1, 16), (2, 8), (3, 5), (4, 4), (5, 4), (8, 4), (16, 4)] {
+            assert_eq!(token_block(gqa), rows, "gqa {gqa}");
+            assert!(token_block(gqa) * gqa <= MAX_GQA);
+        }
+        let shape = AttnShape {
+            n_head: 16,
+            n_head_kv: 8,
+            head_dim: 128,
+        };
+        let p = Plan::new(&shape, 0, 20, 2);
+        assert_eq!((p.token_block, p.token_blocks), (8, 3));
+        assert_eq!(p.token_rows(2), 16..20);
     }
 }
