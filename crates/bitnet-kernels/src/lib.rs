@@ -23,8 +23,9 @@
 //! `attn`, `exact`, `rowops`).
 //!
 //! `unsafe` is confined to the SIMD code behind runtime detection (the tiers in `simd::*`,
-//! `attn`'s x86 loops, the wider compilations in `exact` and `rowops`) and the pool (lifetime-erased job closure, disjoint output writes); each unsafe fn has a
-//! `# Safety` section.
+//! `attn`'s x86 loops, the wider compilations in `exact` and `rowops`) and the pool
+//! (lifetime-erased job closure, disjoint output writes); each unsafe fn has a `# Safety`
+//! section.
 
 pub mod act;
 pub mod aligned;

@@ -57,7 +57,7 @@ fn scale_of(sum: f64, n: usize, eps: f32) -> f32 {
 
 /// `y = (x * scale) * w` in f32: the end of every RMSNorm.
 pub fn scale_row(x: &[f32], scale: f32, w: &[f32], y: &mut [f32]) {
-    bitnet_kernels::rowops::scale_row(x, scale, w, y);
+    rowops::scale_row(x, scale, w, y);
 }
 
 /// RMSNorm of one row for fast numerics: [`rms_norm`] with the f32 squares summed in eight f64
@@ -284,6 +284,27 @@ mod tests {
         // rounded to f16.
         for (got, want) in x[5..].iter().zip([0.841_192_f32, -0.158_808, 0.345_714]) {
             assert_eq!(*got, half::f16::from_f32(want).to_f32(), "{want}");
+        }
+    }
+
+    #[test]
+    fn row_ranges_get_each_rows_own_scale() {
+        // Several rows at once (fast numerics sums four side by side): each row's factor is
+        // the one it gets alone, for ragged widths and row counts.
+        for width in [1usize, 7, 8, 64, 129, 1024] {
+            for rows in [1usize, 3, 4, 5, 9] {
+                let x: Vec<f32> = (0..rows * width)
+                    .map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.0371)
+                    .collect();
+                for nm in [Numerics::Exact, Numerics::Fast] {
+                    let mut got = vec![0.0f32; rows];
+                    rms_scales(&x, width, 1e-6, nm, &mut got);
+                    for (r, g) in got.iter().enumerate() {
+                        let want = rms_scale(&x[r * width..(r + 1) * width], 1e-6, nm);
+                        assert_eq!(g.to_bits(), want.to_bits(), "{nm:?} {width}×{rows} row {r}");
+                    }
+                }
+            }
         }
     }
 
