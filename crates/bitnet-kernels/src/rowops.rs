@@ -214,80 +214,78 @@ mod x86 {
         v
     }
 
+    /// Each group's rows summed side by side: `add` puts a row's next eight values into its
+    /// accumulator (the eight lanes, in whatever registers), `lanes` reads the eight lanes
+    /// back for the fold.
+    #[inline(always)]
+    fn sum_groups<A: Copy>(
+        x: &[f32],
+        width: usize,
+        out: &mut [f64],
+        zero: A,
+        add: impl Fn(&mut A, &[f32; 8]),
+        lanes: impl Fn(A) -> [f64; 8],
+    ) {
+        for (g, o) in groups(x, width, out) {
+            let chunks = g.map(|row| row.as_chunks::<8>().0);
+            let mut acc = [zero; GROUP];
+            for c in 0..width / 8 {
+                for (a, row) in acc.iter_mut().zip(&chunks[..o.len()]) {
+                    add(a, &row[c]);
+                }
+            }
+            if !width.is_multiple_of(8) {
+                for (a, row) in acc.iter_mut().zip(&g[..o.len()]) {
+                    add(a, &tail(row));
+                }
+            }
+            for (dst, a) in o.iter_mut().zip(acc) {
+                *dst = fold8(lanes(a));
+            }
+        }
+    }
+
     /// # Safety
     /// AVX-512 F is available; `x.len() == out.len() · width`, `width > 0`.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn sum_sq_avx512(x: &[f32], width: usize, out: &mut [f64]) {
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        fn add(a: &mut __m512d, v: __m256) {
+        let add = |a: &mut __m512d, v: &[f32; 8]| {
+            // SAFETY: `v` is 8 floats; loadu has no alignment requirement.
+            let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
             *a = _mm512_add_pd(*a, _mm512_cvtps_pd(_mm256_mul_ps(v, v)));
-        }
-        let full = width / 8;
-        for (g, o) in groups(x, width, out) {
-            let g = &g[..o.len()];
-            let mut acc = [_mm512_setzero_pd(); GROUP];
-            for c in 0..full {
-                for (a, row) in acc.iter_mut().zip(g) {
-                    // SAFETY: chunk c < width / 8 lies inside the row (8 floats from 8c).
-                    add(a, unsafe { _mm256_loadu_ps(row.as_ptr().add(8 * c)) });
-                }
-            }
-            if full * 8 < width {
-                for (a, row) in acc.iter_mut().zip(g) {
-                    let v = tail(row);
-                    // SAFETY: `v` is 8 floats.
-                    add(a, unsafe { _mm256_loadu_ps(v.as_ptr()) });
-                }
-            }
-            for (dst, a) in o.iter_mut().zip(acc) {
-                let mut lanes = [0f64; 8];
-                // SAFETY: `lanes` is 8 f64.
-                unsafe { _mm512_storeu_pd(lanes.as_mut_ptr(), a) };
-                *dst = fold8(lanes);
-            }
-        }
+        };
+        let lanes = |a: __m512d| {
+            let mut l = [0f64; 8];
+            // SAFETY: `l` is 8 f64.
+            unsafe { _mm512_storeu_pd(l.as_mut_ptr(), a) };
+            l
+        };
+        sum_groups(x, width, out, _mm512_setzero_pd(), add, lanes);
     }
 
     /// # Safety
     /// AVX2 is available; `x.len() == out.len() · width`, `width > 0`.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn sum_sq_avx2(x: &[f32], width: usize, out: &mut [f64]) {
-        /// Lanes 0–3 and 4–7 of a row.
-        #[inline]
-        #[target_feature(enable = "avx2")]
-        fn add((lo, hi): &mut (__m256d, __m256d), v: __m256) {
+        // Lanes 0–3 and 4–7 of a row.
+        let add = |(lo, hi): &mut (__m256d, __m256d), v: &[f32; 8]| {
+            // SAFETY: `v` is 8 floats; loadu has no alignment requirement.
+            let v = unsafe { _mm256_loadu_ps(v.as_ptr()) };
             let sq = _mm256_mul_ps(v, v);
             *lo = _mm256_add_pd(*lo, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
             *hi = _mm256_add_pd(*hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(sq)));
-        }
-        let full = width / 8;
-        for (g, o) in groups(x, width, out) {
-            let g = &g[..o.len()];
-            let mut acc = [(_mm256_setzero_pd(), _mm256_setzero_pd()); GROUP];
-            for c in 0..full {
-                for (a, row) in acc.iter_mut().zip(g) {
-                    // SAFETY: chunk c < width / 8 lies inside the row (8 floats from 8c).
-                    add(a, unsafe { _mm256_loadu_ps(row.as_ptr().add(8 * c)) });
-                }
+        };
+        let lanes = |(lo, hi): (__m256d, __m256d)| {
+            let mut l = [0f64; 8];
+            // SAFETY: `l` is 8 f64; the two stores fill its halves.
+            unsafe {
+                _mm256_storeu_pd(l.as_mut_ptr(), lo);
+                _mm256_storeu_pd(l.as_mut_ptr().add(4), hi);
             }
-            if full * 8 < width {
-                for (a, row) in acc.iter_mut().zip(g) {
-                    let v = tail(row);
-                    // SAFETY: `v` is 8 floats.
-                    add(a, unsafe { _mm256_loadu_ps(v.as_ptr()) });
-                }
-            }
-            for (dst, (lo, hi)) in o.iter_mut().zip(acc) {
-                let mut lanes = [0f64; 8];
-                // SAFETY: `lanes` is 8 f64; the two stores fill its halves.
-                unsafe {
-                    _mm256_storeu_pd(lanes.as_mut_ptr(), lo);
-                    _mm256_storeu_pd(lanes.as_mut_ptr().add(4), hi);
-                }
-                *dst = fold8(lanes);
-            }
-        }
+            l
+        };
+        let zero = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        sum_groups(x, width, out, zero, add, lanes);
     }
 
     /// # Safety
