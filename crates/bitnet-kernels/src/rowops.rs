@@ -1,6 +1,7 @@
 //! Float steps over rows, on the widest vectors the selected tier has: the sums of squares
 //! of fast numerics' RMSNorm ([`sum_sq_rows`]), its weighted scaling ([`scale_row`]) and the
-//! float epilogue of the integer GEMM (`panel_out`: `y = ((T − Σq) as f32 / s) · β`).
+//! float epilogue of the integer GEMM (`panel_out`: `y = ((T − Σq) as f32 / s) · β`), and
+//! the sums `Σq` of int8 activations that epilogue needs ([`sum_i8`]).
 //!
 //! The sums of squares keep their one order of additions (eight f64 lanes, each summed in
 //! sequence: [`sum_sq_lanes8`]); a lane's additions form a dependency chain, so the tiers
@@ -175,6 +176,34 @@ fn sum_sq_rows_with(isa: Isa, x: &[f32], width: usize, out: &mut [f64]) {
     }
 }
 
+/// `Σ x` as i32 (wrapping, as an i32 sum of the values does; exact for any row shorter
+/// than 2^24 values). Runs on the selected kernel tier.
+pub fn sum_i8(x: &[i8]) -> i32 {
+    sum_i8_with(crate::isa(), x)
+}
+
+/// [`sum_i8`] on a chosen tier (tests); `None` if this CPU lacks it.
+pub fn sum_i8_on(isa: Isa, x: &[i8]) -> Option<i32> {
+    isa.is_supported().then(|| sum_i8_with(isa, x))
+}
+
+/// The plain [`sum_i8`] (the twin the tiers are tested against).
+#[doc(hidden)]
+pub fn sum_i8_scalar(x: &[i8]) -> i32 {
+    x.iter().fold(0i32, |a, &v| a.wrapping_add(i32::from(v)))
+}
+
+pub(crate) fn sum_i8_with(isa: Isa, x: &[i8]) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && Isa::Avx2.is_supported() {
+        // SAFETY: AVX2 is available (checked above).
+        return unsafe { x86::sum_i8_avx2(x) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = isa;
+    sum_i8_scalar(x)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The plain bodies compiled with wider vectors enabled, and the sums of squares of four
@@ -286,6 +315,35 @@ mod x86 {
         };
         let zero = (_mm256_setzero_pd(), _mm256_setzero_pd());
         sum_groups(x, width, out, zero, add, lanes);
+    }
+
+    /// [`super::sum_i8`], 32 values a step: each byte's bit 7 flipped makes it `x + 128`
+    /// as an unsigned byte, and `vpsadbw` against zero sums eight of those into a 64-bit lane;
+    /// the 128 · n added is taken off at the end. Integer sums are exact in any order.
+    ///
+    /// # Safety
+    /// AVX2 is available.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn sum_i8_avx2(x: &[i8]) -> i32 {
+        let (chunks, tail) = x.as_chunks::<32>();
+        let flip = _mm256_set1_epi8(i8::MIN);
+        let mut acc = _mm256_setzero_si256();
+        for c in chunks {
+            // SAFETY: `c` is 32 bytes; loadu has no alignment requirement.
+            let v = unsafe { _mm256_loadu_si256(c.as_ptr().cast()) };
+            let sums = _mm256_sad_epu8(_mm256_xor_si256(v, flip), _mm256_setzero_si256());
+            acc = _mm256_add_epi64(acc, sums);
+        }
+        let mut lanes = [0u64; 4];
+        // SAFETY: `lanes` is 32 bytes.
+        unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), acc) };
+        // Each lane is at most 255 · 8 per step: no u64 lane or total overflows.
+        let biased = lanes.iter().fold(0u64, |a, &l| a.wrapping_add(l));
+        let n = u64::try_from(chunks.len() * 32).unwrap_or(u64::MAX);
+        // Wrapping to i32 keeps the sum modulo 2^32, as the plain sum does.
+        #[allow(clippy::cast_possible_truncation)]
+        let full = biased.wrapping_sub(128u64.wrapping_mul(n)) as u32 as i32;
+        tail.iter().fold(full, |a, &v| a.wrapping_add(i32::from(v)))
     }
 
     /// # Safety

@@ -617,7 +617,7 @@ impl<'a> TernaryMatrix<'a> {
                 return Ok(());
             }
         }
-        let bsum = self.block_sums(xq, n_tok);
+        let bsum = self.block_sums(kern.isa, xq, n_tok);
         if let (Some(pk), Some(panels), Some(bsc)) = (
             kern.i2s_panel,
             self.panels.as_deref(),
@@ -701,7 +701,7 @@ impl<'a> TernaryMatrix<'a> {
     }
 
     /// `Σ q` per token and scale block (`n_tok × nb`).
-    fn block_sums(&self, xq: &[i8], n_tok: usize) -> Vec<i32> {
+    fn block_sums(&self, isa: Isa, xq: &[i8], n_tok: usize) -> Vec<i32> {
         let k = self.n_in;
         let be = match self.layout {
             TernaryLayout::I2S => k,
@@ -712,7 +712,7 @@ impl<'a> TernaryMatrix<'a> {
             let x = &xq[t * k..(t + 1) * k];
             for b in 0..self.nb {
                 let end = ((b + 1) * be).min(k);
-                bs.push(x[b * be..end].iter().map(|&q| i32::from(q)).sum());
+                bs.push(crate::rowops::sum_i8_with(isa, &x[b * be..end]));
             }
         }
         bs

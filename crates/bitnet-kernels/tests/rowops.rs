@@ -178,3 +178,26 @@ fn sums_of_squares_match_the_twin_on_every_tier() {
     rowops::sum_sq_rows(&[], 0, &mut out);
     assert_eq!(out, [0.0, 0.0]);
 }
+
+#[test]
+fn int8_sums_match_the_twin_on_every_tier() {
+    let isas = supported_isas();
+    let mut rng = Rng::new(53);
+    for n in lengths(&mut rng).into_iter().chain([100_000]) {
+        let extreme = rng.below(3);
+        let x: Vec<i8> = (0..n)
+            .map(|_| match extreme {
+                0 => i8::MIN,
+                1 => i8::MAX,
+                _ => rng.i8(),
+            })
+            .collect();
+        let want = rowops::sum_i8_scalar(&x);
+        let by_hand: i64 = x.iter().map(|&v| i64::from(v)).sum();
+        assert_eq!(i64::from(want), by_hand, "twin, n {n}");
+        for &isa in &isas {
+            assert_eq!(rowops::sum_i8_on(isa, &x), Some(want), "{isa:?} n {n}");
+        }
+        assert_eq!(rowops::sum_i8(&x), want, "default tier, n {n}");
+    }
+}
