@@ -23,7 +23,9 @@ pub(super) struct Plan {
 
 impl Plan {
     pub(super) fn new(shape: &AttnShape, pos0: usize, n: usize, threads: usize) -> Plan {
-        let token_block = token_block(shape.n_head / shape.n_head_kv.max(1));
+        // No more rows than the call has (a decode step: one), so that the items' scratch
+        // and partial states are sized for the rows they hold.
+        let token_block = token_block(shape.n_head / shape.n_head_kv.max(1)).min(n.max(1));
         let token_blocks = n.div_ceil(token_block);
         let n_kv = pos0 + n;
         let base = token_blocks * shape.n_head_kv;
@@ -246,5 +248,8 @@ mod tests {
         let p = Plan::new(&shape, 0, 20, 2);
         assert_eq!((p.token_block, p.token_blocks), (8, 3));
         assert_eq!(p.token_rows(2), 16..20);
+        let p = Plan::new(&shape, 300, 1, 2);
+        assert_eq!((p.token_block, p.token_blocks), (1, 1));
+        assert_eq!(p.token_rows(0), 0..1);
     }
 }
