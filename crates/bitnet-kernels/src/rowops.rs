@@ -206,8 +206,8 @@ pub(crate) fn sum_i8_with(isa: Isa, x: &[i8]) -> i32 {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! The plain bodies compiled with wider vectors enabled, and the sums of squares of four
-    //! rows at a time.
+    //! The plain bodies compiled with wider vectors enabled, the sums of squares of four rows
+    //! at a time, and the int8 sums.
 
     use std::arch::x86_64::*;
 
