@@ -692,7 +692,8 @@ impl<'a> TernaryMatrix<'a> {
         let outp = SharedMut::new(out);
         let several = kern
             .i2s_rows
-            .filter(|_| self.layout == TernaryLayout::I2S && n_tok == 1);
+            .filter(|_| self.layout == TernaryLayout::I2S && n_tok == 1)
+            .map(|k| (k, kern.isa));
         let f = |rows: Range<usize>| {
             self.rows_kernel(kernel, several, &p, &bsum, s, rows, &outp);
         };
@@ -722,7 +723,7 @@ impl<'a> TernaryMatrix<'a> {
     fn rows_kernel(
         &self,
         kernel: crate::tier::TernaryKernel,
-        several: Option<crate::tier::I2sRows>,
+        several: Option<(crate::tier::I2sRows, Isa)>,
         p: &Prepared<'_>,
         bsum: &[i32],
         s: &[f32],
@@ -733,7 +734,7 @@ impl<'a> TernaryMatrix<'a> {
         let nb = self.nb;
         let off = self.layout.code_offset();
         let mut rows = rows;
-        if let (Some(several), Scales::Tensor(beta)) = (several, self.scales) {
+        if let (Some((several, isa)), Scales::Tensor(beta)) = (several, self.scales) {
             // I2_S matvec: several rows per call, same integers and float steps as below.
             let n = several.rows.max(1);
             let mut t = vec![0i32; n];
@@ -741,13 +742,11 @@ impl<'a> TernaryMatrix<'a> {
                 let r = rows.start;
                 let w = &self.data[r * self.row_bytes..(r + n) * self.row_bytes];
                 (several.kernel)(w, p, 0, self.codes_clean, &mut t);
-                for (i, raw) in t.iter().enumerate() {
-                    // y = ((T as f32) / s) · β
-                    let tt = raw - off * bsum[0];
-                    let y = (tt as f32 / s[0]) * beta;
-                    // SAFETY: r + i < n_out and n_tok = 1; rows are disjoint between chunks.
-                    unsafe { out.write(r + i, y) };
-                }
+                // SAFETY: r + n ≤ rows.end ≤ n_out and n_tok = 1, so the range is inside
+                // `out`; row ranges are disjoint between chunks.
+                let dst = unsafe { out.slice_mut(r..r + n) };
+                // y = ((T as f32) / s) · β, T = Σ u·q − Σ q
+                crate::rowops::panel_out(isa, &t, off * bsum[0], s[0], beta, dst);
                 rows.start += n;
             }
         }

@@ -1096,7 +1096,7 @@ impl<'a> Model<'a> {
         Ok(())
     }
 
-    /// `rs` = the RMS factor of each `width`-row of `x` ([`numerics::rms_scale`]).
+    /// `rs` = the RMS factor of each `width`-row of `x` ([`numerics::rms_scales`]).
     fn row_scales(
         &self,
         x: &[f32],

@@ -83,9 +83,7 @@ impl KvElem for f16 {
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     #[inline(always)]
     fn whole_chunk(row: &[Self], c: usize) -> [f32; LANES] {
-        let mut h = [f16::ZERO; LANES];
-        h.copy_from_slice(&row[c * LANES..][..LANES]);
-        crate::simd::wasm::f16x16_to_f32(&h)
+        crate::simd::wasm::f16x16_to_f32(&row.as_chunks::<LANES>().0[c])
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
