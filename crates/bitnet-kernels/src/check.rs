@@ -1,11 +1,15 @@
 //! The selected tier against the scalar tier, at run time: random I2_S and TQ2_0 matrices
 //! and activations (ragged shapes, every token count of a call, codes 11, extreme
-//! activations), compared bit for bit. The twin tests do this under `cargo test`; this is
+//! activations), and the LM head's F16, Q8_0 and Q4_0 dots where the tier's are the scalar
+//! tier's (everywhere but WebAssembly without a fused multiply-add), compared bit for bit. The twin tests do this under `cargo test`; this is
 //! for builds whose tier can only run where they are loaded, such as the WebAssembly
 //! module with relaxed SIMD, which only a browser runs (the package's tests call it there).
 
+use std::borrow::Cow;
+
 use crate::layout::{i2s, tq2_0};
-use crate::{isa, Isa, Pool, TernaryLayout, TernaryMatrix};
+use crate::rows::quantize_row_into;
+use crate::{isa, F16DotOrder, Isa, Pool, RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
@@ -22,6 +26,11 @@ impl Rng {
     }
     fn i8(&mut self) -> i8 {
         i8::from_le_bytes([self.next().to_le_bytes()[0]])
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        let bits = u32::try_from(self.next() >> 40).unwrap_or(0); // 24 bits
+        bits as f32 / 8_388_608.0 - 1.0
     }
 }
 
@@ -100,6 +109,108 @@ pub fn tier_against_scalar(seed: u64, rounds: usize) -> Result<usize, String> {
             }
         }
     }
+    if tier != Isa::Simd128 || crate::wasm_fused_madd() {
+        compared += heads_against_scalar(tier, &mut rng, rounds)?;
+    }
+    Ok(compared)
+}
+
+/// The LM head's dots on `tier` against the scalar tier's, bit for bit: F16 rows in both
+/// numerics (exact's ggml order, fast numerics' dots, the one-token rows kernel and the
+/// selected-rows call) and Q8_0 and Q4_0 rows with int8 activations, over random shapes with
+/// ragged K, 1 to 5 tokens, and now and then an activation past 2^16.
+fn heads_against_scalar(tier: Isa, rng: &mut Rng, rounds: usize) -> Result<usize, String> {
+    let pool = Pool::new(1);
+    let mut compared = 0;
+    for round in 0..rounds {
+        for ty in [RowType::F16, RowType::Q8_0, RowType::Q4_0] {
+            let rows = 1 + rng.below(24);
+            let cols = if ty == RowType::F16 {
+                1 + rng.below(600)
+            } else {
+                32 * (1 + rng.below(20))
+            };
+            let row_bytes = ty.row_bytes(cols).map_err(|e| e.to_string())?;
+            let mut data = vec![0u8; rows * row_bytes];
+            if ty == RowType::F16 {
+                for pair in data.chunks_exact_mut(2) {
+                    // Finite halves of every exponent, subnormals and zeros among them.
+                    let sign = u16::from(rng.below(2) == 1) << 15;
+                    let exp = u16::try_from(rng.below(31)).unwrap_or(0) << 10;
+                    let man = u16::try_from(rng.below(1024)).unwrap_or(0);
+                    pair.copy_from_slice(&(sign | exp | man).to_le_bytes());
+                }
+            } else {
+                let mut w = vec![0f32; cols];
+                for row in data.chunks_exact_mut(row_bytes) {
+                    w.iter_mut().for_each(|v| *v = rng.unit());
+                    quantize_row_into(ty, &w, row);
+                }
+            }
+            let m =
+                RowMatrix::new(ty, rows, cols, Cow::Borrowed(&data)).map_err(|e| e.to_string())?;
+            for n_tok in 1..=5 {
+                let mut x: Vec<f32> = (0..n_tok * cols).map(|_| 2.0 * rng.unit()).collect();
+                if round % 4 == 3 {
+                    let i = rng.below(x.len());
+                    x[i] = 70_000.0;
+                }
+                let mut want = vec![0f32; n_tok * rows];
+                let mut got = vec![f32::NAN; n_tok * rows];
+                let differs = |what: &str, got: &[f32], want: &[f32]| {
+                    (0..want.len())
+                        .find(|&i| got[i].to_bits() != want[i].to_bits())
+                        .map(|i| {
+                            format!(
+                                "{} differs from scalar: {ty:?} {what} {rows}x{cols}, {n_tok} tokens, output {i}: {} vs {}",
+                                tier.name(),
+                                got[i],
+                                want[i]
+                            )
+                        })
+                };
+                let unsupported = || format!("tier {} is not available", tier.name());
+                m.matmul_q8_on(Isa::Scalar, &x, &mut want, &pool)
+                    .ok_or_else(unsupported)?
+                    .map_err(|e| e.to_string())?;
+                m.matmul_q8_on(tier, &x, &mut got, &pool)
+                    .ok_or_else(unsupported)?
+                    .map_err(|e| e.to_string())?;
+                if let Some(e) = differs("fast", &got, &want) {
+                    return Err(e);
+                }
+                compared += want.len();
+                if ty == RowType::F16 {
+                    for isa in [Isa::Scalar, tier] {
+                        let out = if isa == tier { &mut got } else { &mut want };
+                        m.matmul_f32_on(isa, &x, out, &pool, F16DotOrder::Ggml)
+                            .ok_or_else(unsupported)?
+                            .map_err(|e| e.to_string())?;
+                    }
+                    if let Some(e) = differs("exact", &got, &want) {
+                        return Err(e);
+                    }
+                    compared += want.len();
+                }
+                // Some rows of the first token, as the approximate head asks for them.
+                let ids: Vec<u32> = (0..rows)
+                    .filter(|_| rng.below(2) == 0)
+                    .filter_map(|r| u32::try_from(r).ok())
+                    .collect();
+                let (mut a, mut b) = (vec![0f32; ids.len()], vec![f32::NAN; ids.len()]);
+                m.matmul_q8_rows_on(Isa::Scalar, &ids, &x[..cols], &mut a, &pool)
+                    .ok_or_else(unsupported)?
+                    .map_err(|e| e.to_string())?;
+                m.matmul_q8_rows_on(tier, &ids, &x[..cols], &mut b, &pool)
+                    .ok_or_else(unsupported)?
+                    .map_err(|e| e.to_string())?;
+                if let Some(e) = differs("rows", &b, &a) {
+                    return Err(e);
+                }
+                compared += a.len();
+            }
+        }
+    }
     Ok(compared)
 }
 
@@ -109,5 +220,16 @@ mod tests {
     fn the_selected_tier_passes() {
         let n = super::tier_against_scalar(7, 8).unwrap();
         assert!(n > 1000, "{n}");
+    }
+
+    #[test]
+    fn the_selected_tiers_head_dots_pass() {
+        let tier = crate::isa();
+        if tier == crate::Isa::Simd128 && !crate::wasm_fused_madd() {
+            eprintln!("the_selected_tiers_head_dots_pass: simd128 without a fused multiply-add rounds each product (tests/rows.rs checks that form)");
+            return;
+        }
+        let n = super::heads_against_scalar(tier, &mut super::Rng(11), 8).unwrap();
+        assert!(n > 500, "{n}");
     }
 }

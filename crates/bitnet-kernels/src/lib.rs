@@ -67,3 +67,19 @@ pub fn amx_probe_ns() -> Option<f64> {
         None
     }
 }
+
+/// Whether the WebAssembly tier's float dots (the LM head's F16, Q8_0 and Q4_0 rows) fuse
+/// their multiply-adds: in a module built with relaxed SIMD, on an engine whose
+/// `f32x4.relaxed_madd` rounds once. Then they are the scalar tier's dots bit for bit, as
+/// on every native tier; otherwise each product is rounded before it is added. Always
+/// false outside WebAssembly.
+pub fn wasm_fused_madd() -> bool {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        simd::wasm::madd_fuses()
+    }
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        false
+    }
+}

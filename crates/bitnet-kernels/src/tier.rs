@@ -183,8 +183,9 @@ pub(crate) struct Kernels {
     pub f16_dot_ggml_multi: RowsDotMulti,
     /// The F16 dots of fast numerics (`RowMatrix::matmul_q8`, `matmul_q8_rows`): the ggml
     /// order, with the fused multiply-add on every tier whose hardware has one (there they
-    /// are `f16_dot_ggml` and `f16_dot_ggml_multi` themselves); WebAssembly has none, so its
-    /// tier multiplies, then adds. Exact numerics never uses them.
+    /// are `f16_dot_ggml` and `f16_dot_ggml_multi` themselves); WebAssembly's tier fuses them
+    /// only where relaxed SIMD's multiply-add is fused (`wasm_fused_madd`), and elsewhere
+    /// multiplies, then adds. Exact numerics never uses them.
     pub f16_dot_fast: RowDot,
     pub f16_dot_fast_multi: RowsDotMulti,
     /// One token's `f16_dot_fast` of consecutive rows, bit for bit, with the token prepared

@@ -376,9 +376,9 @@ fn q8_activation_dots_every_tier() {
                         let mut got = vec![f32::NAN; n_tok * rows];
                         m.matmul_q8_on(isa, &x, &mut got, pool).unwrap().unwrap();
                         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                            if isa == Isa::Simd128 {
-                                // WebAssembly multiplies, then adds: within twice the
-                                // scalar order's own bound of it.
+                            if isa == Isa::Simd128 && !bitnet_kernels::wasm_fused_madd() {
+                                // WebAssembly without a fused multiply-add multiplies, then
+                                // adds: within twice the scalar order's own bound of it.
                                 let d = (f64::from(*a) - f64::from(*b)).abs();
                                 assert!(
                                     d <= 2.0 * bounds[i],
@@ -406,7 +406,10 @@ fn q8_activation_dots_every_tier() {
         m.matmul_q8(&x, &mut a, &pools[1]).unwrap();
         m.matmul_f32_order(&x, &mut b, &pools[1], F16DotOrder::Ggml)
             .unwrap();
-        if ty == RowType::F16 && bitnet_kernels::isa() == Isa::Simd128 {
+        if ty == RowType::F16
+            && bitnet_kernels::isa() == Isa::Simd128
+            && !bitnet_kernels::wasm_fused_madd()
+        {
             // WebAssembly's fast F16 dot multiplies, then adds (f16_fast_dots_match_scalar).
             let mag: f32 = x.iter().map(|v| v.abs()).sum();
             for (p, q) in a.iter().zip(&b) {
@@ -420,8 +423,9 @@ fn q8_activation_dots_every_tier() {
 
 /// The F16 dots of fast numerics (`matmul_q8`) on every tier against the scalar tier's:
 /// bit-identical where the tier has a fused multiply-add; WebAssembly's `simd128` tier
-/// multiplies, then adds: bit-identical to [`ggml_dot_unfused`], its scalar twin (run under
-/// wasm32 by scripts/test-wasm). Random shapes, ragged K, 1..7 tokens.
+/// without one (`wasm_fused_madd`) multiplies, then adds: bit-identical to
+/// [`ggml_dot_unfused`], its scalar twin (run under wasm32 by scripts/test-wasm). Random
+/// shapes, ragged K, 1..7 tokens.
 #[test]
 fn f16_fast_dots_match_scalar() {
     let mut rng = Rng::new(91);
@@ -447,7 +451,7 @@ fn f16_fast_dots_match_scalar() {
             for &isa in &isas {
                 let mut got = vec![f32::NAN; n_tok * rows];
                 m.matmul_q8_on(isa, &x, &mut got, &pool).unwrap().unwrap();
-                if isa != Isa::Simd128 {
+                if isa != Isa::Simd128 || bitnet_kernels::wasm_fused_madd() {
                     assert_eq!(got, want, "{isa:?} {rows}x{cols} n_tok {n_tok}");
                     continue;
                 }
@@ -472,8 +476,8 @@ fn f16_fast_dots_match_scalar() {
 
 /// The fast F16 dot of one token over matrices holding an infinite or NaN half (the
 /// `simd128` tier checks a matrix's halves once, and only a matrix of finite halves skips the
-/// check of each row): every tier against the scalar tier, the `simd128` tier against its
-/// twin [`ggml_dot_unfused`]; NaN taken for NaN (its sign and payload are the engine's).
+/// check of each row): every tier against the scalar tier, the `simd128` tier without a fused
+/// multiply-add against its twin [`ggml_dot_unfused`]; NaN taken for NaN (its sign and payload are the engine's).
 /// Random shapes, ragged K, one and two threads.
 #[test]
 fn f16_fast_dots_with_non_finite_halves() {
@@ -506,7 +510,7 @@ fn f16_fast_dots_with_non_finite_halves() {
             let mut got = vec![0f32; rows];
             m.matmul_q8_on(isa, &x, &mut got, pool).unwrap().unwrap();
             for r in 0..rows {
-                let want = if isa == Isa::Simd128 {
+                let want = if isa == Isa::Simd128 && !bitnet_kernels::wasm_fused_madd() {
                     m.dequantize_row(r, &mut w).unwrap();
                     ggml_dot_unfused(&w, &x)
                 } else {
@@ -522,9 +526,9 @@ fn f16_fast_dots_with_non_finite_halves() {
     }
 }
 
-/// The scalar twin of the `simd128` tier's fast F16 dot: ggml's order (4 accumulators × 8
-/// lanes over chunks of 32, the lanes reduced pairwise, the K % 32 tail added in f64) with
-/// each product rounded before it is added, as WebAssembly has no fused multiply-add.
+/// The scalar twin of the `simd128` tier's fast F16 dot without a fused multiply-add: ggml's
+/// order (4 accumulators × 8 lanes over chunks of 32, the lanes reduced pairwise, the K % 32
+/// tail added in f64) with each product rounded before it is added.
 fn ggml_dot_unfused(w: &[f32], x: &[f32]) -> f32 {
     let main = x.len() - x.len() % 32;
     let mut acc = [[0f32; 8]; 4];

@@ -103,6 +103,6 @@ export class Model {
 
 export function isCached(url: string): Promise<boolean>;
 export function hasRelaxedSimd(): boolean;
-export function selfTest(wasm?: "auto" | "simd128" | "relaxed", rounds?: number): Promise<{ tier: string; compared: number }>;
+export function selfTest(wasm?: "auto" | "simd128" | "relaxed", rounds?: number): Promise<{ tier: string; compared: number; fused: boolean }>;
 export function clearCache(url?: string): Promise<boolean>;
 export default Model;

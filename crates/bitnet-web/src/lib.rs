@@ -348,6 +348,13 @@ pub fn kernel_tier() -> String {
     bitnet_kernels::isa().name().to_string()
 }
 
+/// Whether this module's head dots fuse their multiply-adds (relaxed SIMD's, where the
+/// engine rounds them once): then they equal the scalar kernels' bit for bit.
+#[wasm_bindgen(js_name = fusedMultiplyAdd)]
+pub fn fused_multiply_add() -> bool {
+    bitnet_kernels::wasm_fused_madd()
+}
+
 /// The module's kernel tier against the scalar kernels, bit for bit, on `rounds` rounds of
 /// random ternary matmuls: the number of outputs compared, or an `Error` naming the first
 /// difference.

@@ -33,7 +33,7 @@ after(async () => {
   server?.close();
 });
 
-test("the package in Chromium: logits pass the gates, greedy text equals the native CLI's", { skip }, async () => {
+test("the package in Chromium: logits pass the gates (exact numerics: bit for bit), greedy text equals the native CLI's", { skip }, async () => {
   await browser.goto(`${base}/index.html`);
   const ua = await browser.eval("navigator.userAgent");
   const ids = PROMPTS.map((p) => reference(p).prompt_tokens);
@@ -51,16 +51,26 @@ test("the package in Chromium: logits pass the gates, greedy text equals the nat
     }
     const info = m.info;
     m.free();
-    return { logits, texts, info, check };
+    const e = await Model.load("/golden/bitnet-tiny-i2_s.gguf", { device: "cpu", cache: false, numerics: "exact" });
+    const exact = [];
+    for (const i of ${JSON.stringify(ids)}) exact.push(Array.from(await e.logits(i)));
+    e.free();
+    return { logits, texts, info, check, exact };
   })()`);
   console.log(`# ${ua.match(/Chrome\/[\d.]+/)?.[0]}, wasm tier ${r.info.isa}`);
   // Chromium computes relaxed SIMD's dot product: the auto choice is that module, and its
   // kernels matched the scalar ones bit for bit (selfTest rejects on a difference).
   assert.equal(r.info.isa, "simd128-relaxed");
   assert.equal(r.check.tier, "simd128-relaxed");
+  // V8 fuses relaxed SIMD's multiply-add on x86-64 with FMA: the head dots were checked too.
+  assert.equal(r.check.fused, true);
   assert.ok(r.check.compared > 10000);
   PROMPTS.forEach((p, i) => {
-    const g = gates(Float32Array.from(r.logits[i]), f32s(resolve(golden, `${p}.logits.f32`)), p);
+    // Exact numerics: bitnet.cpp's logits bit for bit (the F16 head on the fused dots).
+    const ref = f32s(resolve(golden, `${p}.logits.f32`));
+    const diff = ref.findIndex((w, j) => Object.is(w, Math.fround(r.exact[i][j])) === false);
+    assert.equal(diff, -1, `exact ${p}: logit ${diff}: ${r.exact[i][diff]} vs ${ref[diff]}`);
+    const g = gates(Float32Array.from(r.logits[i]), ref, p);
     console.log(`# ${p}: max |Δ| ${g.maxd.toFixed(4)}, cos ${g.cos.toFixed(6)}`);
     const want = native(["run", "-m", modelPath, "-p", texts[i], "-n", "24", "--temp", "0", "--no-echo"]);
     sameGreedy(p, r.texts[i].prompt, r.texts[i], want);

@@ -29,6 +29,7 @@ test("the model reports its shapes and the CPU tier", () => {
 test("the simd128 module's kernels match its scalar kernels bit for bit", async () => {
   const r = await selfTest("simd128", 24);
   assert.equal(r.tier, "simd128");
+  assert.equal(r.fused, false);
   assert.ok(r.compared > 10000, `${r.compared}`);
   // The relaxed-SIMD module runs where the engine computes its dot product right (checked
   // in Chromium by browser.test.mjs); say which this Node is.

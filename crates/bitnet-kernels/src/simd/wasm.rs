@@ -18,8 +18,15 @@
 //! with the codes as its 7-bit operand, where its result is defined exactly (a pair of
 //! products is at most 2·3·128 in size, so no engine's i16 step saturates). Integer sums
 //! are exact, so every result equals the scalar kernel's either way.
+//!
+//! The head dots' float multiply-adds go through [`mul_add`]: fused where the module has
+//! relaxed SIMD and the engine's `f32x4.relaxed_madd` rounds once ([`madd_fuses`]), which
+//! makes them the scalar tier's dots bit for bit (and exact numerics' F16 dot runs on
+//! them); elsewhere each product is rounded, then added.
 
 use std::arch::wasm32::*;
+#[cfg(target_feature = "relaxed-simd")]
+use std::sync::OnceLock;
 
 use super::scalar;
 use crate::layout::tq2_0;
@@ -39,7 +46,13 @@ pub(crate) static TABLE: Kernels = Kernels {
     bitnet32: scalar::bitnet32,
     split32: scalar::split32,
     qk256: scalar::qk256,
-    f16_dot_ggml: scalar::f16_dot_ggml,
+    f16_dot_ggml: |row, x| {
+        if madd_fuses() {
+            f16_dot_fast::<true>(row, x)
+        } else {
+            scalar::f16_dot_ggml(row, x)
+        }
+    },
     f16_dot_tiny: scalar::f16_dot_tiny,
     q8_0_dot: scalar::q8_0_dot,
     q4_0_dot: scalar::q4_0_dot,
@@ -47,10 +60,20 @@ pub(crate) static TABLE: Kernels = Kernels {
     f32_dot: scalar::f32_dot_lanes8,
     q8_0_q8,
     q4_0_q8,
-    f16_dot_ggml_multi: scalar::f16_dot_ggml_multi,
-    f16_dot_fast,
-    f16_dot_fast_multi,
-    f16_fast_rows: Some(f16_fast_rows),
+    f16_dot_ggml_multi: |rows, row_bytes, xs, out| {
+        if madd_fuses() {
+            f16_dot_fast_multi::<true>(rows, row_bytes, xs, out)
+        } else {
+            scalar::f16_dot_ggml_multi(rows, row_bytes, xs, out)
+        }
+    },
+    f16_dot_fast: |row, x| with_madd!(f16_dot_fast(row, x)),
+    f16_dot_fast_multi: |rows, row_bytes, xs, out| {
+        with_madd!(f16_dot_fast_multi(rows, row_bytes, xs, out))
+    },
+    f16_fast_rows: Some(|rows, row_bytes, x, finite, out| {
+        with_madd!(f16_fast_rows(rows, row_bytes, x, finite, out))
+    }),
     q8_0_q8_multi,
     q4_0_q8_multi,
     i2s_panel: None,
@@ -80,6 +103,54 @@ unsafe fn ld<T: Copy>(s: &[T], off: usize) -> v128 {
     debug_assert!(off + 16 / std::mem::size_of::<T>() <= s.len());
     // SAFETY: in bounds by the caller's contract; v128_load needs no alignment.
     unsafe { v128_load(s.as_ptr().add(off).cast::<v128>()) }
+}
+
+/// Whether this engine's `f32x4.relaxed_madd` rounds once, as a fused multiply-add: relaxed
+/// SIMD lets an engine round the product first or not, and this asks once, on `a·a + c`
+/// with `a = 1 + 2^-12` and `c = −(1 + 2^-11)`, which is `2^-24` fused and `0` rounded in
+/// two steps. Where it fuses, the float dots of the heads ([`f16_dot_fast`],
+/// [`q8_0_q8`], …) take it: they are then the scalar tier's definitions (and every native
+/// tier's), bit for bit, and exact numerics' F16 dot runs on them too. Elsewhere, and in a
+/// module without relaxed SIMD, they multiply and then add.
+#[cfg(target_feature = "relaxed-simd")]
+pub(crate) fn madd_fuses() -> bool {
+    static FUSES: OnceLock<bool> = OnceLock::new();
+    *FUSES.get_or_init(|| {
+        let a = f32x4_splat(std::hint::black_box(f32::from_bits(0x3f80_0800)));
+        let c = f32x4_splat(std::hint::black_box(f32::from_bits(0xbf80_1000)));
+        let r = f32x4_relaxed_madd(a, a, c);
+        f32x4_extract_lane::<0>(r).to_bits() == 0x3380_0000
+    })
+}
+
+/// Whether this engine's `f32x4.relaxed_madd` rounds once: never without relaxed SIMD.
+#[cfg(not(target_feature = "relaxed-simd"))]
+pub(crate) fn madd_fuses() -> bool {
+    false
+}
+
+/// `f(args)` with `FUSED` = [`madd_fuses`]: `f::<true>` where the engine fuses relaxed
+/// SIMD's multiply-add, `f::<false>` elsewhere.
+macro_rules! with_madd {
+    ($f:ident($($arg:expr),*)) => {
+        if madd_fuses() {
+            $f::<true>($($arg),*)
+        } else {
+            $f::<false>($($arg),*)
+        }
+    };
+}
+use with_madd;
+
+/// `acc + a·b` per lane: one rounding with `FUSED` (only ever set where [`madd_fuses`]),
+/// else the product rounded, then the sum.
+#[inline(always)]
+fn mul_add<const FUSED: bool>(a: v128, b: v128, acc: v128) -> v128 {
+    #[cfg(target_feature = "relaxed-simd")]
+    if FUSED {
+        return f32x4_relaxed_madd(a, b, acc);
+    }
+    f32x4_add(acc, f32x4_mul(a, b))
 }
 
 /// I2_S code 11 → 01 in every pair (u = 0, 1, 2, 1 for c = 0..3).
@@ -475,9 +546,9 @@ const TWO_112: f32 = f32::from_bits(0x7780_0000);
 
 /// The ggml-order lane sums (4 accumulators × 8 lanes over chunks of 32) of the first
 /// `main` values (a multiple of 32) of an F16 row and `x`: each chunk of eight halves made
-/// into two f32x4 by `conv`, each f32x4 of `x` by `xv`, each product rounded, then added.
+/// into two f32x4 by `conv`, each f32x4 of `x` by `xv`, each product added by [`mul_add`].
 #[inline(always)]
-fn ggml_lanes(
+fn ggml_lanes<const FUSED: bool>(
     row: &[u8],
     x: &[f32],
     main: usize,
@@ -493,7 +564,7 @@ fn ggml_lanes(
             for (h, a) in aj.iter_mut().enumerate() {
                 // SAFETY: c + 8j + 4h + 4 ≤ main ≤ x.len() (asserted above).
                 let xh = xv(unsafe { ld(x, c + 8 * j + 4 * h) });
-                *a = f32x4_add(*a, f32x4_mul(w[h], xh));
+                *a = mul_add::<FUSED>(w[h], xh, *a);
             }
         }
     }
@@ -501,15 +572,15 @@ fn ggml_lanes(
 }
 
 /// F16 row · x in the ggml order of [`scalar::f16_dot_ggml`] (4 accumulators × 8 lanes over
-/// chunks of 32, the same reduction and tail), each product added to its lane after it is
-/// rounded (WebAssembly has no fused multiply-add): fast numerics' F16 dot.
+/// chunks of 32, the same reduction and tail), each product added to its lane by
+/// [`mul_add`]: fast numerics' F16 dot, and with `FUSED` [`scalar::f16_dot_ggml`] itself.
 ///
 /// Each product is taken as `(w · 2^-112) · (x · 2^112)` ([`f16x8_scaled`]: three operations
 /// per four halves instead of a full conversion): the same real product, so the same f32,
 /// unless `x · 2^112` overflows (|x| ≥ 2^16), which makes the sum infinite or NaN; that, or
 /// an infinite or NaN weight, sends the row through [`f16_dot_converted`], which converts
 /// every half to its f32 value. Either way the result is [`f16_dot_converted`]'s, bit for bit.
-fn f16_dot_fast(row: &[u8], x: &[f32]) -> f32 {
+fn f16_dot_fast<const FUSED: bool>(row: &[u8], x: &[f32]) -> f32 {
     let k = x.len();
     if row.len() < 2 * k {
         return scalar::f16_dot_ggml(row, x);
@@ -521,24 +592,24 @@ fn f16_dot_fast(row: &[u8], x: &[f32]) -> f32 {
         big = track_magnitude(big, h);
         f16x8_scaled(h)
     };
-    let acc = ggml_lanes(row, x, main, conv, |v| f32x4_mul(v, up));
+    let acc = ggml_lanes::<FUSED>(row, x, main, conv, |v| f32x4_mul(v, up));
     let r = ggml_reduce(&acc, row, x, main);
     if r.is_finite() && !non_finite_halves(big) {
         return r;
     }
-    f16_dot_converted(row, x)
+    f16_dot_converted::<FUSED>(row, x)
 }
 
 /// [`f16_dot_fast`] with every half converted to its f32 value ([`f16x8_to_f32`]) before
 /// its product: the definition the fast form keeps, and its path for the rows and inputs
 /// the fast form cannot take.
-fn f16_dot_converted(row: &[u8], x: &[f32]) -> f32 {
+fn f16_dot_converted<const FUSED: bool>(row: &[u8], x: &[f32]) -> f32 {
     let k = x.len();
     if row.len() < 2 * k {
         return scalar::f16_dot_ggml(row, x);
     }
     let main = k - k % 32;
-    let acc = ggml_lanes(row, x, main, f16x8_to_f32, |v| v);
+    let acc = ggml_lanes::<FUSED>(row, x, main, f16x8_to_f32, |v| v);
     ggml_reduce(&acc, row, x, main)
 }
 
@@ -549,11 +620,17 @@ fn f16_dot_converted(row: &[u8], x: &[f32]) -> f32 {
 /// is infinite or NaN, so the rows skip the check of their halves ([`track_magnitude`]); a
 /// result that is not finite (an activation of 2^16 or more) still goes through
 /// [`f16_dot_converted`].
-fn f16_fast_rows(rows: &[u8], row_bytes: usize, x: &[f32], finite: bool, out: &mut [f32]) {
+fn f16_fast_rows<const FUSED: bool>(
+    rows: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    finite: bool,
+    out: &mut [f32],
+) {
     let k = x.len();
     if row_bytes < 2 * k {
         for (row, o) in rows.chunks(row_bytes.max(1)).zip(out.iter_mut()) {
-            *o = f16_dot_fast(row, x);
+            *o = f16_dot_fast::<FUSED>(row, x);
         }
         return;
     }
@@ -565,9 +642,9 @@ fn f16_fast_rows(rows: &[u8], row_bytes: usize, x: &[f32], finite: bool, out: &m
         .collect();
     for (row, o) in rows.chunks_exact(row_bytes).zip(out.iter_mut()) {
         *o = if finite {
-            f16_split_row::<false>(row, x, &xs, main)
+            f16_split_row::<FUSED, false>(row, x, &xs, main)
         } else {
-            f16_split_row::<true>(row, x, &xs, main)
+            f16_split_row::<FUSED, true>(row, x, &xs, main)
         };
     }
 }
@@ -575,7 +652,12 @@ fn f16_fast_rows(rows: &[u8], row_bytes: usize, x: &[f32], finite: bool, out: &m
 /// One row of [`f16_fast_rows`]: `xs` is the token's first `main` values scaled and in
 /// split order; `CHECK`: track the row's halves for infinities and NaNs.
 #[inline(always)]
-fn f16_split_row<const CHECK: bool>(row: &[u8], x: &[f32], xs: &[f32], main: usize) -> f32 {
+fn f16_split_row<const FUSED: bool, const CHECK: bool>(
+    row: &[u8],
+    x: &[f32],
+    xs: &[f32],
+    main: usize,
+) -> f32 {
     let mut big = u16x8_splat(0);
     let conv = |h| {
         if CHECK {
@@ -583,7 +665,7 @@ fn f16_split_row<const CHECK: bool>(row: &[u8], x: &[f32], xs: &[f32], main: usi
         }
         f16x8_scaled_split(h)
     };
-    let split = ggml_lanes(row, xs, main, conv, |v| v);
+    let split = ggml_lanes::<FUSED>(row, xs, main, conv, |v| v);
     // Lane l of `e` summed element 8j + 2l of each chunk, lane l of `o` element 8j + 2l + 1.
     let acc = split.map(|[e, o]| {
         [
@@ -595,7 +677,7 @@ fn f16_split_row<const CHECK: bool>(row: &[u8], x: &[f32], xs: &[f32], main: usi
     if r.is_finite() && !(CHECK && non_finite_halves(big)) {
         r
     } else {
-        f16_dot_converted(row, x)
+        f16_dot_converted::<FUSED>(row, x)
     }
 }
 
@@ -603,7 +685,12 @@ fn f16_split_row<const CHECK: bool>(row: &[u8], x: &[f32], xs: &[f32], main: usi
 /// `out[r·n_tok + t]`. Each row is converted once for all tokens (scaled by 2^-112, as in
 /// [`f16_dot_fast`]) and the tokens once per call (scaled by 2^112); a row with an infinite
 /// or NaN half, or a result that is not finite, is computed by [`f16_dot_converted`].
-fn f16_dot_fast_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
+fn f16_dot_fast_multi<const FUSED: bool>(
+    rows: &[u8],
+    row_bytes: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
     let n_tok = xs.len();
     let Some(k) = xs.first().map(|x| x.len()) else {
         return;
@@ -639,7 +726,7 @@ fn f16_dot_fast_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
                 for (j, aj) in acc.iter_mut().enumerate() {
                     for (h, a) in aj.iter_mut().enumerate() {
                         let i = c + 2 * j + h;
-                        *a = f32x4_add(*a, f32x4_mul(wf[i], xu[i]));
+                        *a = mul_add::<FUSED>(wf[i], xu[i], *a);
                     }
                 }
             }
@@ -647,7 +734,7 @@ fn f16_dot_fast_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f
             *o = if finite_row && r.is_finite() {
                 r
             } else {
-                f16_dot_converted(row, x)
+                f16_dot_converted::<FUSED>(row, x)
             };
         }
     }
@@ -668,7 +755,7 @@ fn sums4(w: v128, x: v128) -> v128 {
 /// 4l..4l+4, then `acc[l] += d_w·d_x · lane` (multiplied, then added: fast numerics only),
 /// then the tinyBLAS reduction. `w(blk)` gives a block's 32 weights as two i8x16.
 #[inline(always)]
-fn q8_blocks(
+fn q8_blocks<const FUSED: bool>(
     row: &[u8],
     wbytes: usize,
     xq: &[i8],
@@ -684,8 +771,8 @@ fn q8_blocks(
         let l0 = sums4(w0, load(xq, 32 * b));
         let l1 = sums4(w1, load(xq, 32 * b + 16));
         // |lane| ≤ 4·128·127: exact in f32.
-        acc[0] = f32x4_add(acc[0], f32x4_mul(d, f32x4_convert_i32x4(l0)));
-        acc[1] = f32x4_add(acc[1], f32x4_mul(d, f32x4_convert_i32x4(l1)));
+        acc[0] = mul_add::<FUSED>(d, f32x4_convert_i32x4(l0), acc[0]);
+        acc[1] = mul_add::<FUSED>(d, f32x4_convert_i32x4(l1), acc[1]);
     }
     let lanes = |v: v128| {
         [
@@ -702,20 +789,22 @@ fn q8_blocks(
 
 /// Q8_0 row · activations quantized per 32 (fast numerics' integer head dot).
 fn q8_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
-    q8_blocks(row, 34, xq, xd, |blk| [load(blk, 2), load(blk, 18)])
+    let w = |blk: &[u8]| [load(blk, 2), load(blk, 18)];
+    with_madd!(q8_blocks(row, 34, xq, xd, w))
 }
 
 /// Q4_0 row (`nibble − 8`: elements 0..16 the low nibbles, 16..32 the high) · activations
 /// quantized per 32.
 fn q4_0_q8(row: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
-    q8_blocks(row, 18, xq, xd, |blk| {
+    let w = |blk: &[u8]| {
         let q = load(blk, 2);
         let eight = i8x16_splat(8);
         [
             i8x16_sub(v128_and(q, u8x16_splat(15)), eight),
             i8x16_sub(v128_and(u16x8_shr(q, 4), u8x16_splat(15)), eight),
         ]
-    })
+    };
+    with_madd!(q8_blocks(row, 18, xq, xd, w))
 }
 
 /// [`q8_0_q8`] for each token: `out[t]` with codes `xq[t·cols..]` and scales `xd[t·cols/32..]`.
@@ -834,9 +923,19 @@ mod tests {
     /// [`f16_dot_converted`], bit for bit: ragged lengths, weights of every exponent
     /// (subnormal halves and zeros among them), activations from 2^-40 to 2^16 and, in some
     /// cases, one past 2^16 (where `x · 2^112` overflows), an infinity or a NaN; infinite and
-    /// NaN weights in others.
+    /// NaN weights in others. Both forms, products rounded before their sums and (where the
+    /// engine fuses [`mul_add`]) not.
     #[test]
     fn scaled_f16_dots_equal_converted() {
+        scaled_dots_equal_converted::<false>();
+        if madd_fuses() {
+            scaled_dots_equal_converted::<true>();
+        } else {
+            eprintln!("scaled_f16_dots_equal_converted: no fused multiply-add in this module or engine; the rounded form only");
+        }
+    }
+
+    fn scaled_dots_equal_converted<const FUSED: bool>() {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             state ^= state << 13;
@@ -887,7 +986,7 @@ mod tests {
             }
             let xr: Vec<&[f32]> = xs.iter().map(Vec::as_slice).collect();
             let mut multi = vec![0f32; rows * n_tok];
-            f16_dot_fast_multi(&data, 2 * k, &xr, &mut multi);
+            f16_dot_fast_multi::<FUSED>(&data, 2 * k, &xr, &mut multi);
             // One token at a time through the rows kernel: checking the halves, and (where
             // they are all finite, as its caller would know) not checking them.
             let all_finite = data
@@ -899,7 +998,7 @@ mod tests {
                     [true, false].map(|finite| {
                         (all_finite || !finite).then(|| {
                             let mut y = vec![0f32; rows];
-                            f16_fast_rows(&data, 2 * k, x, finite, &mut y);
+                            f16_fast_rows::<FUSED>(&data, 2 * k, x, finite, &mut y);
                             y
                         })
                     })
@@ -907,14 +1006,14 @@ mod tests {
                 .collect();
             for (r, row) in data.chunks_exact(2 * k).enumerate() {
                 for (t, x) in xr.iter().enumerate() {
-                    let want = f16_dot_converted(row, x);
+                    let want = f16_dot_converted::<FUSED>(row, x);
                     // The same bits, or NaN for NaN: WebAssembly leaves a NaN result's sign
                     // and payload to the engine, which may give the same function's two
                     // calls different ones (compiled once, then again optimized).
                     let same = |got: f32| {
                         got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan())
                     };
-                    let one = f16_dot_fast(row, x);
+                    let one = f16_dot_fast::<FUSED>(row, x);
                     assert!(
                         same(one),
                         "case {case} row {r} token {t}: {one:e} vs {want:e}"
