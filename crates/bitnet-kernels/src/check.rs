@@ -1,12 +1,16 @@
 //! The selected tier against the scalar tier, at run time: random I2_S and TQ2_0 matrices
 //! and activations (ragged shapes, every token count of a call, codes 11, extreme
-//! activations), and the LM head's F16, Q8_0 and Q4_0 dots where the tier's are the scalar
-//! tier's (everywhere but WebAssembly without a fused multiply-add), compared bit for bit. The twin tests do this under `cargo test`; this is
+//! activations), and the LM head's F16, Q8_0 and Q4_0 dots and the attention where the tier's
+//! are the scalar tier's (everywhere but WebAssembly without a fused multiply-add), compared
+//! bit for bit. The twin tests do this under `cargo test`; this is
 //! for builds whose tier can only run where they are loaded, such as the WebAssembly
 //! module with relaxed SIMD, which only a browser runs (the package's tests call it there).
 
 use std::borrow::Cow;
 
+use half::f16;
+
+use crate::attn::{attend_isa, AttnShape, KvLayout, KvRows};
 use crate::layout::{i2s, tq2_0};
 use crate::rows::quantize_row_into;
 use crate::{isa, F16DotOrder, Isa, Pool, RowMatrix, RowType, TernaryLayout, TernaryMatrix};
@@ -111,6 +115,7 @@ pub fn tier_against_scalar(seed: u64, rounds: usize) -> Result<usize, String> {
     }
     if tier != Isa::Simd128 || crate::wasm_fused_madd() {
         compared += heads_against_scalar(tier, &mut rng, rounds)?;
+        compared += attention_against_scalar(tier, &mut rng, rounds)?;
     }
     Ok(compared)
 }
@@ -214,6 +219,64 @@ fn heads_against_scalar(tier: Isa, rng: &mut Rng, rounds: usize) -> Result<usize
     Ok(compared)
 }
 
+/// Causal attention on `tier` against the scalar tier's, bit for bit: random GQA shapes and
+/// head sizes (ragged ones among them), prompts and single rows after a cached prefix, F16 and
+/// f32 caches.
+fn attention_against_scalar(tier: Isa, rng: &mut Rng, rounds: usize) -> Result<usize, String> {
+    let pool = Pool::new(1);
+    let mut compared = 0;
+    for round in 0..rounds {
+        let n_head_kv = 1 + rng.below(3);
+        let n_head = n_head_kv * [1, 2, 4, 5][rng.below(4)];
+        let head_dim = [16, 64, 128, 40, 8][round % 5];
+        let shape = AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+        };
+        let (pos0, n) = if round % 2 == 0 {
+            (0, 1 + rng.below(80))
+        } else {
+            (rng.below(150), 1)
+        };
+        let kv_len = (pos0 + n) * n_head_kv * head_dim;
+        let q: Vec<f32> = (0..n * n_head * head_dim)
+            .map(|_| 2.0 * rng.unit())
+            .collect();
+        let k: Vec<f32> = (0..kv_len).map(|_| 2.0 * rng.unit()).collect();
+        let v: Vec<f32> = (0..kv_len).map(|_| rng.unit()).collect();
+        let (k16, v16): (Vec<f16>, Vec<f16>) = (
+            k.iter().map(|&x| f16::from_f32(x)).collect(),
+            v.iter().map(|&x| f16::from_f32(x)).collect(),
+        );
+        let layout = KvLayout::position_major(&shape);
+        let scale = 1.0 / 8.0;
+        for half in [true, false] {
+            let mut want = vec![0f32; q.len()];
+            let mut got = vec![f32::NAN; q.len()];
+            for (isa, out) in [(Isa::Scalar, &mut want), (tier, &mut got)] {
+                let (kr, vr) = if half {
+                    (KvRows::F16(&k16), KvRows::F16(&v16))
+                } else {
+                    (KvRows::F32(&k), KvRows::F32(&v))
+                };
+                attend_isa(isa, &shape, &q, kr, vr, layout, pos0, n, scale, out, &pool)
+                    .map_err(|e| e.to_string())?;
+            }
+            if let Some(i) = (0..want.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+                return Err(format!(
+                    "{} differs from scalar: attention {n_head}/{n_head_kv} heads × {head_dim}, positions {pos0}+{n}, f16 cache {half}, element {i}: {} vs {}",
+                    tier.name(),
+                    got[i],
+                    want[i]
+                ));
+            }
+            compared += want.len();
+        }
+    }
+    Ok(compared)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -223,13 +286,15 @@ mod tests {
     }
 
     #[test]
-    fn the_selected_tiers_head_dots_pass() {
+    fn the_selected_tiers_heads_and_attention_pass() {
         let tier = crate::isa();
         if tier == crate::Isa::Simd128 && !crate::wasm_fused_madd() {
-            eprintln!("the_selected_tiers_head_dots_pass: simd128 without a fused multiply-add rounds each product (tests/rows.rs checks that form)");
+            eprintln!("the_selected_tiers_heads_and_attention_pass: simd128 without a fused multiply-add rounds each product (tests/rows.rs and tests/attn.rs check that form)");
             return;
         }
         let n = super::heads_against_scalar(tier, &mut super::Rng(11), 8).unwrap();
+        assert!(n > 500, "{n}");
+        let n = super::attention_against_scalar(tier, &mut super::Rng(12), 10).unwrap();
         assert!(n > 500, "{n}");
     }
 }

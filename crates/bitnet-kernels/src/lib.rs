@@ -68,11 +68,11 @@ pub fn amx_probe_ns() -> Option<f64> {
     }
 }
 
-/// Whether the WebAssembly tier's float dots (the LM head's F16, Q8_0 and Q4_0 rows) fuse
-/// their multiply-adds: in a module built with relaxed SIMD, on an engine whose
-/// `f32x4.relaxed_madd` rounds once. Then they are the scalar tier's dots bit for bit, as
-/// on every native tier; otherwise each product is rounded before it is added. Always
-/// false outside WebAssembly.
+/// Whether the WebAssembly tier's float multiply-adds (the LM head's F16, Q8_0 and Q4_0 dots
+/// and the attention) are fused: in a module built with relaxed SIMD, on an engine whose
+/// `f32x4.relaxed_madd` rounds once. Then they give the scalar tier's bits, as every native
+/// tier does; otherwise each product is rounded before it is added. Always false outside
+/// WebAssembly.
 pub fn wasm_fused_madd() -> bool {
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     {

@@ -53,8 +53,8 @@ function initWasm(kind = "auto") {
 }
 
 /** Check the kernels of a module ("auto", "simd128", "relaxed") against its scalar kernels
- * on random ternary matmuls (and head dots, where they fuse their multiply-adds); resolves
- * to `{ tier, compared, fused }`, rejects on a difference. */
+ * on random ternary matmuls (and head dots and attention, where they fuse their
+ * multiply-adds); resolves to `{ tier, compared, fused }`, rejects on a difference. */
 export async function selfTest(kind = "auto", rounds = 16) {
   const glue = await initWasm(kind);
   try {

@@ -348,8 +348,8 @@ pub fn kernel_tier() -> String {
     bitnet_kernels::isa().name().to_string()
 }
 
-/// Whether this module's head dots fuse their multiply-adds (relaxed SIMD's, where the
-/// engine rounds them once): then they equal the scalar kernels' bit for bit.
+/// Whether this module's head dots and attention fuse their multiply-adds (relaxed SIMD's,
+/// where the engine rounds them once): then they equal the scalar kernels' bit for bit.
 #[wasm_bindgen(js_name = fusedMultiplyAdd)]
 pub fn fused_multiply_add() -> bool {
     bitnet_kernels::wasm_fused_madd()

@@ -62,7 +62,8 @@ test("the package in Chromium: logits pass the gates (exact numerics: bit for bi
   // kernels matched the scalar ones bit for bit (selfTest rejects on a difference).
   assert.equal(r.info.isa, "simd128-relaxed");
   assert.equal(r.check.tier, "simd128-relaxed");
-  // V8 fuses relaxed SIMD's multiply-add on x86-64 with FMA: the head dots were checked too.
+  // V8 fuses relaxed SIMD's multiply-add on x86-64 with FMA: the head dots and attention
+  // were checked too.
   assert.equal(r.check.fused, true);
   assert.ok(r.check.compared > 10000);
   PROMPTS.forEach((p, i) => {

@@ -20,19 +20,31 @@ pub(super) fn select(isa: Isa) -> fn(&Job<'_>, usize, &mut Scratch, &mut [f32]) 
     }
     #[cfg(target_arch = "wasm32")]
     if isa == Isa::Simd128 && Isa::Simd128.is_supported() {
+        #[cfg(target_feature = "relaxed-simd")]
+        if crate::wasm_fused_madd() {
+            return item_fused;
+        }
         return item_unfused;
     }
     let _ = isa;
     item_plain
 }
 
-/// The plain item with each fused multiply-add split into a multiply and an add:
-/// WebAssembly has no fused multiply-add (`f32::mul_add` becomes a software routine there),
-/// and the split form is what its SIMD does in one instruction each. Not bit-identical to
+/// The plain item with each fused multiply-add split into a multiply and an add: plain
+/// WebAssembly SIMD has no fused multiply-add (`f32::mul_add` becomes a software routine
+/// there), and the split form is what its SIMD does in one instruction each. Not bit-identical to
 /// the plain build; within the same bounds of the exact reference (tests/attn.rs).
 #[cfg(target_arch = "wasm32")]
 pub(super) fn item_unfused(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
     item_impl::<UNFUSED>(job, it, s, part);
+}
+
+/// The plain item with its multiply-adds fused by relaxed SIMD's `f32x4.relaxed_madd`, on
+/// engines that round it once (`crate::wasm_fused_madd`): the plain build's operations, so its
+/// bits (the package's `selfTest` checks them in the browser).
+#[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+pub(super) fn item_fused(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
+    item_impl::<FUSED>(job, it, s, part);
 }
 
 /// `a·b + c`: fused, except in the [`UNFUSED`] build.
@@ -125,6 +137,11 @@ pub(super) fn block_scores<const TIER: u8, T: KvElem, A: KvElem>(
             return;
         }
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    if TIER == FUSED {
+        scores_fused(qv, dp, nqp, kb, kl, scale, st);
+        return;
+    }
     let mut acc = [[0f32; LANES]; MAX_QP];
     for jj in 0..kl {
         let kr = jj.min(kb.n - 1);
@@ -172,6 +189,11 @@ pub(super) fn block_accumulate<const TIER: u8, T: KvElem>(
             return;
         }
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    if TIER == FUSED {
+        accumulate_fused(acc, dp, nqp, st, vb);
+        return;
+    }
     for c in 0..dp / LANES {
         for jj in 0..vb.n.min(POS_BLOCK) {
             let vc = vb.chunk(jj, c);
@@ -180,6 +202,74 @@ pub(super) fn block_accumulate<const TIER: u8, T: KvElem>(
                 let a = &mut acc[i * dp + c * LANES..][..LANES];
                 for x in 0..LANES {
                     a[x] = madd::<TIER>(p, vc[x], a[x]);
+                }
+            }
+        }
+    }
+}
+
+/// [`block_scores`]'s loop on relaxed SIMD's fused multiply-add, four lanes an operation: the
+/// same multiply-adds in the same order, so the same bits as the plain build's `mul_add`.
+#[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+fn scores_fused<T: KvElem>(
+    qv: &[f32],
+    dp: usize,
+    nqp: usize,
+    kb: Block<'_, T>,
+    kl: usize,
+    scale: f32,
+    st: &mut [f32],
+) {
+    use crate::simd::wasm::{load, store};
+    use std::arch::wasm32::{f32x4_relaxed_madd, f32x4_splat};
+    let mut acc = [[f32x4_splat(0.0); LANES / 4]; MAX_QP];
+    for jj in 0..kl {
+        let kr = jj.min(kb.n - 1);
+        let acc = &mut acc[..nqp];
+        for a in acc.iter_mut() {
+            *a = [f32x4_splat(0.0); LANES / 4];
+        }
+        for c in 0..dp / LANES {
+            let kc = kb.chunk(kr, c);
+            let kv: [_; LANES / 4] = std::array::from_fn(|h| load(&kc, 4 * h));
+            for (i, a) in acc.iter_mut().enumerate() {
+                let qc = &qv[(c * nqp + i) * LANES..][..LANES];
+                for (h, ah) in a.iter_mut().enumerate() {
+                    *ah = f32x4_relaxed_madd(load(qc, 4 * h), kv[h], *ah);
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            let mut lanes = [0f32; LANES];
+            for (h, ah) in a.iter().enumerate() {
+                store(&mut lanes, 4 * h, *ah);
+            }
+            st[jj * nqp + i] = fold16(lanes) * scale;
+        }
+    }
+}
+
+/// [`block_accumulate`]'s loop on relaxed SIMD's fused multiply-add: the same multiply-adds
+/// in the same order as the plain build's.
+#[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+fn accumulate_fused<T: KvElem>(
+    acc: &mut [f32],
+    dp: usize,
+    nqp: usize,
+    st: &[f32],
+    vb: Block<'_, T>,
+) {
+    use crate::simd::wasm::{load, store};
+    use std::arch::wasm32::{f32x4_relaxed_madd, f32x4_splat};
+    for c in 0..dp / LANES {
+        for jj in 0..vb.n.min(POS_BLOCK) {
+            let vc = vb.chunk(jj, c);
+            let vv: [_; LANES / 4] = std::array::from_fn(|h| load(&vc, 4 * h));
+            for i in 0..nqp {
+                let p = f32x4_splat(st[jj * nqp + i]);
+                let a = &mut acc[i * dp + c * LANES..][..LANES];
+                for (h, v) in vv.iter().enumerate() {
+                    store(a, 4 * h, f32x4_relaxed_madd(p, *v, load(a, 4 * h)));
                 }
             }
         }
@@ -427,6 +517,12 @@ pub(super) const AVX2: u8 = 1;
 pub(super) const AVX512: u8 = 2;
 /// The plain arithmetic with multiplies and adds apart (WebAssembly).
 pub(super) const UNFUSED: u8 = 3;
+/// The plain arithmetic on relaxed SIMD's fused multiply-add (WebAssembly, where it fuses).
+#[cfg_attr(
+    not(all(target_arch = "wasm32", target_feature = "relaxed-simd")),
+    allow(dead_code)
+)]
+pub(super) const FUSED: u8 = 4;
 
 /// Whether the core's L1 data cache is at most 32 KiB (x86; never elsewhere, where the tiers
 /// that ask this do not run).

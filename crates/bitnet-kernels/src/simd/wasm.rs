@@ -87,11 +87,21 @@ const FLUSH_BLOCKS: usize = 4;
 
 /// 16 bytes at `s[off..off + 16]`; panics when out of bounds.
 #[inline(always)]
-fn load<T: Copy>(s: &[T], off: usize) -> v128 {
+pub(crate) fn load<T: Copy>(s: &[T], off: usize) -> v128 {
     let bytes = &s[off..off + 16 / std::mem::size_of::<T>()];
     // SAFETY: `bytes` spans 16 bytes in bounds (checked by the slice above); v128_load
     // reads them without any alignment requirement.
     unsafe { v128_load(bytes.as_ptr().cast::<v128>()) }
+}
+
+/// `v` into `s[off..off + 4]`; panics when out of bounds.
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+pub(crate) fn store(s: &mut [f32], off: usize, v: v128) {
+    let out = &mut s[off..off + 4];
+    // SAFETY: `out` spans 16 bytes in bounds (checked by the slice above); v128_store
+    // writes them without any alignment requirement.
+    unsafe { v128_store(out.as_mut_ptr().cast::<v128>(), v) }
 }
 
 /// 16 bytes at `s[off..]`, unchecked (the hot loops, whose callers checked the lengths once).
