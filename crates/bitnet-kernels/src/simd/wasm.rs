@@ -46,13 +46,7 @@ pub(crate) static TABLE: Kernels = Kernels {
     bitnet32: scalar::bitnet32,
     split32: scalar::split32,
     qk256: scalar::qk256,
-    f16_dot_ggml: |row, x| {
-        if madd_fuses() {
-            f16_dot_fast::<true>(row, x)
-        } else {
-            scalar::f16_dot_ggml(row, x)
-        }
-    },
+    f16_dot_ggml: exact_f16_dot,
     f16_dot_tiny: scalar::f16_dot_tiny,
     q8_0_dot: scalar::q8_0_dot,
     q4_0_dot: scalar::q4_0_dot,
@@ -60,20 +54,10 @@ pub(crate) static TABLE: Kernels = Kernels {
     f32_dot: scalar::f32_dot_lanes8,
     q8_0_q8,
     q4_0_q8,
-    f16_dot_ggml_multi: |rows, row_bytes, xs, out| {
-        if madd_fuses() {
-            f16_dot_fast_multi::<true>(rows, row_bytes, xs, out)
-        } else {
-            scalar::f16_dot_ggml_multi(rows, row_bytes, xs, out)
-        }
-    },
-    f16_dot_fast: |row, x| with_madd!(f16_dot_fast(row, x)),
-    f16_dot_fast_multi: |rows, row_bytes, xs, out| {
-        with_madd!(f16_dot_fast_multi(rows, row_bytes, xs, out))
-    },
-    f16_fast_rows: Some(|rows, row_bytes, x, finite, out| {
-        with_madd!(f16_fast_rows(rows, row_bytes, x, finite, out))
-    }),
+    f16_dot_ggml_multi: exact_f16_dot_multi,
+    f16_dot_fast: fast_f16_dot,
+    f16_dot_fast_multi: fast_f16_dot_multi,
+    f16_fast_rows: Some(fast_f16_rows),
     q8_0_q8_multi,
     q4_0_q8_multi,
     i2s_panel: None,
@@ -81,6 +65,40 @@ pub(crate) static TABLE: Kernels = Kernels {
     i2s_lut: None,
     i2s_amx: None,
 };
+
+/// Exact numerics' F16 dot ([`scalar::f16_dot_ggml`]): [`f16_dot_fast`]'s fused form where
+/// the engine fuses, which is that definition, else the scalar tier's.
+fn exact_f16_dot(row: &[u8], x: &[f32]) -> f32 {
+    if madd_fuses() {
+        f16_dot_fast::<true>(row, x)
+    } else {
+        scalar::f16_dot_ggml(row, x)
+    }
+}
+
+/// Exact numerics' F16 dots of several rows and tokens, as [`exact_f16_dot`].
+fn exact_f16_dot_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
+    if madd_fuses() {
+        f16_dot_fast_multi::<true>(rows, row_bytes, xs, out);
+    } else {
+        scalar::f16_dot_ggml_multi(rows, row_bytes, xs, out);
+    }
+}
+
+/// Fast numerics' F16 dot: [`f16_dot_fast`], fused where the engine fuses.
+fn fast_f16_dot(row: &[u8], x: &[f32]) -> f32 {
+    with_madd!(f16_dot_fast(row, x))
+}
+
+/// Fast numerics' F16 dots of several rows and tokens: [`f16_dot_fast_multi`].
+fn fast_f16_dot_multi(rows: &[u8], row_bytes: usize, xs: &[&[f32]], out: &mut [f32]) {
+    with_madd!(f16_dot_fast_multi(rows, row_bytes, xs, out));
+}
+
+/// One token's fast F16 dots of consecutive rows: [`f16_fast_rows`].
+fn fast_f16_rows(rows: &[u8], row_bytes: usize, x: &[f32], finite: bool, out: &mut [f32]) {
+    with_madd!(f16_fast_rows(rows, row_bytes, x, finite, out));
+}
 
 /// Blocks of 128 elements summed in i16 lanes before widening (see the module docs).
 const FLUSH_BLOCKS: usize = 4;
