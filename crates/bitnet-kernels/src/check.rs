@@ -39,7 +39,9 @@ impl Rng {
 }
 
 /// Compare the selected tier's ternary matmuls with the scalar tier's over `rounds` random
-/// cases per layout; the number of outputs compared, or the first difference.
+/// cases per layout, then its head dots and attention where they are the scalar tier's
+/// (`heads_against_scalar`, `attention_against_scalar`); the number of outputs compared,
+/// or the first difference.
 pub fn tier_against_scalar(seed: u64, rounds: usize) -> Result<usize, String> {
     let tier = isa();
     let pool = Pool::new(1);

@@ -32,8 +32,9 @@ pub(super) fn select(isa: Isa) -> fn(&Job<'_>, usize, &mut Scratch, &mut [f32]) 
 
 /// The plain item with each fused multiply-add split into a multiply and an add: plain
 /// WebAssembly SIMD has no fused multiply-add (`f32::mul_add` becomes a software routine
-/// there), and the split form is what its SIMD does in one instruction each. Not bit-identical to
-/// the plain build; within the same bounds of the exact reference (tests/attn.rs).
+/// there), and the split form is what its SIMD does in one instruction each. Not
+/// bit-identical to the plain build; within the same bounds of the exact reference
+/// (tests/attn.rs).
 #[cfg(target_arch = "wasm32")]
 pub(super) fn item_unfused(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [f32]) {
     item_impl::<UNFUSED>(job, it, s, part);

@@ -30,8 +30,10 @@
 //! (intrinsics for the hot loops, the rest compiled under the tier's target features; the
 //! reduction tree's additions are the pairwise fold's, only in other lanes), so
 //! every tier returns bit-identical results — the tests check exactly that. (A plain build on
-//! an x86-64 without FMA pays for a software fma; only tests and pre-AVX2 CPUs run it.) The
-//! f16 → f32 conversion of a cache element is exact whichever instruction does it.
+//! an x86-64 without FMA pays for a software fma; only tests and pre-AVX2 CPUs run it.)
+//! WebAssembly's hot loops use relaxed SIMD's multiply-add where the engine fuses it, with
+//! the same bits; elsewhere they multiply, then add (`item_unfused`, within the tests'
+//! bounds). The f16 → f32 conversion of a cache element is exact whichever instruction does it.
 
 //!
 //! **Files.** `work` cuts a call into items and runs them (a prompt's rows in place, a decode

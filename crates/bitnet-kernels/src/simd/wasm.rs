@@ -22,7 +22,8 @@
 //! The head dots' float multiply-adds go through [`mul_add`]: fused where the module has
 //! relaxed SIMD and the engine's `f32x4.relaxed_madd` rounds once ([`madd_fuses`]), which
 //! makes them the scalar tier's dots bit for bit (and exact numerics' F16 dot runs on
-//! them); elsewhere each product is rounded, then added.
+//! them); elsewhere each product is rounded, then added. The attention's loops make the
+//! same choice (`crate::attn`).
 
 use std::arch::wasm32::*;
 #[cfg(target_feature = "relaxed-simd")]
@@ -137,9 +138,9 @@ unsafe fn ld<T: Copy>(s: &[T], off: usize) -> v128 {
 /// SIMD lets an engine round the product first or not, and this asks once, on `a·a + c`
 /// with `a = 1 + 2^-12` and `c = −(1 + 2^-11)`, which is `2^-24` fused and `0` rounded in
 /// two steps. Where it fuses, the float dots of the heads ([`f16_dot_fast`],
-/// [`q8_0_q8`], …) take it: they are then the scalar tier's definitions (and every native
-/// tier's), bit for bit, and exact numerics' F16 dot runs on them too. Elsewhere, and in a
-/// module without relaxed SIMD, they multiply and then add.
+/// [`q8_0_q8`], …) and the attention's loops take it: they are then the scalar tier's
+/// definitions (and every native tier's), bit for bit, and exact numerics' F16 dot runs on
+/// them too. Elsewhere, and in a module without relaxed SIMD, they multiply and then add.
 #[cfg(target_feature = "relaxed-simd")]
 pub(crate) fn madd_fuses() -> bool {
     static FUSES: OnceLock<bool> = OnceLock::new();
@@ -780,7 +781,7 @@ fn sums4(w: v128, x: v128) -> v128 {
 }
 
 /// The order of [`scalar::q8_0_q8`]: per block, lane l of 8 = the exact sum of elements
-/// 4l..4l+4, then `acc[l] += d_w·d_x · lane` (multiplied, then added: fast numerics only),
+/// 4l..4l+4, then `acc[l] += d_w·d_x · lane` by [`mul_add`] (fast numerics only),
 /// then the tinyBLAS reduction. `w(blk)` gives a block's 32 weights as two i8x16.
 #[inline(always)]
 fn q8_blocks<const FUSED: bool>(
