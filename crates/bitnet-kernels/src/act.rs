@@ -9,8 +9,9 @@
 //! `y = ((T as f32) / s) · β` (see [`crate::TernaryMatrix::matmul`]).
 //!
 //! [`quantize_i8_scalar`] is the reference; on every x86 SIMD tier [`quantize_i8`]
-//! runs an AVX2 kernel that returns bit-identical scales and codes for every input (NaN,
-//! ±inf, −0.0, exact .5 ties, any length).
+//! runs an AVX2 kernel, and on WebAssembly's `simd128` tier a kernel four lanes wide, that
+//! return bit-identical scales and codes for every input (NaN, ±inf, −0.0, exact .5 ties,
+//! any length).
 
 use crate::dispatch::{kernels, kernels_for};
 use crate::tier::{Isa, Kernels};
@@ -40,7 +41,14 @@ fn quantize_i8_with(k: &Kernels, x: &[f32], q: &mut [i8]) -> f32 {
     if let Some(s) = avx2::quantize_i8(k, x, q) {
         return s;
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if k.isa == Isa::Simd128 {
+        return wasm::quantize(x, q);
+    }
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        all(target_arch = "wasm32", target_feature = "simd128")
+    )))]
     let _ = k;
     quantize_i8_scalar(x, q)
 }
@@ -252,5 +260,72 @@ mod avx2 {
         // SAFETY: the unaligned 32-byte store writes exactly the 32 bytes of `qb`, which is
         // exclusively borrowed; storeu has no alignment requirement.
         unsafe { _mm256_storeu_si256(qb.as_mut_ptr().cast(), v) }
+    }
+}
+
+/// The `simd128` kernel of [`quantize_i8`], the scalar operations four lanes at a time:
+/// - maximum: `f32x4.pmax(acc, |v|)` keeps `acc` when `|v|` is NaN (`acc < NaN` is false), so
+///   NaN inputs are skipped as `f64::max` skips them; the lanes' maximum, the floor and the
+///   division stay scalar (in f64, as the reference takes them).
+/// - product: `f32x4.mul`, the same correctly rounded f32 product as `v * s`.
+/// - rounding: `f32x4.nearest`, ties to even, as `round_ties_even`.
+/// - clamp: `f32x4.max`/`f32x4.min`, which keep a NaN, and `i32x4.trunc_sat_f32x4_s`, which
+///   turns it into 0 as `as i8` does; the narrowing never saturates (values in [−128, 127]).
+/// - the ragged tail (< 16 values) goes through the same code on a zero-padded copy.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm {
+    use std::arch::wasm32::*;
+
+    use super::ABSMAX_FLOOR;
+    use crate::simd::wasm::{bytes, load};
+
+    pub(super) fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
+        let n = x.len().min(q.len());
+        let (x, q) = (&x[..n], &mut q[..n]);
+        let (xc, xt) = x.as_chunks::<16>();
+        let mut pad = [0f32; 16];
+        pad[..xt.len()].copy_from_slice(xt);
+        let mut acc = f32x4_splat(0.0);
+        for xb in xc.iter().chain((!xt.is_empty()).then_some(&pad)) {
+            for h in 0..4 {
+                acc = f32x4_pmax(acc, f32x4_abs(load(xb, 4 * h)));
+            }
+        }
+        let lanes = [
+            f32x4_extract_lane::<0>(acc),
+            f32x4_extract_lane::<1>(acc),
+            f32x4_extract_lane::<2>(acc),
+            f32x4_extract_lane::<3>(acc),
+        ];
+        let m = lanes.iter().fold(ABSMAX_FLOOR, |m, &v| m.max(f64::from(v)));
+        #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the specification
+        let s = (127.0 / m) as f32;
+        let sv = f32x4_splat(s);
+        let (qc, qt) = q.as_chunks_mut::<16>();
+        for (xb, qb) in xc.iter().zip(qc.iter_mut()) {
+            *qb = quant16(xb, sv);
+        }
+        if !qt.is_empty() {
+            let codes = quant16(&pad, sv);
+            let len = qt.len();
+            qt.copy_from_slice(&codes[..len]);
+        }
+        s
+    }
+
+    /// Codes of 16 values, in order.
+    #[inline(always)]
+    fn quant16(xb: &[f32; 16], s: v128) -> [i8; 16] {
+        let lo = f32x4_splat(-128.0);
+        let hi = f32x4_splat(127.0);
+        let c: [v128; 4] = std::array::from_fn(|h| {
+            let r = f32x4_nearest(f32x4_mul(load(xb, 4 * h), s));
+            i32x4_trunc_sat_f32x4(f32x4_min(f32x4_max(r, lo), hi))
+        });
+        let v = i8x16_narrow_i16x8(
+            i16x8_narrow_i32x4(c[0], c[1]),
+            i16x8_narrow_i32x4(c[2], c[3]),
+        );
+        bytes(v)
     }
 }

@@ -113,6 +113,15 @@ pub(crate) fn load<T: Copy>(s: &[T], off: usize) -> v128 {
     unsafe { v128_load(bytes.as_ptr().cast::<v128>()) }
 }
 
+/// The sixteen bytes of `v`, as i8 lanes.
+#[inline(always)]
+pub(crate) fn bytes(v: v128) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    // SAFETY: `out` is 16 bytes; v128_store writes them without any alignment requirement.
+    unsafe { v128_store(out.as_mut_ptr().cast::<v128>(), v) };
+    out
+}
+
 /// `v` into `s[off..off + 4]`; panics when out of bounds.
 #[cfg(target_feature = "relaxed-simd")]
 #[inline(always)]
