@@ -169,10 +169,50 @@ fn sum_sq_rows_with(isa: Isa, x: &[f32], width: usize, out: &mut [f64]) {
             return;
         }
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if isa == Isa::Simd128 {
+        for (o, row) in out.iter_mut().zip(x.chunks_exact(width)) {
+            *o = wasm::sum_sq(row);
+        }
+        return;
+    }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = isa;
     for (o, row) in out.iter_mut().zip(x.chunks_exact(width)) {
         *o = sum_sq_lanes8(row);
+    }
+}
+
+/// WebAssembly's [`sum_sq_lanes8`]: the eight f64 lanes as four `f64x2`, each f32 square
+/// (`f32x4.mul`, the scalar product) widened exactly and added to its own lane in order; a
+/// ragged tail is zero-padded, and adding a square of 0 to a lane that is never −0 changes
+/// nothing.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm {
+    use std::arch::wasm32::*;
+
+    use crate::simd::wasm::load;
+
+    pub(super) fn sum_sq(x: &[f32]) -> f64 {
+        let (chunks, tail) = x.as_chunks::<8>();
+        let mut pad = [0f32; 8];
+        pad[..tail.len()].copy_from_slice(tail);
+        let mut acc = [f64x2_splat(0.0); 4];
+        for c in chunks.iter().chain((!tail.is_empty()).then_some(&pad)) {
+            for h in 0..2 {
+                let v = load(c, 4 * h);
+                let sq = f32x4_mul(v, v);
+                let hi = i32x4_shuffle::<2, 3, 0, 1>(sq, sq);
+                acc[2 * h] = f64x2_add(acc[2 * h], f64x2_promote_low_f32x4(sq));
+                acc[2 * h + 1] = f64x2_add(acc[2 * h + 1], f64x2_promote_low_f32x4(hi));
+            }
+        }
+        let l = |v: v128| [f64x2_extract_lane::<0>(v), f64x2_extract_lane::<1>(v)];
+        let [a, b] = l(acc[0]);
+        let [c, d] = l(acc[1]);
+        let [e, f] = l(acc[2]);
+        let [g, h] = l(acc[3]);
+        super::fold8([a, b, c, d, e, f, g, h])
     }
 }
 
