@@ -334,7 +334,36 @@ fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mut [i32]) {
 }
 
 /// `Σ u·q` of one I2_S row with each of `N` tokens: each 16 weight bytes are loaded and
+/// decoded once for all of them. With relaxed SIMD the running sums are plain vectors, two
+/// a token ([`SUM_CHAINS`]: planes 0 and 2 into one, 1 and 3 into the other), which the
+/// compiler keeps in locals (as `Acc` values it kept them in memory, and stored each sum
+/// after every dot product); integer sums, so their order does not change the result.
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+fn i2s_tokens<const N: usize>(w: &[u8], xs: [&[i8]; N]) -> [i32; N] {
+    let k = xs[0].len();
+    let nb = k / 128;
+    assert!(w.len() >= 32 * nb && xs.iter().all(|x| x.len() == k));
+    let mut acc = [[i32x4_splat(0); SUM_CHAINS]; N];
+    for b in 0..nb {
+        for h in 0..2 {
+            // SAFETY: b < nb: 32b + 16h + 16 ≤ 32·nb ≤ w.len() (asserted above).
+            let c = planes(sanitize(unsafe { ld(w, 32 * b + 16 * h) }), true);
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                for (l, cl) in c.iter().enumerate() {
+                    // SAFETY: 128b + 32l + 16h + 16 ≤ 128·nb = x.len() (asserted above).
+                    let xl = unsafe { ld(x, 128 * b + 32 * l + 16 * h) };
+                    a[chain(l)] = i32x4_relaxed_dot_i8x16_i7x16_add(xl, *cl, a[chain(l)]);
+                }
+            }
+        }
+    }
+    acc.map(|a| a.into_iter().fold(0i32, |s, v| s.wrapping_add(hsum(v))))
+}
+
+/// `Σ u·q` of one I2_S row with each of `N` tokens: each 16 weight bytes are loaded and
 /// decoded once for all of them.
+#[cfg(not(target_feature = "relaxed-simd"))]
 #[inline(always)]
 fn i2s_tokens<const N: usize>(w: &[u8], xs: [&[i8]; N]) -> [i32; N] {
     let k = xs[0].len();
