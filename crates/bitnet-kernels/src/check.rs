@@ -103,15 +103,8 @@ pub fn tier_against_scalar(seed: u64, rounds: usize) -> Result<usize, String> {
                 };
                 run(Isa::Scalar, &mut want)?;
                 run(tier, &mut got)?;
-                if let Some(i) = (0..want.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-                    return Err(format!(
-                        "{} differs from scalar: {layout:?} {n_out}x{k}, {n_tok} tokens, output {i}: {} vs {}",
-                        tier.name(),
-                        got[i],
-                        want[i]
-                    ));
-                }
-                compared += want.len();
+                let what = || format!("{layout:?} {n_out}x{k}, {n_tok} tokens");
+                compared += same_bits(tier, what, &got, &want)?;
             }
         }
     }
@@ -164,18 +157,7 @@ fn heads_against_scalar(tier: Isa, rng: &mut Rng, rounds: usize) -> Result<usize
                 }
                 let mut want = vec![0f32; n_tok * rows];
                 let mut got = vec![f32::NAN; n_tok * rows];
-                let differs = |what: &str, got: &[f32], want: &[f32]| {
-                    (0..want.len())
-                        .find(|&i| got[i].to_bits() != want[i].to_bits())
-                        .map(|i| {
-                            format!(
-                                "{} differs from scalar: {ty:?} {what} {rows}x{cols}, {n_tok} tokens, output {i}: {} vs {}",
-                                tier.name(),
-                                got[i],
-                                want[i]
-                            )
-                        })
-                };
+                let what = |form: &str| format!("{ty:?} {form} {rows}x{cols}, {n_tok} tokens");
                 let unsupported = || format!("tier {} is not available", tier.name());
                 m.matmul_q8_on(Isa::Scalar, &x, &mut want, &pool)
                     .ok_or_else(unsupported)?
@@ -183,21 +165,15 @@ fn heads_against_scalar(tier: Isa, rng: &mut Rng, rounds: usize) -> Result<usize
                 m.matmul_q8_on(tier, &x, &mut got, &pool)
                     .ok_or_else(unsupported)?
                     .map_err(|e| e.to_string())?;
-                if let Some(e) = differs("fast", &got, &want) {
-                    return Err(e);
-                }
-                compared += want.len();
+                compared += same_bits(tier, || what("fast"), &got, &want)?;
                 if ty == RowType::F16 {
-                    for isa in [Isa::Scalar, tier] {
-                        let out = if isa == tier { &mut got } else { &mut want };
-                        m.matmul_f32_on(isa, &x, out, &pool, F16DotOrder::Ggml)
-                            .ok_or_else(unsupported)?
-                            .map_err(|e| e.to_string())?;
-                    }
-                    if let Some(e) = differs("exact", &got, &want) {
-                        return Err(e);
-                    }
-                    compared += want.len();
+                    m.matmul_f32_on(Isa::Scalar, &x, &mut want, &pool, F16DotOrder::Ggml)
+                        .ok_or_else(unsupported)?
+                        .map_err(|e| e.to_string())?;
+                    m.matmul_f32_on(tier, &x, &mut got, &pool, F16DotOrder::Ggml)
+                        .ok_or_else(unsupported)?
+                        .map_err(|e| e.to_string())?;
+                    compared += same_bits(tier, || what("exact"), &got, &want)?;
                 }
                 // Some rows of the first token, as the approximate head asks for them.
                 let ids: Vec<u32> = (0..rows)
@@ -211,10 +187,7 @@ fn heads_against_scalar(tier: Isa, rng: &mut Rng, rounds: usize) -> Result<usize
                 m.matmul_q8_rows_on(tier, &ids, &x[..cols], &mut b, &pool)
                     .ok_or_else(unsupported)?
                     .map_err(|e| e.to_string())?;
-                if let Some(e) = differs("rows", &b, &a) {
-                    return Err(e);
-                }
-                compared += a.len();
+                compared += same_bits(tier, || what("rows"), &b, &a)?;
             }
         }
     }
@@ -265,18 +238,33 @@ fn attention_against_scalar(tier: Isa, rng: &mut Rng, rounds: usize) -> Result<u
                 attend_isa(isa, &shape, &q, kr, vr, layout, pos0, n, scale, out, &pool)
                     .map_err(|e| e.to_string())?;
             }
-            if let Some(i) = (0..want.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
-                return Err(format!(
-                    "{} differs from scalar: attention {n_head}/{n_head_kv} heads × {head_dim}, positions {pos0}+{n}, f16 cache {half}, element {i}: {} vs {}",
-                    tier.name(),
-                    got[i],
-                    want[i]
-                ));
-            }
-            compared += want.len();
+            let what = || {
+                format!("attention {n_head}/{n_head_kv} heads × {head_dim}, positions {pos0}+{n}, f16 cache {half}")
+            };
+            compared += same_bits(tier, what, &got, &want)?;
         }
     }
     Ok(compared)
+}
+
+/// `want.len()` when `got` has `want`'s bits everywhere, else an error naming `tier`, the
+/// case (`what`) and the first output that differs.
+fn same_bits(
+    tier: Isa,
+    what: impl FnOnce() -> String,
+    got: &[f32],
+    want: &[f32],
+) -> Result<usize, String> {
+    match (0..want.len()).find(|&i| got.get(i).map(|g| g.to_bits()) != Some(want[i].to_bits())) {
+        None => Ok(want.len()),
+        Some(i) => Err(format!(
+            "{} differs from scalar: {}, output {i}: {} vs {}",
+            tier.name(),
+            what(),
+            got.get(i).copied().unwrap_or(f32::NAN),
+            want[i]
+        )),
+    }
 }
 
 #[cfg(test)]
