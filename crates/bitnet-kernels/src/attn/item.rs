@@ -48,6 +48,47 @@ pub(super) fn item_fused(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut [
     item_impl::<FUSED>(job, it, s, part);
 }
 
+/// `acc[x] = madd(a[x], b[x], acc[x])` over one 16-lane chunk; the [`FUSED`] build does it
+/// four lanes an instruction with relaxed SIMD's fused multiply-add (the same operations).
+#[inline(always)]
+fn madd16<const TIER: u8>(a: &[f32], b: &[f32; LANES], acc: &mut [f32]) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    if TIER == FUSED {
+        use crate::simd::wasm::{load, store};
+        use std::arch::wasm32::f32x4_relaxed_madd;
+        for h in 0..LANES / 4 {
+            let v = f32x4_relaxed_madd(load(a, 4 * h), load(b, 4 * h), load(acc, 4 * h));
+            store(acc, 4 * h, v);
+        }
+        return;
+    }
+    for x in 0..LANES {
+        acc[x] = madd::<TIER>(a[x], b[x], acc[x]);
+    }
+}
+
+/// `acc[x] = madd(p, b[x], acc[x])` over one 16-lane chunk, as [`madd16`].
+#[inline(always)]
+fn madd16_by<const TIER: u8>(p: f32, b: &[f32; LANES], acc: &mut [f32]) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
+    if TIER == FUSED {
+        use crate::simd::wasm::{load, store};
+        use std::arch::wasm32::{f32x4_relaxed_madd, f32x4_splat};
+        let pv = f32x4_splat(p);
+        for h in 0..LANES / 4 {
+            store(
+                acc,
+                4 * h,
+                f32x4_relaxed_madd(pv, load(b, 4 * h), load(acc, 4 * h)),
+            );
+        }
+        return;
+    }
+    for x in 0..LANES {
+        acc[x] = madd::<TIER>(p, b[x], acc[x]);
+    }
+}
+
 /// `a·b + c`: fused, except in the [`UNFUSED`] build.
 #[inline(always)]
 fn madd<const TIER: u8>(a: f32, b: f32, c: f32) -> f32 {
@@ -138,11 +179,6 @@ pub(super) fn block_scores<const TIER: u8, T: KvElem, A: KvElem>(
             return;
         }
     }
-    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
-    if TIER == FUSED {
-        scores_fused(qv, dp, nqp, kb, kl, scale, st);
-        return;
-    }
     let mut acc = [[0f32; LANES]; MAX_QP];
     for jj in 0..kl {
         let kr = jj.min(kb.n - 1);
@@ -153,10 +189,7 @@ pub(super) fn block_scores<const TIER: u8, T: KvElem, A: KvElem>(
         for c in 0..dp / LANES {
             let kc = kb.chunk(kr, c);
             for (i, a) in acc.iter_mut().enumerate() {
-                let qc = &qv[(c * nqp + i) * LANES..][..LANES];
-                for x in 0..LANES {
-                    a[x] = madd::<TIER>(qc[x], kc[x], a[x]);
-                }
+                madd16::<TIER>(&qv[(c * nqp + i) * LANES..][..LANES], &kc, a);
             }
         }
         for (i, a) in acc.iter().enumerate() {
@@ -190,88 +223,15 @@ pub(super) fn block_accumulate<const TIER: u8, T: KvElem>(
             return;
         }
     }
-    #[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
-    if TIER == FUSED {
-        accumulate_fused(acc, dp, nqp, st, vb);
-        return;
-    }
     for c in 0..dp / LANES {
         for jj in 0..vb.n.min(POS_BLOCK) {
             let vc = vb.chunk(jj, c);
             for i in 0..nqp {
-                let p = st[jj * nqp + i];
-                let a = &mut acc[i * dp + c * LANES..][..LANES];
-                for x in 0..LANES {
-                    a[x] = madd::<TIER>(p, vc[x], a[x]);
-                }
-            }
-        }
-    }
-}
-
-/// [`block_scores`]'s loop on relaxed SIMD's fused multiply-add, four lanes an operation: the
-/// same multiply-adds in the same order, so the same bits as the plain build's `mul_add`.
-#[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
-fn scores_fused<T: KvElem>(
-    qv: &[f32],
-    dp: usize,
-    nqp: usize,
-    kb: Block<'_, T>,
-    kl: usize,
-    scale: f32,
-    st: &mut [f32],
-) {
-    use crate::simd::wasm::{load, store};
-    use std::arch::wasm32::{f32x4_relaxed_madd, f32x4_splat};
-    let mut acc = [[f32x4_splat(0.0); LANES / 4]; MAX_QP];
-    for jj in 0..kl {
-        let kr = jj.min(kb.n - 1);
-        let acc = &mut acc[..nqp];
-        for a in acc.iter_mut() {
-            *a = [f32x4_splat(0.0); LANES / 4];
-        }
-        for c in 0..dp / LANES {
-            let kc = kb.chunk(kr, c);
-            let kv: [_; LANES / 4] = std::array::from_fn(|h| load(&kc, 4 * h));
-            for (i, a) in acc.iter_mut().enumerate() {
-                let qc = &qv[(c * nqp + i) * LANES..][..LANES];
-                for (h, ah) in a.iter_mut().enumerate() {
-                    *ah = f32x4_relaxed_madd(load(qc, 4 * h), kv[h], *ah);
-                }
-            }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            let mut lanes = [0f32; LANES];
-            for (h, ah) in a.iter().enumerate() {
-                store(&mut lanes, 4 * h, *ah);
-            }
-            st[jj * nqp + i] = fold16(lanes) * scale;
-        }
-    }
-}
-
-/// [`block_accumulate`]'s loop on relaxed SIMD's fused multiply-add: the same multiply-adds
-/// in the same order as the plain build's.
-#[cfg(all(target_arch = "wasm32", target_feature = "relaxed-simd"))]
-fn accumulate_fused<T: KvElem>(
-    acc: &mut [f32],
-    dp: usize,
-    nqp: usize,
-    st: &[f32],
-    vb: Block<'_, T>,
-) {
-    use crate::simd::wasm::{load, store};
-    use std::arch::wasm32::{f32x4_relaxed_madd, f32x4_splat};
-    for c in 0..dp / LANES {
-        for jj in 0..vb.n.min(POS_BLOCK) {
-            let vc = vb.chunk(jj, c);
-            let vv: [_; LANES / 4] = std::array::from_fn(|h| load(&vc, 4 * h));
-            for i in 0..nqp {
-                let p = f32x4_splat(st[jj * nqp + i]);
-                let a = &mut acc[i * dp + c * LANES..][..LANES];
-                for (h, v) in vv.iter().enumerate() {
-                    store(a, 4 * h, f32x4_relaxed_madd(p, *v, load(a, 4 * h)));
-                }
+                madd16_by::<TIER>(
+                    st[jj * nqp + i],
+                    &vc,
+                    &mut acc[i * dp + c * LANES..][..LANES],
+                );
             }
         }
     }
