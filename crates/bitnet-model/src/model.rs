@@ -161,11 +161,12 @@ pub struct Exec<'p> {
 /// decode step allocates nothing for its layers.
 #[derive(Debug, Default)]
 pub struct Scratch {
-    /// Normed rows (`n × n_embd`, or `n × n_ff` before the down projection).
+    /// Normed rows (`n × n_embd`) that more than one input norm reads (embedding models), or
+    /// any norm's output in a traced pass (up to `n × n_ff`, before the down projection).
     a: Vec<f32>,
-    /// A projection's own input norm of them, or a post-norm (embedding models).
+    /// A post-norm's output (gemma3).
     b: Vec<f32>,
-    /// The RMS factor of each row of `a`, shared by the projections normed from it.
+    /// The RMS factor of each row about to be normed and quantized.
     rs: Vec<f32>,
     /// Their int8 codes and per-row scales.
     xq: Vec<i8>,
@@ -808,28 +809,37 @@ impl<'a> Model<'a> {
         let li = Some(il);
 
         // 1. a = RMS(h, attn_norm)
-        self.norm_rows(h, &l.attn_norm, e, &mut sc.a, exec)?;
-        exec.emit("attn_norm", li, &sc.a, n);
         // 2. Q, K, V = Lin(Wq, a), Lin(Wk, a), Lin(Wv, a); where each projection has an input
         //    norm of its own, Lin(W, RMS(a, W's norm_in))
         match &l.norm_in {
             None => {
-                quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
+                self.norm_quantize(
+                    h,
+                    &l.attn_norm,
+                    e,
+                    (&mut sc.a, &mut sc.rs, &mut sc.xq, &mut sc.s),
+                    exec,
+                    ("attn_norm", li, n),
+                )?;
                 self.lin(&l.wq, &sc.xq, &sc.s, n, exec, &mut sc.q)?;
                 self.lin(&l.wk, &sc.xq, &sc.s, n, exec, &mut sc.k)?;
                 self.lin(&l.wv, &sc.xq, &sc.s, n, exec, &mut sc.v)?;
             }
-            Some(ni) => self.lin_norm_in(
-                &sc.a,
-                e,
-                [
-                    (&l.wq, &ni.q, &mut sc.q),
-                    (&l.wk, &ni.k, &mut sc.k),
-                    (&l.wv, &ni.v, &mut sc.v),
-                ],
-                (&mut sc.rs, &mut sc.xq, &mut sc.s),
-                exec,
-            )?,
+            Some(ni) => {
+                self.norm_rows(h, &l.attn_norm, e, &mut sc.a, exec)?;
+                exec.emit("attn_norm", li, &sc.a, n);
+                self.lin_norm_in(
+                    &sc.a,
+                    e,
+                    [
+                        (&l.wq, &ni.q, &mut sc.q),
+                        (&l.wk, &ni.k, &mut sc.k),
+                        (&l.wv, &ni.v, &mut sc.v),
+                    ],
+                    (&mut sc.rs, &mut sc.xq, &mut sc.s),
+                    exec,
+                )?
+            }
         }
         exec.emit("Qcur", li, &sc.q, n);
         exec.emit("Kcur", li, &sc.k, n);
@@ -921,30 +931,41 @@ impl<'a> Model<'a> {
             &sc.o,
             (&l.wo, qd),
             (o_norm, l.post_attn_norm.as_deref()),
-            (&mut sc.a, &mut sc.b, &mut sc.t, &mut sc.xq, &mut sc.s),
+            (
+                &mut sc.a, &mut sc.b, &mut sc.rs, &mut sc.t, &mut sc.xq, &mut sc.s,
+            ),
             exec,
             (["attn_sub_norm", "attn_post_norm", "ffn_inp"], li, n),
         )?;
         // 7. f = RMS(h, ffn_norm)
-        self.norm_rows(h, &l.ffn_norm, e, &mut sc.a, exec)?;
-        exec.emit("ffn_norm", li, &sc.a, n);
         // 8. g = act(Lin(Wgate, f)) * Lin(Wup, f) (with their input norms, where they have them)
         match &l.norm_in {
             None => {
-                quantize_rows(&sc.a, e, &mut sc.xq, &mut sc.s, exec)?;
+                self.norm_quantize(
+                    h,
+                    &l.ffn_norm,
+                    e,
+                    (&mut sc.a, &mut sc.rs, &mut sc.xq, &mut sc.s),
+                    exec,
+                    ("ffn_norm", li, n),
+                )?;
                 self.lin(&l.w_gate, &sc.xq, &sc.s, n, exec, &mut sc.g)?;
                 self.lin(&l.w_up, &sc.xq, &sc.s, n, exec, &mut sc.up)?;
             }
-            Some(ni) => self.lin_norm_in(
-                &sc.a,
-                e,
-                [
-                    (&l.w_gate, &ni.gate, &mut sc.g),
-                    (&l.w_up, &ni.up, &mut sc.up),
-                ],
-                (&mut sc.rs, &mut sc.xq, &mut sc.s),
-                exec,
-            )?,
+            Some(ni) => {
+                self.norm_rows(h, &l.ffn_norm, e, &mut sc.a, exec)?;
+                exec.emit("ffn_norm", li, &sc.a, n);
+                self.lin_norm_in(
+                    &sc.a,
+                    e,
+                    [
+                        (&l.w_gate, &ni.gate, &mut sc.g),
+                        (&l.w_up, &ni.up, &mut sc.up),
+                    ],
+                    (&mut sc.rs, &mut sc.xq, &mut sc.s),
+                    exec,
+                )?
+            }
         }
         let (act, up) = (c.activation, &sc.up);
         each_row(exec, &mut sc.g[..n * ff], ff, &|r, gs| {
@@ -978,7 +999,9 @@ impl<'a> Model<'a> {
             &sc.g,
             (&l.w_down, ff),
             (g_norm, l.post_ffw_norm.as_deref()),
-            (&mut sc.a, &mut sc.b, &mut sc.t, &mut sc.xq, &mut sc.s),
+            (
+                &mut sc.a, &mut sc.b, &mut sc.rs, &mut sc.t, &mut sc.xq, &mut sc.s,
+            ),
             exec,
             (["ffn_sub_norm", "ffn_post_norm", "l_out"], li, n),
         )?;
@@ -996,7 +1019,8 @@ impl<'a> Model<'a> {
         x: &[f32],
         (w, width): (&TernaryMatrix<'_>, usize),
         (pre, post): (Option<&[f32]>, Option<&[f32]>),
-        (a, b, t, xq, s): (
+        (a, b, rs, t, xq, s): (
+            &mut Vec<f32>,
             &mut Vec<f32>,
             &mut Vec<f32>,
             &mut Vec<f32>,
@@ -1007,8 +1031,12 @@ impl<'a> Model<'a> {
         (names, li, n): ([&'static str; 3], Option<usize>, usize),
     ) -> Result<()> {
         let e = self.config.n_embd;
-        let x_in = self.sub_norm(x, pre, width, a, exec, (names[0], li, n))?;
-        quantize_rows(x_in, width, xq, s, exec)?;
+        match pre {
+            Some(pw) => {
+                self.norm_quantize(x, pw, width, (a, rs, xq, s), exec, (names[0], li, n))?
+            }
+            None => quantize_rows(x, width, xq, s, exec)?,
+        }
         self.lin(w, xq, s, n, exec, t)?;
         let y = self.sub_norm(t, post, e, b, exec, (names[1], li, n))?;
         add_in_place(h, y, e, exec)?;
@@ -1031,6 +1059,29 @@ impl<'a> Model<'a> {
         self.norm_rows(x, w, width, y, exec)?;
         exec.emit(trace.0, trace.1, y, trace.2);
         Ok(y)
+    }
+
+    /// `xq`, `s` = the int8 codes and scales of `RMS(x, w)` over rows of `width` (traced as
+    /// `trace`). Unless the pass is traced, the normed rows are never written out: each is
+    /// normed into a per-thread buffer and quantized there ([`quantize_normed`], the same bits
+    /// as [`Self::norm_rows`] then [`quantize_rows`]); traced, they go through `a`.
+    #[allow(clippy::type_complexity)]
+    fn norm_quantize(
+        &self,
+        x: &[f32],
+        w: &[f32],
+        width: usize,
+        (a, rs, xq, s): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<i8>, &mut Vec<f32>),
+        exec: &mut Exec<'_>,
+        trace: (&'static str, Option<usize>, usize),
+    ) -> Result<()> {
+        if exec.trace.is_some() {
+            self.norm_rows(x, w, width, a, exec)?;
+            exec.emit(trace.0, trace.1, a, trace.2);
+            return quantize_rows(a, width, xq, s, exec);
+        }
+        self.row_scales(x, width, rs, exec)?;
+        quantize_normed(x, width, rs, w, xq, s, exec)
     }
 
     /// `y` = each `width`-row of `x` RMS-normed with weights `w`.
@@ -1075,22 +1126,8 @@ impl<'a> Model<'a> {
         let (rs, xq, s) = tmp;
         let n = a.len() / width.max(1);
         self.row_scales(a, width, rs, exec)?;
-        let rs = &rs[..];
         for (w, norm, out) in projections {
-            let (q, sc) = (sized(xq, a.len()), sized(s, n));
-            each_row2(exec, q, width, sc, 1, &|r, qs, ss| {
-                let mut y = vec![0.0f32; width];
-                let xs = &a[r.start * width..r.end * width];
-                for (((src, qr), sv), &f) in xs
-                    .chunks_exact(width)
-                    .zip(qs.chunks_exact_mut(width))
-                    .zip(ss.iter_mut())
-                    .zip(&rs[r])
-                {
-                    numerics::scale_row(src, f, norm, &mut y);
-                    *sv = act::quantize_i8(&y, qr);
-                }
-            })?;
+            quantize_normed(a, width, rs, norm, xq, s, exec)?;
             self.lin(w, xq, s, n, exec, out)?;
         }
         Ok(())
@@ -1160,6 +1197,35 @@ fn quantize_rows(
             .zip(ss)
         {
             *sc = act::quantize_i8(row, qr);
+        }
+    })
+}
+
+/// `q`, `s` = the int8 codes and scales of `RMS(x, w)` over rows of `width`, given each row's
+/// RMS factor `rs`: each row normed into a per-thread buffer ([`numerics::scale_row`], bit for
+/// bit as [`Model::norm_rows`] writes it) and quantized from there (as [`quantize_rows`]).
+fn quantize_normed(
+    x: &[f32],
+    width: usize,
+    rs: &[f32],
+    w: &[f32],
+    q: &mut Vec<i8>,
+    s: &mut Vec<f32>,
+    exec: &Exec<'_>,
+) -> Result<()> {
+    let q = sized(q, x.len());
+    let s = sized(s, x.len() / width.max(1));
+    each_row2(exec, q, width, s, 1, &|r, qs, ss| {
+        let mut y = vec![0.0f32; width];
+        let xs = &x[r.start * width..r.end * width];
+        for (((src, qr), sv), &f) in xs
+            .chunks_exact(width)
+            .zip(qs.chunks_exact_mut(width))
+            .zip(ss.iter_mut())
+            .zip(&rs[r])
+        {
+            numerics::scale_row(src, f, w, &mut y);
+            *sv = act::quantize_i8(&y, qr);
         }
     })
 }
