@@ -613,7 +613,15 @@ impl<'a> Model<'a> {
     /// The blocks over several sequences in one pass: their tokens share every ternary matmul
     /// (continuous batching), attention runs per sequence over its own cache, each cache
     /// advances by its tokens. Returns the hidden states `[n][n_embd]` before the output norm.
-    fn run_blocks(&self, seqs: &mut [Seq<'_>], exec: &mut Exec<'_>) -> Result<Vec<f32>> {
+    /// The blocks over every row of `seqs`; returns `h` ([n][n_embd]). Rows outside `keep`
+    /// (row indices of the whole batch, in order; `None`: every row) are not computed through
+    /// the last layer, and hold nothing a caller may read.
+    fn run_blocks(
+        &self,
+        seqs: &mut [Seq<'_>],
+        keep: Option<&[usize]>,
+        exec: &mut Exec<'_>,
+    ) -> Result<Vec<f32>> {
         let c = &self.config;
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if n == 0 || seqs.iter().any(|s| s.tokens.is_empty()) {
@@ -655,6 +663,8 @@ impl<'a> Model<'a> {
         }
         exec.emit("inp_embd", None, &h, n);
 
+        let skipped = |il: usize| self.skip.get(il).copied().unwrap_or(false);
+        let last = (0..self.layers.len()).rev().find(|&il| !skipped(il));
         let mut taken = exec.scratch.take();
         let mut local = Scratch::default();
         let blocks = {
@@ -664,10 +674,11 @@ impl<'a> Model<'a> {
             };
             self.layers.iter().enumerate().try_for_each(|(il, layer)| {
                 exec.backend.begin_layer(il)?;
-                if self.skip.get(il).copied().unwrap_or(false) {
+                if skipped(il) {
                     return Ok(());
                 }
-                self.block(il, layer, &mut h, &ropes, seqs, exec, sc)
+                let keep = keep.filter(|_| Some(il) == last);
+                self.block(il, layer, &mut h, &ropes, seqs, keep, exec, sc)
             })
         };
         exec.scratch = taken;
@@ -684,12 +695,6 @@ impl<'a> Model<'a> {
     /// logits of each sequence as [`Model::forward`] would.
     pub fn forward_seqs(&self, seqs: &mut [Seq<'_>], exec: &mut Exec<'_>) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
-        let h = self.run_blocks(seqs, exec)?;
-
-        // logits = E · RMS(h, output_norm). Fast numerics: one head pass for every output row
-        // of every sequence (the head is the largest read of a decode step; a row's logits
-        // do not depend on the other rows of the call). Exact numerics: per sequence, since
-        // the reference's accumulation order depends on the number of rows.
         let mut per_seq: Vec<Vec<usize>> = Vec::with_capacity(seqs.len());
         let mut first = 0;
         for s in seqs.iter() {
@@ -701,6 +706,13 @@ impl<'a> Model<'a> {
             });
             first += len;
         }
+        let keep: Vec<usize> = per_seq.iter().flatten().copied().collect();
+        let h = self.run_blocks(seqs, Some(&keep), exec)?;
+
+        // logits = E · RMS(h, output_norm). Fast numerics: one head pass for every output row
+        // of every sequence (the head is the largest read of a decode step; a row's logits
+        // do not depend on the other rows of the call). Exact numerics: per sequence, since
+        // the reference's accumulation order depends on the number of rows.
         let norm = numerics::rms_norm_for(exec.numerics);
         let normed = |rows: &[usize]| {
             let mut hn = vec![0.0f32; rows.len() * c.n_embd];
@@ -754,19 +766,25 @@ impl<'a> Model<'a> {
         exec: &mut Exec<'_>,
     ) -> Result<Vec<Vec<f32>>> {
         let e = self.config.n_embd;
-        let h = self.run_blocks(seqs, exec)?;
-        let norm = numerics::rms_norm_for(exec.numerics);
-        let mut out = Vec::with_capacity(seqs.len());
+        let mut per_seq: Vec<Vec<usize>> = Vec::with_capacity(seqs.len());
         let mut first = 0;
         for s in seqs.iter() {
             let len = s.tokens.len();
-            let rows: Vec<usize> = match pooling {
+            per_seq.push(match pooling {
                 Pooling::Last => vec![first + len - 1],
                 Pooling::Cls => vec![first],
                 Pooling::Mean | Pooling::None => (first..first + len).collect(),
-            };
+            });
+            first += len;
+        }
+        let keep: Vec<usize> = per_seq.iter().flatten().copied().collect();
+        let h = self.run_blocks(seqs, Some(&keep), exec)?;
+        let norm = numerics::rms_norm_for(exec.numerics);
+        let mut out = Vec::with_capacity(seqs.len());
+        for (s, rows) in seqs.iter().zip(&per_seq) {
+            let len = s.tokens.len();
             let mut hn = vec![0.0f32; rows.len() * e];
-            for (dst, &r) in hn.chunks_exact_mut(e).zip(&rows) {
+            for (dst, &r) in hn.chunks_exact_mut(e).zip(rows) {
                 norm(
                     &h[r * e..(r + 1) * e],
                     &self.output_norm,
@@ -786,12 +804,13 @@ impl<'a> Model<'a> {
                 hn = m;
             }
             out.push(hn);
-            first += len;
         }
         Ok(out)
     }
 
-    /// One transformer block, in place on `h` ([n][n_embd]), its intermediates in `sc`.
+    /// One transformer block, in place on `h` ([n][n_embd]), its intermediates in `sc`. With
+    /// `keep` (the last layer), only those rows of `h` are computed past the attention; the
+    /// others keep what they held.
     #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
@@ -800,12 +819,13 @@ impl<'a> Model<'a> {
         h: &mut [f32],
         ropes: &[RopeRow],
         seqs: &mut [Seq<'_>],
+        keep: Option<&[usize]>,
         exec: &mut Exec<'_>,
         sc: &mut Scratch,
     ) -> Result<()> {
         let c = &self.config;
         let n = ropes.len();
-        let (e, kv, ff, qd) = (c.n_embd, c.n_embd_kv(), c.n_ff, c.n_embd_q());
+        let (e, kv, qd) = (c.n_embd, c.n_embd_kv(), c.n_embd_q());
         let li = Some(il);
 
         // 1. a = RMS(h, attn_norm)
@@ -920,6 +940,50 @@ impl<'a> Model<'a> {
             first += len;
         }
         exec.emit("kqv_out", li, &sc.o, n);
+        let o = std::mem::take(&mut sc.o);
+        let tail = match keep {
+            // The last layer's rows that no output reads stop here (llama.cpp's `inp_out_ids`).
+            // Every later step works row by row, so the kept rows come out with the same bits.
+            // A traced pass keeps every row.
+            Some(rows) if rows.len() < n && exec.trace.is_none() => {
+                let gather = |x: &[f32], w: usize| -> Vec<f32> {
+                    rows.iter()
+                        .flat_map(|&r| &x[r * w..(r + 1) * w])
+                        .copied()
+                        .collect()
+                };
+                let mut hk = gather(h, e);
+                let done = if rows.is_empty() {
+                    Ok(())
+                } else {
+                    self.block_tail(il, l, &mut hk, &gather(&o, qd), exec, sc)
+                };
+                for (&r, src) in rows.iter().zip(hk.chunks_exact(e)) {
+                    h[r * e..(r + 1) * e].copy_from_slice(src);
+                }
+                done
+            }
+            _ => self.block_tail(il, l, h, &o, exec, sc),
+        };
+        sc.o = o;
+        tail
+    }
+
+    /// Steps 5–10 of the block (Wo with its norms, the FFN) on `n` rows: `h` ([n][n_embd]) in
+    /// place, `o` ([n][n_head · head_dim]) the attention output.
+    fn block_tail(
+        &self,
+        il: usize,
+        l: &Layer<'_>,
+        h: &mut [f32],
+        o: &[f32],
+        exec: &mut Exec<'_>,
+        sc: &mut Scratch,
+    ) -> Result<()> {
+        let c = &self.config;
+        let (e, ff, qd) = (c.n_embd, c.n_ff, c.n_embd_q());
+        let n = h.len() / e.max(1);
+        let li = Some(il);
         // 5. O = RMS(O, attn_sub_norm), where the architecture has it (or Wo's input norm)
         let o_norm = match &l.norm_in {
             Some(ni) => Some(ni.o.as_slice()),
@@ -928,7 +992,7 @@ impl<'a> Model<'a> {
         // 6. h = h + Lin(Wo, O) (gemma3: h + RMS(Lin(Wo, O), post_attention_norm))
         self.lin_residual(
             h,
-            &sc.o,
+            o,
             (&l.wo, qd),
             (o_norm, l.post_attn_norm.as_deref()),
             (
