@@ -831,36 +831,17 @@ impl<'a> Model<'a> {
         // 1. a = RMS(h, attn_norm)
         // 2. Q, K, V = Lin(Wq, a), Lin(Wk, a), Lin(Wv, a); where each projection has an input
         //    norm of its own, Lin(W, RMS(a, W's norm_in))
-        match &l.norm_in {
-            None => {
-                self.norm_quantize(
-                    h,
-                    &l.attn_norm,
-                    e,
-                    (&mut sc.a, &mut sc.rs, &mut sc.xq, &mut sc.s),
-                    exec,
-                    ("attn_norm", li, n),
-                )?;
-                self.lin(&l.wq, &sc.xq, &sc.s, n, exec, &mut sc.q)?;
-                self.lin(&l.wk, &sc.xq, &sc.s, n, exec, &mut sc.k)?;
-                self.lin(&l.wv, &sc.xq, &sc.s, n, exec, &mut sc.v)?;
-            }
-            Some(ni) => {
-                self.norm_rows(h, &l.attn_norm, e, &mut sc.a, exec)?;
-                exec.emit("attn_norm", li, &sc.a, n);
-                self.lin_norm_in(
-                    &sc.a,
-                    e,
-                    [
-                        (&l.wq, &ni.q, &mut sc.q),
-                        (&l.wk, &ni.k, &mut sc.k),
-                        (&l.wv, &ni.v, &mut sc.v),
-                    ],
-                    (&mut sc.rs, &mut sc.xq, &mut sc.s),
-                    exec,
-                )?
-            }
-        }
+        self.norm_project(
+            h,
+            (
+                &l.attn_norm,
+                l.norm_in.as_ref().map(|ni| [&ni.q, &ni.k, &ni.v]),
+            ),
+            [(&l.wq, &mut sc.q), (&l.wk, &mut sc.k), (&l.wv, &mut sc.v)],
+            (&mut sc.a, &mut sc.rs, &mut sc.xq, &mut sc.s),
+            exec,
+            ("attn_norm", li, n),
+        )?;
         exec.emit("Qcur", li, &sc.q, n);
         exec.emit("Kcur", li, &sc.k, n);
         exec.emit("Vcur", li, &sc.v, n);
@@ -1003,34 +984,14 @@ impl<'a> Model<'a> {
         )?;
         // 7. f = RMS(h, ffn_norm)
         // 8. g = act(Lin(Wgate, f)) * Lin(Wup, f) (with their input norms, where they have them)
-        match &l.norm_in {
-            None => {
-                self.norm_quantize(
-                    h,
-                    &l.ffn_norm,
-                    e,
-                    (&mut sc.a, &mut sc.rs, &mut sc.xq, &mut sc.s),
-                    exec,
-                    ("ffn_norm", li, n),
-                )?;
-                self.lin(&l.w_gate, &sc.xq, &sc.s, n, exec, &mut sc.g)?;
-                self.lin(&l.w_up, &sc.xq, &sc.s, n, exec, &mut sc.up)?;
-            }
-            Some(ni) => {
-                self.norm_rows(h, &l.ffn_norm, e, &mut sc.a, exec)?;
-                exec.emit("ffn_norm", li, &sc.a, n);
-                self.lin_norm_in(
-                    &sc.a,
-                    e,
-                    [
-                        (&l.w_gate, &ni.gate, &mut sc.g),
-                        (&l.w_up, &ni.up, &mut sc.up),
-                    ],
-                    (&mut sc.rs, &mut sc.xq, &mut sc.s),
-                    exec,
-                )?
-            }
-        }
+        self.norm_project(
+            h,
+            (&l.ffn_norm, l.norm_in.as_ref().map(|ni| [&ni.gate, &ni.up])),
+            [(&l.w_gate, &mut sc.g), (&l.w_up, &mut sc.up)],
+            (&mut sc.a, &mut sc.rs, &mut sc.xq, &mut sc.s),
+            exec,
+            ("ffn_norm", li, n),
+        )?;
         let (act, up) = (c.activation, &sc.up);
         each_row(exec, &mut sc.g[..n * ff], ff, &|r, gs| {
             let us = &up[r.start * ff..r.end * ff];
@@ -1099,7 +1060,7 @@ impl<'a> Model<'a> {
             Some(pw) => {
                 self.norm_quantize(x, pw, width, (a, rs, xq, s), exec, (names[0], li, n))?
             }
-            None => quantize_rows(x, width, xq, s, exec)?,
+            None => quantize_rows(x, width, None, xq, s, exec)?,
         }
         self.lin(w, xq, s, n, exec, t)?;
         let y = self.sub_norm(t, post, e, b, exec, (names[1], li, n))?;
@@ -1127,8 +1088,9 @@ impl<'a> Model<'a> {
 
     /// `xq`, `s` = the int8 codes and scales of `RMS(x, w)` over rows of `width` (traced as
     /// `trace`). Unless the pass is traced, the normed rows are never written out: each is
-    /// normed into a per-thread buffer and quantized there ([`quantize_normed`], the same bits
-    /// as [`Self::norm_rows`] then [`quantize_rows`]); traced, they go through `a`.
+    /// normed into a per-thread buffer and quantized there ([`quantize_rows`] with the RMS
+    /// factors: the same bits as quantizing what [`Self::norm_rows`] writes); traced, they go
+    /// through `a`.
     #[allow(clippy::type_complexity)]
     fn norm_quantize(
         &self,
@@ -1142,10 +1104,10 @@ impl<'a> Model<'a> {
         if exec.trace.is_some() {
             self.norm_rows(x, w, width, a, exec)?;
             exec.emit(trace.0, trace.1, a, trace.2);
-            return quantize_rows(a, width, xq, s, exec);
+            return quantize_rows(a, width, None, xq, s, exec);
         }
         self.row_scales(x, width, rs, exec)?;
-        quantize_normed(x, width, rs, w, xq, s, exec)
+        quantize_rows(x, width, Some((rs, w)), xq, s, exec)
     }
 
     /// `y` = each `width`-row of `x` RMS-normed with weights `w`.
@@ -1173,25 +1135,34 @@ impl<'a> Model<'a> {
         })
     }
 
-    /// `out = Lin(W, RMS(a, W's input norm))` for projections that read the same rows `a`
-    /// (`width` wide): one RMS factor per row, shared; `tmp` holds the factors and the int8
-    /// codes and scales. Each row is normed and quantized in one pass (the normed row stays
-    /// in a per-thread buffer): `RMS(a, w)` bit for bit, as [`numerics::scale_row`] gives
-    /// it, then the codes [`quantize_rows`] would give.
+    /// A block's input step: `a = RMS(h, norm)` (traced as `trace`), then `out = Lin(W, a)`
+    /// for each projection, or, where the projections have input norms of their own (`own`,
+    /// embedding models), `out = Lin(W, RMS(a, W's input norm))`: one RMS factor per row of
+    /// `a`, shared, and each row normed and quantized in one pass ([`quantize_rows`]).
+    /// Without input norms `a` is only quantized ([`Self::norm_quantize`]).
     #[allow(clippy::type_complexity)]
-    fn lin_norm_in<const P: usize>(
+    fn norm_project<const P: usize>(
         &self,
-        a: &[f32],
-        width: usize,
-        projections: [(&TernaryMatrix<'_>, &Vec<f32>, &mut Vec<f32>); P],
-        tmp: (&mut Vec<f32>, &mut Vec<i8>, &mut Vec<f32>),
-        exec: &Exec<'_>,
+        h: &[f32],
+        (norm, own): (&[f32], Option<[&Vec<f32>; P]>),
+        projections: [(&TernaryMatrix<'_>, &mut Vec<f32>); P],
+        (a, rs, xq, s): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<i8>, &mut Vec<f32>),
+        exec: &mut Exec<'_>,
+        trace: (&'static str, Option<usize>, usize),
     ) -> Result<()> {
-        let (rs, xq, s) = tmp;
-        let n = a.len() / width.max(1);
-        self.row_scales(a, width, rs, exec)?;
-        for (w, norm, out) in projections {
-            quantize_normed(a, width, rs, norm, xq, s, exec)?;
+        let (e, n) = (self.config.n_embd, trace.2);
+        let Some(own) = own else {
+            self.norm_quantize(h, norm, e, (a, rs, xq, s), exec, trace)?;
+            for (w, out) in projections {
+                self.lin(w, xq, s, n, exec, out)?;
+            }
+            return Ok(());
+        };
+        self.norm_rows(h, norm, e, a, exec)?;
+        exec.emit(trace.0, trace.1, a, n);
+        self.row_scales(a, e, rs, exec)?;
+        for ((w, out), own) in projections.into_iter().zip(own) {
+            quantize_rows(a, e, Some((rs, own)), xq, s, exec)?;
             self.lin(w, xq, s, n, exec, out)?;
         }
         Ok(())
@@ -1243,10 +1214,14 @@ impl<'a> Model<'a> {
     }
 }
 
-/// Per-token int8 quantization of `[n][width]` activations into codes `q` and scales `s`.
+/// Per-token int8 quantization of `[n][width]` activations into codes `q` and scales `s`:
+/// of the rows of `x` themselves, or, with `norm = (rs, w)`, of `RMS(x, w)` given each row's
+/// RMS factor `rs`. A normed row goes through a per-thread buffer ([`numerics::scale_row`],
+/// bit for bit as [`Model::norm_rows`] writes it) and is never written out.
 fn quantize_rows(
     x: &[f32],
     width: usize,
+    norm: Option<(&[f32], &[f32])>,
     q: &mut Vec<i8>,
     s: &mut Vec<f32>,
     exec: &Exec<'_>,
@@ -1254,42 +1229,17 @@ fn quantize_rows(
     let q = sized(q, x.len());
     let s = sized(s, x.len() / width.max(1));
     each_row2(exec, q, width, s, 1, &|r, qs, ss| {
+        let mut y = vec![0.0f32; if norm.is_some() { width } else { 0 }];
         let xs = &x[r.start * width..r.end * width];
-        for ((row, qr), sc) in xs
-            .chunks_exact(width)
-            .zip(qs.chunks_exact_mut(width))
-            .zip(ss)
-        {
-            *sc = act::quantize_i8(row, qr);
-        }
-    })
-}
-
-/// `q`, `s` = the int8 codes and scales of `RMS(x, w)` over rows of `width`, given each row's
-/// RMS factor `rs`: each row normed into a per-thread buffer ([`numerics::scale_row`], bit for
-/// bit as [`Model::norm_rows`] writes it) and quantized from there (as [`quantize_rows`]).
-fn quantize_normed(
-    x: &[f32],
-    width: usize,
-    rs: &[f32],
-    w: &[f32],
-    q: &mut Vec<i8>,
-    s: &mut Vec<f32>,
-    exec: &Exec<'_>,
-) -> Result<()> {
-    let q = sized(q, x.len());
-    let s = sized(s, x.len() / width.max(1));
-    each_row2(exec, q, width, s, 1, &|r, qs, ss| {
-        let mut y = vec![0.0f32; width];
-        let xs = &x[r.start * width..r.end * width];
-        for (((src, qr), sv), &f) in xs
-            .chunks_exact(width)
-            .zip(qs.chunks_exact_mut(width))
-            .zip(ss.iter_mut())
-            .zip(&rs[r])
-        {
-            numerics::scale_row(src, f, w, &mut y);
-            *sv = act::quantize_i8(&y, qr);
+        let rows = xs.chunks_exact(width).zip(qs.chunks_exact_mut(width));
+        for (i, ((row, qr), sv)) in rows.zip(ss.iter_mut()).enumerate() {
+            *sv = match norm {
+                Some((rs, w)) => {
+                    numerics::scale_row(row, rs[r.start + i], w, &mut y);
+                    act::quantize_i8(&y, qr)
+                }
+                None => act::quantize_i8(row, qr),
+            };
         }
     })
 }

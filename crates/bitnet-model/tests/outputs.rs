@@ -12,6 +12,15 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+fn exec(pool: &Pool, numerics: Numerics) -> Exec<'_> {
+    Exec {
+        backend: pool,
+        numerics,
+        trace: None,
+        scratch: None,
+    }
+}
+
 fn model_file() -> GgufFile {
     GgufFile::from_bytes(
         bitnet_testkit::tiny_model_bytes(5).unwrap(),
@@ -31,12 +40,7 @@ fn the_rows_asked_for_keep_their_bits() {
     let f = model_file();
     let m = Model::load(&f).unwrap();
     let pool = Pool::new(2);
-    let mut exec = Exec {
-        backend: &pool,
-        numerics: Numerics::Fast,
-        trace: None,
-        scratch: None,
-    };
+    let mut exec = exec(&pool, Numerics::Fast);
     let nv = m.config.n_vocab;
     let mut c = m.new_cache(32, KvType::F16, u64::MAX).unwrap();
     let all = m.forward(&PROMPT, &mut c, Outputs::All, &mut exec).unwrap();
@@ -81,12 +85,7 @@ fn the_cache_does_not_depend_on_the_outputs_asked_for() {
     let m = Model::load(&f).unwrap();
     let pool = Pool::new(2);
     for numerics in [Numerics::Fast, Numerics::Exact] {
-        let mut exec = Exec {
-            backend: &pool,
-            numerics,
-            trace: None,
-            scratch: None,
-        };
+        let mut exec = exec(&pool, numerics);
         let steps = [Outputs::All, Outputs::Last, Outputs::None].map(|outputs| {
             let mut c = m.new_cache(32, KvType::F16, u64::MAX).unwrap();
             m.forward(&PROMPT, &mut c, outputs, &mut exec).unwrap();
@@ -108,12 +107,7 @@ fn pooled_rows_are_the_unpooled_rows() {
     let pool = Pool::new(2);
     let e = m.config.n_embd;
     for numerics in [Numerics::Fast, Numerics::Exact] {
-        let mut exec = Exec {
-            backend: &pool,
-            numerics,
-            trace: None,
-            scratch: None,
-        };
+        let mut exec = exec(&pool, numerics);
         let embed = |pooling: Pooling, exec: &mut Exec<'_>| {
             let mut c = m.new_cache(32, KvType::F16, u64::MAX).unwrap();
             let mut seqs = [Seq {
