@@ -613,9 +613,8 @@ impl<'a> Model<'a> {
     /// The blocks over several sequences in one pass: their tokens share every ternary matmul
     /// (continuous batching), attention runs per sequence over its own cache, each cache
     /// advances by its tokens. Returns the hidden states `[n][n_embd]` before the output norm.
-    /// The blocks over every row of `seqs`; returns `h` ([n][n_embd]). Rows outside `keep`
-    /// (row indices of the whole batch, in order; `None`: every row) are not computed through
-    /// the last layer, and hold nothing a caller may read.
+    /// Rows outside `keep` (row indices of the whole batch, in order; `None`: every row) are
+    /// not computed through the last layer, and hold nothing a caller may read.
     fn run_blocks(
         &self,
         seqs: &mut [Seq<'_>],
