@@ -727,11 +727,10 @@ impl<'a> Model<'a> {
         };
         let mut result = Vec::with_capacity(seqs.len());
         if exec.numerics == Numerics::Fast && per_seq.iter().filter(|r| !r.is_empty()).count() > 1 {
-            let all: Vec<usize> = per_seq.iter().flatten().copied().collect();
-            let hn = normed(&all);
-            exec.emit("result_norm", None, &hn, all.len());
-            let logits = self.lm_head_logits(&hn, all.len(), exec)?;
-            exec.emit("result_output", None, &logits, all.len());
+            let hn = normed(&keep);
+            exec.emit("result_norm", None, &hn, keep.len());
+            let logits = self.lm_head_logits(&hn, keep.len(), exec)?;
+            exec.emit("result_output", None, &logits, keep.len());
             let mut rest = logits.as_slice();
             for rows in &per_seq {
                 let (mine, tail) = rest.split_at(rows.len() * c.n_vocab);
