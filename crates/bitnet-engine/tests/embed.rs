@@ -279,3 +279,59 @@ fn embedding_vocabularies_tokenize_as_llama_cpp() {
     }
     assert_eq!(checked, cases.len() * 5);
 }
+
+/// Gemma 3's real vocabulary (262,144 ids; testdata/golden/tokenizer/gemma3-vocab.gguf, the
+/// metadata bitnet.cpp's embedding converter writes for a Gemma 3 checkpoint, made by
+/// `make/gemma3-tokenize.sh`) tokenizes as upstream llama.cpp's `llama_tokenize` does with
+/// that file (`gemma3-cases.json`: nothing added, special-token text parsed; and with BOS,
+/// as `embed_tokens` reads a text), on llama.cpp's tokenizer-test texts and more (whitespace
+/// runs past the longest piece, byte fallback, specials, scripts, emoji). For these texts the
+/// Hugging Face tokenizer of the model gives the same ids; the test holds that too.
+#[test]
+fn gemma3_real_vocabulary_tokenizes_as_llama_cpp() {
+    use bitnet_gguf::{GgufFile, Limits};
+    use bitnet_tokenizer::{Tokenizer, VocabData};
+    let f = GgufFile::open(
+        &bitnet_testdata::golden("tokenizer/gemma3-vocab.gguf"),
+        &Limits::default(),
+    )
+    .unwrap();
+    let vocab = VocabData::from_metadata(f.metadata()).unwrap();
+    assert_eq!(vocab.tokens.len(), 262_144);
+    assert_eq!(vocab.model, "llama");
+    assert_eq!(vocab.add_space_prefix, Some(false));
+    let t = Tokenizer::from_vocab(vocab, None).unwrap();
+    let cases: serde_json::Value =
+        serde_json::from_slice(&bitnet_testdata::read("tokenizer/gemma3-cases.json")).unwrap();
+    let cases = cases.as_array().unwrap();
+    assert!(cases.len() >= 80, "{} cases", cases.len());
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+            .collect()
+    };
+    let mut bad = Vec::new();
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let (plain, special, hf) = (ids(&c["llama"]), ids(&c["llama_special"]), ids(&c["hf"]));
+        assert_eq!(plain, hf, "the reference files disagree on {text:?}");
+        assert_eq!(special.first(), Some(&2), "BOS first: {text:?}");
+        let got = t.encode(text, false, true).unwrap();
+        if got != plain {
+            bad.push(format!("{text:?}: got {got:?}, want {plain:?}"));
+        }
+        let got = bitnet_engine::embed_tokens(&t, text).unwrap();
+        if got != special {
+            bad.push(format!("{text:?} with BOS: got {got:?}, want {special:?}"));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} differ:\n{}",
+        bad.len(),
+        2 * cases.len(),
+        bad.join("\n")
+    );
+}
