@@ -214,6 +214,15 @@ fn pooling_options_and_bad_inputs() {
     assert_eq!(t.last().copied(), e.tokenizer.eos());
 }
 
+/// A JSON list of token ids.
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+        .collect()
+}
+
 /// The tokens an embedding reads, against upstream llama.cpp's `llama_tokenize` (its ids in
 /// testdata/golden/embed/tokenize-cases.json, made by `make/embed-tokenize.sh`): the
 /// vocabularies of both converted embedding files (Qwen 3's byte-level BPE with pre-tokenizer
@@ -251,13 +260,6 @@ fn embedding_vocabularies_tokenize_as_llama_cpp() {
         serde_json::from_slice(&bitnet_testdata::read("embed/tokenize-cases.json")).unwrap();
     let cases = cases.as_array().unwrap();
     assert!(cases.len() >= 24, "{} cases", cases.len());
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
-            .collect()
-    };
     let mut checked = 0;
     for c in cases {
         let text = c["text"].as_str().unwrap();
@@ -305,13 +307,6 @@ fn gemma3_real_vocabulary_tokenizes_as_llama_cpp() {
         serde_json::from_slice(&bitnet_testdata::read("tokenizer/gemma3-cases.json")).unwrap();
     let cases = cases.as_array().unwrap();
     assert!(cases.len() >= 80, "{} cases", cases.len());
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
-            .collect()
-    };
     let mut bad = Vec::new();
     for c in cases {
         let text = c["text"].as_str().unwrap();
