@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use bitnet_engine::{load, EmbedOptions, Engine, EngineError, LoadOptions};
 use bitnet_model::{Numerics, Pooling};
+use bitnet_testdata::ids;
 use bitnet_testkit::{synth, Preset, SynthArch, SynthSpec};
 
 struct Golden {
@@ -212,15 +213,6 @@ fn pooling_options_and_bad_inputs() {
     // The tokens of an input end with EOS where the file asks (`add_eos_token`).
     let t = e.embed_tokens("Paris").unwrap();
     assert_eq!(t.last().copied(), e.tokenizer.eos());
-}
-
-/// A JSON list of token ids.
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
-        .collect()
 }
 
 /// The tokens an embedding reads, against upstream llama.cpp's `llama_tokenize` (its ids in

@@ -54,6 +54,23 @@ pub fn read(rel: &str) -> Vec<u8> {
     std::fs::read(&p).unwrap_or_else(|e| panic!("cannot read golden fixture {}: {e}", p.display()))
 }
 
+/// A JSON list of token ids (as the golden tokenizer files hold them).
+///
+/// # Panics
+/// When `v` is not a list of integers that fit in u32.
+#[must_use]
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    let Some(list) = v.as_array() else {
+        panic!("not a list of token ids: {v}");
+    };
+    list.iter()
+        .map(|x| match x.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(id) => id,
+            None => panic!("not a token id: {x}"),
+        })
+        .collect()
+}
+
 /// A golden f32 file (little-endian) as values.
 ///
 /// # Panics

@@ -5,6 +5,7 @@
 use std::sync::OnceLock;
 
 use bitnet_gguf::{GgufFile, Limits};
+use bitnet_testdata::ids;
 use bitnet_tokenizer::{PreTokenizer, PreTokenizerSource, Tokenizer};
 
 fn metadata(rel: &str) -> GgufFile {
@@ -34,14 +35,6 @@ struct Case {
     text: String,
     hf: Vec<u32>,
     bitnetcpp: Vec<u32>,
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
-        .collect()
 }
 
 fn cases() -> Vec<Case> {
