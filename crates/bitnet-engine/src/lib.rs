@@ -683,6 +683,16 @@ impl Engine {
                     .forward_async(tokens, c, outputs)
                     .await
                     .inspect_err(|_| c.truncate(s.tokens.len()))?;
+                if let Some(i) = bitnet_model::model::first_non_finite(&logits) {
+                    c.truncate(s.tokens.len());
+                    let n_vocab = self.config().n_vocab.max(1);
+                    return Err(ModelError::NonFiniteOutput {
+                        what: "a logit",
+                        row: i / n_vocab,
+                        index: i % n_vocab,
+                    }
+                    .into());
+                }
                 s.tokens.extend_from_slice(tokens);
                 return Ok(logits);
             }
@@ -787,6 +797,19 @@ impl Engine {
             _ => g.forward_top_async(tokens, c).await.map(Next::Top),
         };
         let next = next.inspect_err(|_| c.truncate(s.tokens.len()))?;
+        // The device's arg-max and top-k pass over NaN and −∞; an infinite candidate is
+        // refused as the CPU's logits are.
+        if let Next::Top(t) = &next {
+            if let Some(&(id, _)) = t.iter().find(|(_, l)| !l.is_finite()) {
+                c.truncate(s.tokens.len());
+                return Err(ModelError::NonFiniteOutput {
+                    what: "a logit",
+                    row: 0,
+                    index: usize::try_from(id).unwrap_or(usize::MAX),
+                }
+                .into());
+            }
+        }
         s.tokens.extend_from_slice(tokens);
         Ok(next)
     }

@@ -339,6 +339,19 @@ impl<'a> TernaryMatrix<'a> {
         n
     }
 
+    /// The index (row · blocks per row + block) of the first scale that is NaN or infinite:
+    /// `Some(0)` for a non-finite I2_S tensor scale. Such a scale makes its rows' outputs
+    /// non-finite, and the next int8 quantization would turn those into silently wrong
+    /// numbers, so a loader refuses the matrix. Reads every block scale once.
+    pub fn first_non_finite_scale(&self) -> Option<usize> {
+        match self.scales {
+            Scales::Tensor(beta) => (!beta.is_finite()).then_some(0),
+            Scales::One => None,
+            Scales::External(_) | Scales::Inline => (0..self.n_out * self.nb)
+                .find(|&i| !self.block_scale(i / self.nb, i % self.nb).is_finite()),
+        }
+    }
+
     /// True after [`Self::check_codes`] found no invalid code.
     pub fn codes_checked_clean(&self) -> bool {
         self.codes_clean

@@ -427,3 +427,73 @@ fn new_validates_sizes_and_scales() {
     assert!(m.dequantize_row(1, &mut row).is_err());
     assert!(m.dequantize_row(0, &mut row[..5]).is_err());
 }
+
+/// `first_non_finite_scale` names the first NaN or infinite block scale, row-major, in every
+/// layout that has scales; finite ones (zero included) pass.
+#[test]
+fn first_non_finite_scale_in_every_layout() {
+    let mut rng = Rng::new(8);
+    let (n_out, k) = (3, 768);
+    let v = ternary(&mut rng, n_out * k);
+    let v4: Vec<i8> = (0..n_out * k).map(|_| qk256::LUT[rng.below(4)]).collect();
+    // The layout's bytes and sibling scale tensor for `scales`.
+    let pack = |layout: TernaryLayout, scales: &[f32]| match layout {
+        TernaryLayout::Tq2_0 => (tq2_0::pack(&v, scales).unwrap(), None),
+        TernaryLayout::Tq1_0 => (tq1_0::pack(&v, scales).unwrap(), None),
+        TernaryLayout::BitNet32F16 => (seq32::pack_inline(&v, scales).unwrap(), None),
+        TernaryLayout::Split32WithSibling => {
+            let (p, s) = seq32::pack_split(&v, scales).unwrap();
+            (p, Some(s))
+        }
+        _ => {
+            let s: Vec<u8> = scales.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (qk256::pack(&v4, k).unwrap(), Some(s))
+        }
+    };
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        // I2_S: the one tensor scale.
+        for (beta, want) in [(0.0, None), (0.5, None), (bad, Some(0))] {
+            let packed = i2s::pack_values(&v, beta).unwrap();
+            let m = TernaryMatrix::new(TernaryLayout::I2S, n_out, k, &packed, None).unwrap();
+            assert_eq!(m.first_non_finite_scale(), want, "I2_S {beta}");
+        }
+        for (block_size, layouts) in [
+            (
+                256,
+                &[
+                    TernaryLayout::Tq2_0,
+                    TernaryLayout::Tq1_0,
+                    TernaryLayout::Qk256,
+                ][..],
+            ),
+            (
+                32,
+                &[
+                    TernaryLayout::BitNet32F16,
+                    TernaryLayout::Split32WithSibling,
+                ][..],
+            ),
+        ] {
+            let nb = n_out * k / block_size;
+            for at in [0, nb / 2 + 1, nb - 1] {
+                let mut scales: Vec<f32> = (0..nb).map(|i| 0.25 * (i % 4) as f32).collect();
+                for &layout in layouts {
+                    scales[at] = bad;
+                    let (packed, sibling) = pack(layout, &scales);
+                    let m =
+                        TernaryMatrix::new(layout, n_out, k, &packed, sibling.as_deref()).unwrap();
+                    assert_eq!(
+                        m.first_non_finite_scale(),
+                        Some(at),
+                        "{layout:?} {bad} at {at}"
+                    );
+                    scales[at] = 1.0;
+                    let (packed, sibling) = pack(layout, &scales);
+                    let m =
+                        TernaryMatrix::new(layout, n_out, k, &packed, sibling.as_deref()).unwrap();
+                    assert_eq!(m.first_non_finite_scale(), None, "{layout:?} finite");
+                }
+            }
+        }
+    }
+}

@@ -47,6 +47,25 @@ pub enum ModelError {
     TiledLayout { name: String, found: String },
     #[error("tensor '{name}' holds a non-finite value at index {index}")]
     NonFinite { name: String, index: usize },
+    /// A ternary weight's scale (the I2_S tensor scale, or block `block` of a block layout,
+    /// counted row by row) is NaN or infinite.
+    #[error("tensor '{name}': scale {block} is NaN or infinite")]
+    NonFiniteScale { name: String, block: usize },
+    /// The embedding table's row of a token the call reads holds NaN or infinity.
+    #[error("token {token}'s row of the embedding table holds NaN or infinity")]
+    NonFiniteEmbedding { token: u32 },
+    /// The forward pass computed NaN or infinity where a result is read (a logit, an
+    /// embedding): a weight the file holds (an embedding or output row) is NaN or infinite,
+    /// or the arithmetic overflowed. The caches are left as they were before the call.
+    #[error(
+        "the model computed NaN or infinity ({what}: output row {row}, entry {index}): \
+         the file's weights hold NaN or infinity there, or the arithmetic overflowed"
+    )]
+    NonFiniteOutput {
+        what: &'static str,
+        row: usize,
+        index: usize,
+    },
     #[error("not supported: {0}")]
     Unsupported(String),
     #[error("unexpected tensor '{0}' (not part of this architecture)")]

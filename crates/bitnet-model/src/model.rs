@@ -375,6 +375,12 @@ fn bind_ternary<'a>(
     // One pass over the codes at load: counts the never-written code 3 (decoded as 0) and
     // lets clean I2_S matrices use the kernel without the code-3 fix-up (~20% faster).
     m.check_codes();
+    if let Some(block) = m.first_non_finite_scale() {
+        return Err(ModelError::NonFiniteScale {
+            name: name.to_string(),
+            block,
+        });
+    }
     if release {
         // The check read every byte; a streamed model reads them again when it runs.
         file.release(m.packed_data())?;
@@ -656,6 +662,11 @@ impl<'a> Model<'a> {
                 n_vocab: c.n_vocab,
             })?;
             exec.backend.embedding_row(&self.tok_embd, r, row)?;
+            // A NaN here would reach the other positions only through the int8 quantization
+            // of K and V, as silently wrong numbers rather than NaN.
+            if first_non_finite(row).is_some() {
+                return Err(ModelError::NonFiniteEmbedding { token: t });
+            }
             if let Some(f) = c.embd_scale {
                 row.iter_mut().for_each(|x| *x *= f);
             }
@@ -692,7 +703,21 @@ impl<'a> Model<'a> {
     /// Evaluate several sequences in one pass: their tokens share every ternary matmul
     /// (continuous batching), attention runs per sequence over its own cache. Returns the
     /// logits of each sequence as [`Model::forward`] would.
+    ///
+    /// Logits that are NaN or infinite are an error ([`ModelError::NonFiniteOutput`]), and
+    /// the caches are then left as they were.
     pub fn forward_seqs(&self, seqs: &mut [Seq<'_>], exec: &mut Exec<'_>) -> Result<Vec<Vec<f32>>> {
+        let out = self.forward_seqs_unchecked(seqs, exec)?;
+        let n_vocab = self.config.n_vocab;
+        check_outputs(seqs, out.iter().map(|l| (l.as_slice(), n_vocab)), "a logit")?;
+        Ok(out)
+    }
+
+    fn forward_seqs_unchecked(
+        &self,
+        seqs: &mut [Seq<'_>],
+        exec: &mut Exec<'_>,
+    ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let mut per_seq: Vec<Vec<usize>> = Vec::with_capacity(seqs.len());
         let mut first = 0;
@@ -803,6 +828,7 @@ impl<'a> Model<'a> {
             }
             out.push(hn);
         }
+        check_outputs(seqs, out.iter().map(|v| (v.as_slice(), e)), "a value")?;
         Ok(out)
     }
 
@@ -1210,6 +1236,45 @@ impl<'a> Model<'a> {
         }
         Ok(logits)
     }
+}
+
+/// The index of the first NaN or infinite value of `v`.
+pub fn first_non_finite(v: &[f32]) -> Option<usize> {
+    const EXP: u32 = 0x7f80_0000;
+    // All exponent bits set: NaN or ±∞. A branch-free pass first (it vectorizes); the
+    // position only when there is one.
+    if v.iter()
+        .fold(0u32, |a, x| a | u32::from(x.to_bits() & EXP == EXP))
+        == 0
+    {
+        return None;
+    }
+    v.iter().position(|x| !x.is_finite())
+}
+
+/// Refuse results that hold NaN or infinity (`outputs`: each sequence's values and their row
+/// width), winding every sequence's cache back past the tokens the call added.
+fn check_outputs<'v>(
+    seqs: &mut [Seq<'_>],
+    outputs: impl Iterator<Item = (&'v [f32], usize)>,
+    what: &'static str,
+) -> Result<()> {
+    for (v, width) in outputs {
+        let Some(i) = first_non_finite(v) else {
+            continue;
+        };
+        for s in seqs.iter_mut() {
+            let len = s.cache.len().saturating_sub(s.tokens.len());
+            s.cache.truncate(len);
+        }
+        let w = width.max(1);
+        return Err(ModelError::NonFiniteOutput {
+            what,
+            row: i / w,
+            index: i % w,
+        });
+    }
+    Ok(())
 }
 
 /// Per-token int8 quantization of `[n][width]` activations into codes `q` and scales `s`:

@@ -9,8 +9,10 @@
 )]
 
 use bitnet_gguf::{GgufFile, Limits, Value};
-use bitnet_model::{Model, ModelError};
-use bitnet_testkit::{rewrite, tiny_model_bytes, RawTensor};
+use bitnet_model::{Exec, KvType, Model, ModelError, Numerics, Outputs, Pooling, Seq};
+use bitnet_testkit::{
+    rewrite, synth, tiny_model_bytes, Preset, RawTensor, SynthSpec, WeightLayout,
+};
 
 fn base() -> GgufFile {
     GgufFile::from_bytes(tiny_model_bytes(1).unwrap(), &Limits::default()).unwrap()
@@ -299,4 +301,389 @@ fn out_of_range_token_and_full_context() {
         "{e}"
     );
     assert_eq!(cache.len(), 0);
+}
+
+/// F16 NaN, as two little-endian bytes.
+const F16_NAN: [u8; 2] = [0x00, 0x7e];
+
+fn tensor<'t>(ts: &'t mut [RawTensor], name: &str) -> &'t mut RawTensor {
+    ts.iter_mut().find(|t| t.name == name).unwrap()
+}
+
+#[test]
+fn non_finite_ternary_scales_are_refused() {
+    // I2_S: the tensor scale follows the n/4 bytes of codes.
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let e = load_edited(|_, ts| {
+            let t = tensor(ts, "blk.1.ffn_up.weight");
+            let n = usize::try_from(t.dims[0] * t.dims[1] / 4).unwrap();
+            t.data[n..n + 4].copy_from_slice(&bad.to_le_bytes());
+        });
+        assert!(
+            matches!(e, ModelError::NonFiniteScale { ref name, block: 0 } if name == "blk.1.ffn_up.weight"),
+            "{e}"
+        );
+    }
+    // A zero scale is a matrix of zeros: defined, and finite.
+    let bytes = rewrite(&base(), |_, ts| {
+        let t = tensor(ts, "blk.1.ffn_up.weight");
+        let n = usize::try_from(t.dims[0] * t.dims[1] / 4).unwrap();
+        t.data[n..n + 4].copy_from_slice(&0f32.to_le_bytes());
+    })
+    .unwrap();
+    let f = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
+    let m = Model::load(&f).unwrap();
+    let pool = bitnet_kernels::Pool::new(1);
+    let mut cache = m.new_cache(8, KvType::F16, u64::MAX).unwrap();
+    let l = m
+        .forward(
+            &[1, 2, 3],
+            &mut cache,
+            Outputs::Last,
+            &mut exec(&pool, Numerics::Exact),
+        )
+        .unwrap();
+    assert!(l.iter().all(|x| x.is_finite()));
+    // TQ2_0: the f16 scale of block 5 (bytes 64..66 of each 66-byte block; row 0 of
+    // attn_k has one block per 256 inputs).
+    let mut spec = SynthSpec::preset(Preset::Tiny);
+    spec.layout = WeightLayout::Tq2_0;
+    let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
+    let tq2 = synth::write(&spec, &vocab, Vec::new(), &mut |_, _| {}).unwrap();
+    let tq2 = GgufFile::from_bytes(tq2, &Limits::default()).unwrap();
+    Model::load(&tq2).unwrap();
+    let bytes = rewrite(&tq2, |_, ts| {
+        tensor(ts, "blk.0.attn_k.weight").data[5 * 66 + 64..5 * 66 + 66].copy_from_slice(&F16_NAN);
+    })
+    .unwrap();
+    let e = Model::load(&GgufFile::from_bytes(bytes, &Limits::default()).unwrap()).unwrap_err();
+    assert!(
+        matches!(e, ModelError::NonFiniteScale { ref name, block: 5 } if name == "blk.0.attn_k.weight"),
+        "{e}"
+    );
+}
+
+fn exec(pool: &bitnet_kernels::Pool, numerics: Numerics) -> Exec<'_> {
+    Exec {
+        backend: pool,
+        numerics,
+        trace: None,
+        scratch: None,
+    }
+}
+
+/// NaN in token 7's row of the tied embedding: logit 7 is NaN in every step, and a step
+/// that reads the row refuses it. Both are errors (the logit's names the output entry), and
+/// the cache keeps only what came before.
+#[test]
+fn non_finite_outputs_are_errors_and_leave_the_cache() {
+    let bytes = rewrite(&base(), |_, ts| {
+        let t = tensor(ts, "token_embd.weight");
+        let w = usize::try_from(t.dims[0]).unwrap() * 2;
+        for half in t.data[7 * w..8 * w].chunks_exact_mut(2) {
+            half.copy_from_slice(&F16_NAN);
+        }
+    })
+    .unwrap();
+    let f = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
+    let m = Model::load(&f).unwrap();
+    let pool = bitnet_kernels::Pool::new(2);
+    for numerics in [Numerics::Fast, Numerics::Exact] {
+        let mut exec = exec(&pool, numerics);
+        let mut cache = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
+        m.forward(&[1, 2], &mut cache, Outputs::None, &mut exec)
+            .unwrap();
+        let e = m
+            .forward(&[3, 4], &mut cache, Outputs::All, &mut exec)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ModelError::NonFiniteOutput {
+                    what: "a logit",
+                    row: 0,
+                    index: 7
+                }
+            ),
+            "{numerics:?}: {e}"
+        );
+        assert_eq!(cache.len(), 2, "{numerics:?}");
+        let e = m
+            .forward(&[5, 7, 6], &mut cache, Outputs::Last, &mut exec)
+            .unwrap_err();
+        assert!(
+            matches!(e, ModelError::NonFiniteEmbedding { token: 7 }),
+            "{numerics:?}: {e}"
+        );
+        assert_eq!(cache.len(), 2, "{numerics:?}");
+        // Without token 7 the model runs as before.
+        let l = m.forward(&[3], &mut cache, Outputs::Last, &mut exec);
+        assert!(l.is_err(), "{numerics:?}: logit 7 is still NaN");
+        let mut c2 = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
+        let mut seqs = [Seq {
+            tokens: &[1, 7, 2],
+            cache: &mut c2,
+            outputs: Outputs::None,
+        }];
+        let e = m
+            .embed_seqs(&mut seqs, Pooling::Mean, &mut exec)
+            .unwrap_err();
+        assert!(
+            matches!(e, ModelError::NonFiniteEmbedding { token: 7 }),
+            "{numerics:?}: {e}"
+        );
+        assert_eq!(c2.len(), 0);
+        let mut seqs = [Seq {
+            tokens: &[1, 3, 2],
+            cache: &mut c2,
+            outputs: Outputs::None,
+        }];
+        let v = m.embed_seqs(&mut seqs, Pooling::Mean, &mut exec).unwrap();
+        assert!(v[0].iter().all(|x| x.is_finite()));
+    }
+}
+
+/// Finite weights whose arithmetic overflows (an output norm of f32::MAX): the logits and the
+/// embedding are errors, not infinities.
+#[test]
+fn overflowing_outputs_are_errors() {
+    let bytes = rewrite(&base(), |_, ts| {
+        let t = tensor(ts, "output_norm.weight");
+        assert_eq!(t.type_id, 0, "an F32 norm");
+        for v in t.data.chunks_exact_mut(4) {
+            v.copy_from_slice(&f32::MAX.to_le_bytes());
+        }
+    })
+    .unwrap();
+    let f = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
+    let m = Model::load(&f).unwrap();
+    let pool = bitnet_kernels::Pool::new(1);
+    for numerics in [Numerics::Fast, Numerics::Exact] {
+        let mut exec = exec(&pool, numerics);
+        let mut cache = m.new_cache(8, KvType::F16, u64::MAX).unwrap();
+        let e = m
+            .forward(&[1, 2, 3], &mut cache, Outputs::Last, &mut exec)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ModelError::NonFiniteOutput {
+                    what: "a logit",
+                    row: 0,
+                    ..
+                }
+            ),
+            "{numerics:?}: {e}"
+        );
+        assert_eq!(cache.len(), 0);
+        let mut seqs = [Seq {
+            tokens: &[1, 2, 3],
+            cache: &mut cache,
+            outputs: Outputs::None,
+        }];
+        let e = m
+            .embed_seqs(&mut seqs, Pooling::Last, &mut exec)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ModelError::NonFiniteOutput {
+                    what: "a value",
+                    row: 0,
+                    ..
+                }
+            ),
+            "{numerics:?}: {e}"
+        );
+        assert_eq!(cache.len(), 0);
+    }
+}
+
+/// A xorshift generator: the random edits below are the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % u64::try_from(n.max(1)).unwrap()).unwrap()
+    }
+    fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len())].clone()
+    }
+}
+
+/// One random edit of a model file: a metadata value replaced by an extreme one (or by one
+/// of another type), a key or a tensor removed, a dimension or a type changed, or NaN, ∞ or
+/// a huge value written into a tensor's bytes. Returns what it did.
+fn random_edit(r: &mut Rng, kv: &mut Vec<(String, Value)>, ts: &mut Vec<RawTensor>) -> String {
+    let u32s = [
+        0,
+        1,
+        2,
+        3,
+        7,
+        16,
+        64,
+        255,
+        256,
+        257,
+        4096,
+        65535,
+        1 << 20,
+        1 << 31,
+        u32::MAX,
+    ];
+    let f32s = [
+        0.0,
+        -1.0,
+        0.5,
+        f32::NAN,
+        f32::INFINITY,
+        1e-45,
+        1e30,
+        f32::MAX,
+    ];
+    match r.below(12) {
+        0..=5 => {
+            let scalars: Vec<usize> = (0..kv.len())
+                .filter(|&i| !matches!(kv[i].1, Value::Array(_)))
+                .collect();
+            let i = r.pick(&scalars);
+            let v = match (&kv[i].1, r.below(5)) {
+                (Value::U32(_), 0..=3) => Value::U32(r.pick(&u32s)),
+                (Value::F32(_), 0..=3) => Value::F32(r.pick(&f32s)),
+                (Value::Bool(b), 0..=3) => Value::Bool(!b),
+                (Value::String(_), 0..=3) => Value::String(
+                    r.pick(&["", "llama", "bitnet", "qwen3", "gemma3", "x"])
+                        .into(),
+                ),
+                _ => r.pick(&[Value::I32(-1), Value::U64(u64::MAX), Value::F32(f32::NAN)]),
+            };
+            let what = format!("{} = {v:?}", kv[i].0);
+            kv[i].1 = v;
+            what
+        }
+        6 => format!("remove key {}", kv.remove(r.below(kv.len())).0),
+        7 => format!("remove tensor {}", ts.remove(r.below(ts.len())).name),
+        8 => {
+            let n = ts.len();
+            let t = &mut ts[r.below(n)];
+            let d = r.below(t.dims.len());
+            let old = t.dims[d];
+            t.dims[d] = r.pick(&[0, 1, 16, old / 2, old + 1, old * 2]);
+            format!("{} dim {d}: {old} -> {}", t.name, t.dims[d])
+        }
+        9 => {
+            let n = ts.len();
+            let t = &mut ts[r.below(n)];
+            t.type_id = r.pick(&[0, 1, 8, 30, 34, 35, 36, 39]);
+            format!("{} type {}", t.name, t.type_id)
+        }
+        _ => {
+            let n = ts.len();
+            let t = &mut ts[r.below(n)];
+            let bytes: Vec<u8> = r.pick(&[
+                F16_NAN.to_vec(),
+                vec![0x00, 0x7c],
+                f32::NAN.to_le_bytes().to_vec(),
+                f32::INFINITY.to_le_bytes().to_vec(),
+                f32::MAX.to_le_bytes().to_vec(),
+            ]);
+            let at = r.below(t.data.len()) & !1;
+            for (k, b) in bytes.iter().enumerate() {
+                if let Some(x) = t.data.get_mut(at + k) {
+                    *x = *b;
+                }
+            }
+            format!("{} bytes {at}.. = {bytes:?}", t.name)
+        }
+    }
+}
+
+/// Loading and running an edited file, with both numerics: a typed error, or finite logits
+/// and embeddings. `Ok(true)` when the file loaded.
+fn load_and_run(bytes: Vec<u8>) -> Result<bool, String> {
+    let Ok(f) = GgufFile::from_bytes(bytes, &Limits::default()) else {
+        return Ok(false);
+    };
+    let Ok(m) = Model::load(&f) else {
+        return Ok(false);
+    };
+    let pool = bitnet_kernels::Pool::new(2);
+    for numerics in [Numerics::Fast, Numerics::Exact] {
+        let mut exec = exec(&pool, numerics);
+        let Ok(mut cache) = m.new_cache(16, KvType::F16, 1 << 30) else {
+            return Ok(true);
+        };
+        for (tokens, outputs) in [(&[1, 2, 3][..], Outputs::All), (&[4][..], Outputs::Last)] {
+            if let Ok(l) = m.forward(tokens, &mut cache, outputs, &mut exec) {
+                if l.iter().any(|x| !x.is_finite()) {
+                    return Err(format!("{numerics:?}: non-finite logits"));
+                }
+            }
+        }
+        cache.reset();
+        let mut seqs = [Seq {
+            tokens: &[1, 2, 5],
+            cache: &mut cache,
+            outputs: Outputs::None,
+        }];
+        let pooling = m.config.pooling.unwrap_or(Pooling::Mean);
+        if let Ok(v) = m.embed_seqs(&mut seqs, pooling, &mut exec) {
+            if v.iter().flatten().any(|x| !x.is_finite()) {
+                return Err(format!("{numerics:?}: a non-finite embedding"));
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// 300 random edits (one to three each) of the golden model files of every architecture:
+/// each file loads and runs to a typed error or to finite outputs, never a panic.
+#[test]
+fn random_edits_are_typed_errors_or_finite_outputs() {
+    let files = [
+        "tiny/bitnet-tiny-i2_s.gguf",
+        "llama-tiny/llama-tiny-i2_s.gguf",
+        "falcon3-tiny/falcon3-tiny-i2_s.gguf",
+        "1bitllm-tiny/1bitllm-tiny-i2_s.gguf",
+        "embed/qwen3-converted.gguf",
+        "embed/gemma3-converted.gguf",
+    ];
+    let parsed: Vec<GgufFile> = files
+        .iter()
+        .map(|f| GgufFile::from_bytes(bitnet_testdata::read(f), &Limits::default()).unwrap())
+        .collect();
+    for f in &parsed {
+        Model::load(f).unwrap();
+    }
+    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut loaded = 0;
+    for i in 0..300 {
+        let which = r.below(files.len());
+        let mut edits = Vec::new();
+        // The writer refuses a tensor whose bytes no longer fit its shape and type (the
+        // reader's side of that is the gguf crate's).
+        let Ok(bytes) = rewrite(&parsed[which], |kv, ts| {
+            for _ in 0..=r.below(3) {
+                edits.push(random_edit(&mut r, kv, ts));
+            }
+        }) else {
+            continue;
+        };
+        let run = std::panic::catch_unwind(|| load_and_run(bytes));
+        match run {
+            Ok(Ok(ran)) => loaded += usize::from(ran),
+            Ok(Err(e)) => panic!("edit {i} of {}: {e} after {edits:?}", files[which]),
+            Err(_) => panic!("edit {i} of {}: a panic after {edits:?}", files[which]),
+        }
+    }
+    // Most edits are refused at load; enough of the rest still run.
+    eprintln!("{loaded} of 300 edited files loaded");
+    assert!(loaded >= 30, "only {loaded} of 300 edited files loaded");
 }
