@@ -499,7 +499,9 @@ fn produce_from(
             let t = f
                 .tensor(name)
                 .ok_or_else(|| ConvertError::MissingTensor(name.clone()))?;
-            Ok(f.tensor_data(t)?.to_vec())
+            let data = f.tensor_data(t)?;
+            check_finite_floats(name, t.ggml_type, data)?;
+            Ok(data.to_vec())
         }
         (Source::GgufTernary { name, n_out, n_in }, Input::Gguf(f)) => {
             let t = gguf_ternary(f, name, *n_out, *n_in)?;
@@ -509,6 +511,29 @@ fn produce_from(
             name: name.to_string(),
             what: "source and plan disagree".into(),
         }),
+    }
+}
+
+/// A copied F32, F16 or BF16 tensor holds no NaN or infinity (other types pass as they are).
+fn check_finite_floats(name: &str, ty: GgmlType, data: &[u8]) -> Result<(), ConvertError> {
+    let bad = match ty {
+        GgmlType::F32 => data
+            .chunks_exact(4)
+            .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
+        GgmlType::F16 => data
+            .chunks_exact(2)
+            .position(|c| !half::f16::from_le_bytes([c[0], c[1]]).is_finite()),
+        GgmlType::BF16 => data
+            .chunks_exact(2)
+            .position(|c| !half::bf16::from_le_bytes([c[0], c[1]]).is_finite()),
+        _ => None,
+    };
+    match bad {
+        Some(index) => Err(ConvertError::NonFinite {
+            name: name.to_string(),
+            index,
+        }),
+        None => Ok(()),
     }
 }
 

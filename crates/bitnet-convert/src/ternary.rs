@@ -309,6 +309,12 @@ pub fn decode(
                 name: name.to_string(),
                 what: "I2_S tensor without its scale".into(),
             })?;
+            if !beta.is_finite() {
+                return Err(ConvertError::NonFinite {
+                    name: format!("{name} (scale)"),
+                    index: 0,
+                });
+            }
             Ok(Ternary {
                 values: codes.iter().map(|&c| i2s::value_of_code(c)).collect(),
                 scale: Scale::Tensor(beta),
@@ -323,10 +329,16 @@ pub fn decode(
             if let Some(index) = codes.iter().position(|&c| c > 2) {
                 return Err(invalid(index));
             }
-            let scales = data
+            let scales: Vec<f32> = data
                 .chunks_exact(block_bytes)
                 .map(|b| half::f16::from_le_bytes([b[scale_at], b[scale_at + 1]]).to_f32())
                 .collect();
+            if let Some(index) = scales.iter().position(|d| !d.is_finite()) {
+                return Err(ConvertError::NonFinite {
+                    name: format!("{name} (block scales)"),
+                    index,
+                });
+            }
             Ok(Ternary {
                 values: codes
                     .iter()

@@ -247,6 +247,66 @@ fn layout_round_trips_keep_every_ternary_code() {
     }
 }
 
+/// A NaN or infinite scale in a ternary GGUF tensor (I2_S's β, a TQ2_0 or TQ1_0 block's d),
+/// or NaN or infinity in a float tensor the conversion copies, is a typed error naming the
+/// tensor, not a file that carries it on.
+#[test]
+fn non_finite_ternary_scales_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("in.gguf");
+    for (layout, block_bytes, scale_at, bad, to_layout) in [
+        (
+            WeightLayout::I2S,
+            0,
+            0,
+            f32::NAN.to_le_bytes().to_vec(),
+            Target::Tq2_0,
+        ),
+        (WeightLayout::Tq2_0, 66, 64, vec![0x00, 0x7c], Target::I2S),
+        (WeightLayout::Tq1_0, 54, 52, vec![0x00, 0x7e], Target::Tq2_0),
+    ] {
+        let src = parse(synth_bytes(&tiny_spec(layout)));
+        let bytes = bitnet_testkit::rewrite(&src, |_, ts| {
+            let t = ts
+                .iter_mut()
+                .find(|t| t.name == "blk.1.ffn_down.weight")
+                .unwrap();
+            // I2_S: β after the n/4 bytes of codes; blocks: block 3's scale.
+            let at = if block_bytes == 0 {
+                usize::try_from(t.dims[0] * t.dims[1] / 4).unwrap()
+            } else {
+                3 * block_bytes + scale_at
+            };
+            t.data[at..at + bad.len()].copy_from_slice(&bad);
+        })
+        .unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        let e = run(&path, &to(to_layout)).unwrap_err();
+        let want = if block_bytes == 0 { 0 } else { 3 };
+        assert!(
+            matches!(e, ConvertError::NonFinite { ref name, index } if name.starts_with("blk.1.ffn_down.weight") && index == want),
+            "{layout:?}: {e}"
+        );
+    }
+    // A copied float tensor: element 5 of the F16 embedding.
+    let src = parse(synth_bytes(&tiny_spec(WeightLayout::I2S)));
+    let bytes = bitnet_testkit::rewrite(&src, |_, ts| {
+        let t = ts
+            .iter_mut()
+            .find(|t| t.name == "token_embd.weight")
+            .unwrap();
+        assert_eq!(t.type_id, 1, "F16");
+        t.data[10..12].copy_from_slice(&[0x00, 0xfc]);
+    })
+    .unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    let e = run(&path, &to(Target::Tq2_0)).unwrap_err();
+    assert!(
+        matches!(e, ConvertError::NonFinite { ref name, index: 5 } if name == "token_embd.weight"),
+        "{e}"
+    );
+}
+
 /// The golden model (bitnet.cpp's I2_S) converted to TQ2_0 or TQ1_0 (β rounded to f16, one
 /// scale per block) gives, in both numerics, the logits of the I2_S file converted back from
 /// it (the same codes, β that f16 value) bit for bit: run from the file's blocks, and
