@@ -591,6 +591,16 @@ impl Engine {
         }
     }
 
+    /// Before the GPU looks up `tokens`: their embedding rows, where the host holds the file
+    /// ([`Model::check_embedding_rows`]; an engine whose weights are only on the device
+    /// cannot read them).
+    fn check_embedding_rows(&self, tokens: &[u32]) -> Result<()> {
+        match &self.model {
+            Weights::Host(_) => Ok(self.model()?.check_embedding_rows(tokens)?),
+            Weights::Device { .. } => Ok(()),
+        }
+    }
+
     /// The size of the model's file in bytes.
     pub fn file_size(&self) -> u64 {
         match &self.model {
@@ -677,6 +687,7 @@ impl Engine {
             (Cache::Cpu(c), _) => c,
             (Cache::Gpu(_), Some(_)) if tokens.is_empty() => return Ok(Vec::new()),
             (Cache::Gpu(c), Some(g)) => {
+                self.check_embedding_rows(tokens)?;
                 // The GPU model splits the tokens into batches itself; one caller at a time.
                 // A failed call keeps only the positions the session's tokens account for.
                 let logits = g
@@ -790,6 +801,7 @@ impl Engine {
                 n_ctx: c.n_ctx(),
             });
         }
+        self.check_embedding_rows(tokens)?;
         // One caller at a time on the device, as in `eval`.
         let _guard = self.scratch();
         let next = match rb {

@@ -258,3 +258,55 @@ fn what_the_gpu_does_not_run_is_refused_or_falls_back() {
         Err(EngineError::ContextFull { .. })
     ));
 }
+
+/// NaN in token 7's row of the tied embedding, on the GPU: read-back logits holding NaN and a
+/// step that looks the row up are the model's errors, as on the CPU, and the session keeps
+/// what it had; the device's own arg-max passes over the NaN logit.
+#[test]
+fn non_finite_weights_on_the_gpu() {
+    if !have_gpu() {
+        return;
+    }
+    let golden = bitnet_testdata::read("tiny/bitnet-tiny-i2_s.gguf");
+    let f = bitnet_gguf::GgufFile::from_bytes(golden, &bitnet_gguf::Limits::default()).unwrap();
+    let bytes = bitnet_testkit::rewrite(&f, |_, ts| {
+        let t = ts
+            .iter_mut()
+            .find(|t| t.name == "token_embd.weight")
+            .unwrap();
+        let w = usize::try_from(t.dims[0]).unwrap() * 2;
+        for half in t.data[7 * w..8 * w].chunks_exact_mut(2) {
+            half.copy_from_slice(&[0x00, 0x7e]);
+        }
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nan-row.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let e = load(&path, &opts(Device::Gpu), &mut |_| {}).unwrap();
+    assert!(e.gpu().is_some());
+    let mut s = e.new_session(16).unwrap();
+    let err = e
+        .eval(&mut s, &[1, 2], bitnet_model::Outputs::Last)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Model(bitnet_model::ModelError::NonFiniteOutput { index: 7, .. })
+        ),
+        "{err}"
+    );
+    assert!(s.tokens().is_empty());
+    let err = e.eval_greedy(&mut s, &[5, 7, 6]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Model(bitnet_model::ModelError::NonFiniteEmbedding { token: 7 })
+        ),
+        "{err}"
+    );
+    assert!(s.tokens().is_empty());
+    let id = e.eval_greedy(&mut s, &[1, 2]).unwrap();
+    assert_ne!(id, 7);
+    assert_eq!(s.tokens(), [1, 2]);
+}

@@ -700,6 +700,24 @@ impl<'a> Model<'a> {
         Ok(h)
     }
 
+    /// Refuse `tokens` whose row of the embedding table holds NaN or infinity
+    /// ([`ModelError::NonFiniteEmbedding`]; out-of-range ids are left to the forward pass).
+    /// The CPU's forward pass checks each row it reads; a backend that looks rows up itself
+    /// (the GPU) asks here first.
+    pub fn check_embedding_rows(&self, tokens: &[u32]) -> Result<()> {
+        let mut row = vec![0.0f32; self.config.n_embd];
+        for &t in tokens {
+            let Some(r) = usize::try_from(t).ok().filter(|&r| r < self.config.n_vocab) else {
+                continue;
+            };
+            self.tok_embd.dequantize_row(r, &mut row)?;
+            if first_non_finite(&row).is_some() {
+                return Err(ModelError::NonFiniteEmbedding { token: t });
+            }
+        }
+        Ok(())
+    }
+
     /// Evaluate several sequences in one pass: their tokens share every ternary matmul
     /// (continuous batching), attention runs per sequence over its own cache. Returns the
     /// logits of each sequence as [`Model::forward`] would.
