@@ -466,3 +466,148 @@ fn long_repetitive_prompts_take_linear_time() {
     }
     println!("{}", report.join("\n"));
 }
+
+/// A xorshift generator: the random edits below are the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % u64::try_from(n.max(1)).unwrap()).unwrap()
+    }
+}
+
+/// One random edit of a `tokenizer.*` key: an entry of an array overwritten (an odd token
+/// text, a NaN score, an out-of-range token type), duplicated or pushed, the array cut
+/// short, a scalar replaced by an extreme value or another type, or the key removed.
+fn random_vocab_edit(r: &mut Rng, kv: &mut Vec<(String, Value)>) -> String {
+    let keys: Vec<usize> = (0..kv.len())
+        .filter(|&i| kv[i].0.starts_with("tokenizer."))
+        .collect();
+    let i = keys[r.below(keys.len())];
+    let name = kv[i].0.clone();
+    if r.below(10) == 0 {
+        kv.remove(i);
+        return format!("remove {name}");
+    }
+    let texts = [
+        "",
+        " ",
+        "ab",
+        "a b",
+        "<|eot_id|>",
+        "<0xZZ>",
+        "<0x41>",
+        "▁",
+        "Ġ",
+        "ĠĠ",
+        "\u{fffd}",
+        "<s>",
+        "</s>",
+        "x y z",
+    ];
+    match &mut kv[i].1 {
+        Value::Array(Array::String(v)) if !v.is_empty() => {
+            let (a, b) = (r.below(v.len()), r.below(v.len()));
+            match r.below(4) {
+                0 => v[a] = texts[r.below(texts.len())].to_string(),
+                1 => v[a] = v[b].clone(),
+                2 => v.truncate(a.max(1)),
+                _ => v.push(texts[r.below(texts.len())].to_string()),
+            }
+        }
+        Value::Array(Array::F32(v)) if !v.is_empty() => {
+            let a = r.below(v.len());
+            v[a] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30][r.below(4)];
+        }
+        Value::Array(Array::I32(v)) if !v.is_empty() => {
+            let a = r.below(v.len());
+            v[a] = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 100, i32::MIN, i32::MAX][r.below(12)];
+        }
+        Value::Array(a) => *a = Array::U8(vec![1, 2, 3]),
+        v => {
+            let scalars = [
+                Value::U32(0),
+                Value::U32(u32::MAX),
+                Value::U32(255),
+                Value::I32(-1),
+                Value::Bool(true),
+                Value::String(String::new()),
+                Value::String("gpt2".into()),
+                Value::String("llama".into()),
+                Value::String("falcon3".into()),
+                Value::String("<|assistant|><|user|>".into()),
+                Value::F32(f32::NAN),
+            ];
+            *v = scalars[r.below(scalars.len())].clone();
+        }
+    }
+    format!("edit {name}")
+}
+
+/// 300 random edits (one to three each) of the vocabularies of every kind the golden files
+/// hold (byte-level BPE with LLaMA-3's, Falcon3's and Qwen's pre-tokenizers, SentencePiece,
+/// Gemma's): each builds a tokenizer or gives a typed error, and a built one encodes,
+/// decodes and picks a chat format without a panic.
+#[test]
+fn random_vocabulary_edits_never_panic() {
+    let files = [
+        "tokenizer/spm-vocab.gguf",
+        "tiny/bitnet-tiny-i2_s.gguf",
+        "falcon3-tiny/falcon3-tiny-i2_s.gguf",
+        "1bitllm-tiny/1bitllm-tiny-i2_s.gguf",
+        "embed/qwen3-converted.gguf",
+        "embed/gemma3-converted.gguf",
+    ];
+    let parsed: Vec<GgufFile> = files
+        .iter()
+        .map(|f| GgufFile::from_bytes(bitnet_testdata::read(f), &Limits::default()).unwrap())
+        .collect();
+    let mut r = Rng(0x2545_f491_4f6c_dd1d);
+    let mut built = 0;
+    for i in 0..300 {
+        let which = r.below(files.len());
+        let mut edits = Vec::new();
+        let bytes = bitnet_testkit::rewrite(&parsed[which], |kv, _| {
+            for _ in 0..=r.below(3) {
+                edits.push(random_vocab_edit(&mut r, kv));
+            }
+        })
+        .unwrap();
+        let f = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
+        let run = std::panic::catch_unwind(|| {
+            let Ok(t) = Tokenizer::from_gguf(f.metadata(), None) else {
+                return false;
+            };
+            for text in [
+                "Hello world",
+                "  a  b\n\n\tc",
+                "<|eot_id|><s></s>日本語 🎉 \u{0}",
+                "",
+            ] {
+                for (bos, special) in [(false, false), (true, true)] {
+                    if let Ok(ids) = t.encode(text, bos, special) {
+                        let _ = t.decode(&ids);
+                    }
+                }
+            }
+            let _ = t.decode(&[0, 1, 2, u32::MAX]);
+            let template = f.metadata().get_str("tokenizer.chat_template").ok();
+            for arch in [Some("llama"), None] {
+                let _ = bitnet_tokenizer::ChatFormat::detect(arch, template, &t);
+            }
+            true
+        });
+        match run {
+            Ok(ok) => built += usize::from(ok),
+            Err(_) => panic!("edit {i} of {}: a panic after {edits:?}", files[which]),
+        }
+    }
+    eprintln!("{built} of 300 edited vocabularies built");
+    assert!(built >= 30, "only {built} of 300 edited vocabularies built");
+}
