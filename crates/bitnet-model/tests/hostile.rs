@@ -11,7 +11,7 @@
 use bitnet_gguf::{GgufFile, Limits, Value};
 use bitnet_model::{Exec, KvType, Model, ModelError, Numerics, Outputs, Pooling, Seq};
 use bitnet_testkit::{
-    rewrite, synth, tiny_model_bytes, Preset, RawTensor, SynthSpec, WeightLayout,
+    rewrite, synth, tiny_model_bytes, Preset, RawTensor, SynthSpec, WeightLayout, Xorshift,
 };
 
 fn base() -> GgufFile {
@@ -344,8 +344,8 @@ fn non_finite_ternary_scales_are_refused() {
         )
         .unwrap();
     assert!(l.iter().all(|x| x.is_finite()));
-    // TQ2_0: the f16 scale of block 5 (bytes 64..66 of each 66-byte block; row 0 of
-    // attn_k has one block per 256 inputs).
+    // TQ2_0: the f16 scale of block 5 (bytes 64..66 of each 66-byte block; at 256 inputs
+    // each row of attn_k is one block, so block 5 is row 5's).
     let mut spec = SynthSpec::preset(Preset::Tiny);
     spec.layout = WeightLayout::Tq2_0;
     let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
@@ -416,7 +416,7 @@ fn non_finite_outputs_are_errors_and_leave_the_cache() {
             "{numerics:?}: {e}"
         );
         assert_eq!(cache.len(), 2, "{numerics:?}");
-        // Without token 7 the model runs as before.
+        // A step without token 7 still computes logit 7 from its NaN head row.
         let l = m.forward(&[3], &mut cache, Outputs::Last, &mut exec);
         assert!(l.is_err(), "{numerics:?}: logit 7 is still NaN");
         let mut c2 = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
@@ -499,28 +499,10 @@ fn overflowing_outputs_are_errors() {
     }
 }
 
-/// A xorshift generator: the random edits below are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % u64::try_from(n.max(1)).unwrap()).unwrap()
-    }
-    fn pick<T: Clone>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len())].clone()
-    }
-}
-
 /// One random edit of a model file: a metadata value replaced by an extreme one (or by one
 /// of another type), a key or a tensor removed, a dimension or a type changed, or NaN, ∞ or
 /// a huge value written into a tensor's bytes. Returns what it did.
-fn random_edit(r: &mut Rng, kv: &mut Vec<(String, Value)>, ts: &mut Vec<RawTensor>) -> String {
+fn random_edit(r: &mut Xorshift, kv: &mut Vec<(String, Value)>, ts: &mut Vec<RawTensor>) -> String {
     let u32s = [
         0,
         1,
@@ -662,7 +644,7 @@ fn random_edits_are_typed_errors_or_finite_outputs() {
     for f in &parsed {
         Model::load(f).unwrap();
     }
-    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut r = Xorshift(0x9e37_79b9_7f4a_7c15);
     let mut loaded = 0;
     for i in 0..300 {
         let which = r.below(files.len());

@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bitnet_gguf::{Array, GgufFile, Limits, Metadata, Value};
+use bitnet_testkit::Xorshift;
 use bitnet_tokenizer::{
     keys, PreTokenizer, PreTokenizerSource, StreamDecoder, Tokenizer, TokenizerError, VocabData,
 };
@@ -467,25 +468,10 @@ fn long_repetitive_prompts_take_linear_time() {
     println!("{}", report.join("\n"));
 }
 
-/// A xorshift generator: the random edits below are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % u64::try_from(n.max(1)).unwrap()).unwrap()
-    }
-}
-
 /// One random edit of a `tokenizer.*` key: an entry of an array overwritten (an odd token
 /// text, a NaN score, an out-of-range token type), duplicated or pushed, the array cut
 /// short, a scalar replaced by an extreme value or another type, or the key removed.
-fn random_vocab_edit(r: &mut Rng, kv: &mut Vec<(String, Value)>) -> String {
+fn random_vocab_edit(r: &mut Xorshift, kv: &mut Vec<(String, Value)>) -> String {
     let keys: Vec<usize> = (0..kv.len())
         .filter(|&i| kv[i].0.starts_with("tokenizer."))
         .collect();
@@ -568,7 +554,7 @@ fn random_vocabulary_edits_never_panic() {
         .iter()
         .map(|f| GgufFile::from_bytes(bitnet_testdata::read(f), &Limits::default()).unwrap())
         .collect();
-    let mut r = Rng(0x2545_f491_4f6c_dd1d);
+    let mut r = Xorshift(0x2545_f491_4f6c_dd1d);
     let mut built = 0;
     for i in 0..300 {
         let which = r.below(files.len());
