@@ -363,6 +363,22 @@ fn non_finite_ternary_scales_are_refused() {
     );
 }
 
+/// One sequence's embedding.
+fn embed(
+    m: &Model<'_>,
+    tokens: &[u32],
+    cache: &mut bitnet_model::KvCache,
+    pooling: Pooling,
+    exec: &mut Exec<'_>,
+) -> Result<Vec<Vec<f32>>, ModelError> {
+    let mut seqs = [Seq {
+        tokens,
+        cache,
+        outputs: Outputs::None,
+    }];
+    m.embed_seqs(&mut seqs, pooling, exec)
+}
+
 fn exec(pool: &bitnet_kernels::Pool, numerics: Numerics) -> Exec<'_> {
     Exec {
         backend: pool,
@@ -420,25 +436,13 @@ fn non_finite_outputs_are_errors_and_leave_the_cache() {
         let l = m.forward(&[3], &mut cache, Outputs::Last, &mut exec);
         assert!(l.is_err(), "{numerics:?}: logit 7 is still NaN");
         let mut c2 = m.new_cache(16, KvType::F16, u64::MAX).unwrap();
-        let mut seqs = [Seq {
-            tokens: &[1, 7, 2],
-            cache: &mut c2,
-            outputs: Outputs::None,
-        }];
-        let e = m
-            .embed_seqs(&mut seqs, Pooling::Mean, &mut exec)
-            .unwrap_err();
+        let e = embed(&m, &[1, 7, 2], &mut c2, Pooling::Mean, &mut exec).unwrap_err();
         assert!(
             matches!(e, ModelError::NonFiniteEmbedding { token: 7 }),
             "{numerics:?}: {e}"
         );
         assert_eq!(c2.len(), 0);
-        let mut seqs = [Seq {
-            tokens: &[1, 3, 2],
-            cache: &mut c2,
-            outputs: Outputs::None,
-        }];
-        let v = m.embed_seqs(&mut seqs, Pooling::Mean, &mut exec).unwrap();
+        let v = embed(&m, &[1, 3, 2], &mut c2, Pooling::Mean, &mut exec).unwrap();
         assert!(v[0].iter().all(|x| x.is_finite()));
     }
 }
@@ -476,14 +480,7 @@ fn overflowing_outputs_are_errors() {
             "{numerics:?}: {e}"
         );
         assert_eq!(cache.len(), 0);
-        let mut seqs = [Seq {
-            tokens: &[1, 2, 3],
-            cache: &mut cache,
-            outputs: Outputs::None,
-        }];
-        let e = m
-            .embed_seqs(&mut seqs, Pooling::Last, &mut exec)
-            .unwrap_err();
+        let e = embed(&m, &[1, 2, 3], &mut cache, Pooling::Last, &mut exec).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -610,13 +607,8 @@ fn load_and_run(bytes: Vec<u8>) -> Result<bool, String> {
             }
         }
         cache.reset();
-        let mut seqs = [Seq {
-            tokens: &[1, 2, 5],
-            cache: &mut cache,
-            outputs: Outputs::None,
-        }];
         let pooling = m.config.pooling.unwrap_or(Pooling::Mean);
-        if let Ok(v) = m.embed_seqs(&mut seqs, pooling, &mut exec) {
+        if let Ok(v) = embed(&m, &[1, 2, 5], &mut cache, pooling, &mut exec) {
             if v.iter().flatten().any(|x| !x.is_finite()) {
                 return Err(format!("{numerics:?}: a non-finite embedding"));
             }
