@@ -808,20 +808,19 @@ impl Engine {
             ReadBack::Greedy => g.forward_greedy_async(tokens, c).await.map(Next::Chosen),
             _ => g.forward_top_async(tokens, c).await.map(Next::Top),
         };
-        let next = next.inspect_err(|_| c.truncate(s.tokens.len()))?;
-        // The device's arg-max and top-k pass over NaN and −∞; an infinite candidate is
-        // refused as the CPU's logits are.
-        if let Next::Top(t) = &next {
-            if let Some(&(id, _)) = t.iter().find(|(_, l)| !l.is_finite()) {
-                c.truncate(s.tokens.len());
-                return Err(ModelError::NonFiniteOutput {
-                    what: "a logit",
-                    row: 0,
-                    index: usize::try_from(id).unwrap_or(usize::MAX),
+        // The device's arg-max and top-k refuse a NaN or infinite logit as the CPU does.
+        let next = next
+            .map_err(|e| match e {
+                bitnet_gpu::GpuError::NonFiniteLogit { index } => {
+                    EngineError::Model(ModelError::NonFiniteOutput {
+                        what: "a logit",
+                        row: 0,
+                        index: usize::try_from(index).unwrap_or(usize::MAX),
+                    })
                 }
-                .into());
-            }
-        }
+                e => e.into(),
+            })
+            .inspect_err(|_| c.truncate(s.tokens.len()))?;
         s.tokens.extend_from_slice(tokens);
         Ok(next)
     }

@@ -259,9 +259,9 @@ fn what_the_gpu_does_not_run_is_refused_or_falls_back() {
     ));
 }
 
-/// NaN in token 7's row of the tied embedding, on the GPU: read-back logits holding NaN and a
-/// step that looks the row up are the model's errors, as on the CPU, and the session keeps
-/// what it had; the device's own arg-max passes over the NaN logit.
+/// NaN in token 7's row of the tied embedding, on the GPU: logits holding NaN (read back, or
+/// met by the device's arg-max or top-k) and a step that looks the row up are the model's
+/// errors, as on the CPU, and the session keeps what it had.
 #[test]
 fn non_finite_weights_on_the_gpu() {
     if !have_gpu() {
@@ -306,7 +306,32 @@ fn non_finite_weights_on_the_gpu() {
         "{err}"
     );
     assert!(s.tokens().is_empty());
-    let id = e.eval_greedy(&mut s, &[1, 2]).unwrap();
-    assert_ne!(id, 7);
-    assert_eq!(s.tokens(), [1, 2]);
+    let err = e.eval_greedy(&mut s, &[1, 2]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Model(bitnet_model::ModelError::NonFiniteOutput { index: 7, .. })
+        ),
+        "{err}"
+    );
+    assert!(s.tokens().is_empty());
+    // Sampling from the device's top-k.
+    let params = GenParams {
+        max_tokens: 4,
+        sampler: SamplerParams {
+            seed: 1,
+            ..SamplerParams::default()
+        },
+        ..GenParams::default()
+    };
+    let err = e
+        .generate(&mut s, &[1, 2], false, &params, &mut |_| true)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Model(bitnet_model::ModelError::NonFiniteOutput { index: 7, .. })
+        ),
+        "{err}"
+    );
 }

@@ -39,6 +39,12 @@ pub enum GpuError {
     TokenOutOfRange { id: u32, n_vocab: usize },
     #[error("size overflow computing {0}")]
     Overflow(&'static str),
+    /// The device's arg-max or top-k met a NaN or infinite logit (the lowest such index).
+    #[error(
+        "the model computed NaN or infinity (a logit: entry {index}): the file's weights hold \
+         NaN or infinity there, or the arithmetic overflowed"
+    )]
+    NonFiniteLogit { index: u32 },
     #[error(transparent)]
     Kernel(#[from] bitnet_kernels::KernelError),
     #[error("this GPU call would have to wait, and a browser's page may not: use its async form")]

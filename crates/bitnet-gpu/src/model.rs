@@ -817,15 +817,16 @@ impl GpuModel {
             .run(tokens, cache, GpuOutputs::Greedy, &mut out)
             .await?;
         best.filter(|&b| b != u32::MAX).ok_or(GpuError::Readback(
-            "no valid logit to take the maximum of (every value NaN or -inf)".to_string(),
+            "no logit to take the maximum of".to_string(),
         ))
     }
 
     /// [`GpuModel::forward`] that returns only the [`TOP_CANDIDATES`] most likely tokens of
-    /// the last position as `(id, logit)`, most likely first (higher logit, then lower id;
-    /// NaN and -inf logits are never candidates), reading back 512 bytes. A sampler whose
-    /// chain only looks at the top-k (`bitnet_sampling::Sampler::candidates_suffice`) draws
-    /// from these what it would draw from the whole row.
+    /// the last position as `(id, logit)`, most likely first (higher logit, then lower id),
+    /// reading back 512 bytes; a NaN or infinite logit is [`GpuError::NonFiniteLogit`]. A
+    /// sampler whose chain only looks at the top-k
+    /// (`bitnet_sampling::Sampler::candidates_suffice`) draws from these what it would draw
+    /// from the whole row.
     pub fn forward_top(&self, tokens: &[u32], cache: &mut GpuCache) -> Result<Vec<(u32, f32)>> {
         crate::device::block(self.forward_top_async(tokens, cache))?
     }
@@ -838,13 +839,10 @@ impl GpuModel {
     ) -> Result<Vec<(u32, f32)>> {
         let mut out = Vec::new();
         self.run(tokens, cache, GpuOutputs::Top, &mut out).await?;
-        Ok(out
-            .chunks_exact(2)
-            .filter_map(|p| {
-                let id = p[0].to_bits();
-                (id != u32::MAX).then_some((id, p[1]))
-            })
-            .collect())
+        top_of_pairs(
+            out.chunks_exact(2)
+                .map(|p| (p[0].to_bits(), p[1].to_bits())),
+        )
     }
 
     // The guards make one caller at a time use the device, across its read-back: natively
@@ -947,7 +945,7 @@ impl GpuModel {
                     .gpu
                     .map_read_async(&self.act.best_staging, size)
                     .await?;
-                best = Some(best_of_groups(&b));
+                best = Some(best_of_groups(&b)?);
             } else if out_rows > 0 {
                 let size = bytes_of(mul(mul(out_rows, nv, "logits")?, 4, "logits")?)?;
                 enc.copy_buffer_to_buffer(&self.act.logits, 0, &self.act.logits_staging, 0, size);
@@ -1258,19 +1256,48 @@ impl GpuModel {
     }
 }
 
+/// The id argmax.wgsl and the top-k kernels give a range that held a NaN or infinite logit;
+/// the pair's second word is the lowest such index.
+pub(crate) const NON_FINITE: u32 = 0xffff_fffe;
+
 /// The arg-max over argmax.wgsl's (index, value bits) pairs, one a workgroup in range order:
 /// the larger value, the lower index among equal ones; `u32::MAX` where no range had a valid
-/// logit.
-pub(crate) fn best_of_groups(b: &[u8]) -> u32 {
+/// logit. A range that held a NaN or infinite logit makes it [`GpuError::NonFiniteLogit`].
+pub(crate) fn best_of_groups(b: &[u8]) -> Result<u32> {
     let mut best = (u32::MAX, f32::NEG_INFINITY);
+    let mut bad: Option<u32> = None;
     for p in b.chunks_exact(8) {
         let id = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
-        let v = f32::from_bits(u32::from_le_bytes([p[4], p[5], p[6], p[7]]));
+        let bits = u32::from_le_bytes([p[4], p[5], p[6], p[7]]);
+        if id == NON_FINITE {
+            bad = Some(bad.map_or(bits, |i| i.min(bits)));
+            continue;
+        }
+        let v = f32::from_bits(bits);
         if id != u32::MAX && (best.0 == u32::MAX || v > best.1 || (v == best.1 && id < best.0)) {
             best = (id, v);
         }
     }
-    best.0
+    match bad {
+        Some(index) => Err(GpuError::NonFiniteLogit { index }),
+        None => Ok(best.0),
+    }
+}
+
+/// The top-k kernels' read-back, (id, logit bits) pairs best first: the candidates, empty
+/// slots left out, or [`GpuError::NonFiniteLogit`] when the first pair says the row held a
+/// NaN or infinite logit.
+pub(crate) fn top_of_pairs(pairs: impl Iterator<Item = (u32, u32)>) -> Result<Vec<(u32, f32)>> {
+    let mut out = Vec::new();
+    for (id, bits) in pairs {
+        if id == NON_FINITE {
+            return Err(GpuError::NonFiniteLogit { index: bits });
+        }
+        if id != u32::MAX {
+            out.push((id, f32::from_bits(bits)));
+        }
+    }
+    Ok(out)
 }
 
 /// One ternary matrix on the device: 2-bit codes in I2_S order, its scales, and the kernels'

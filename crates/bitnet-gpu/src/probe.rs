@@ -356,7 +356,8 @@ pub fn attention(
 }
 
 /// The two top-k passes over one row of `logits`: the [`crate::TOP_CANDIDATES`] most likely
-/// `(id, logit)` pairs, best first, empty slots left out.
+/// `(id, logit)` pairs, best first, empty slots left out; a NaN or infinite logit is
+/// [`crate::GpuError::NonFiniteLogit`].
 pub fn top_k(gpu: &Gpu, logits: &[f32]) -> Result<Vec<(u32, f32)>> {
     let nv = logits.len();
     let k = crate::TOP_CANDIDATES;
@@ -373,14 +374,12 @@ pub fn top_k(gpu: &Gpu, logits: &[f32]) -> Result<Vec<(u32, f32)>> {
     run(gpu, &gpu.k.topk_local, &b1, n32(groups)?, 1)?;
     run(gpu, &gpu.k.topk_merge, &b2, 1, 1)?;
     let raw = gpu.read(&top, u64::from(n32(k * 8)?))?;
-    Ok(raw
-        .chunks_exact(8)
-        .filter_map(|p| {
-            let id = u32::from_le_bytes([p[0], p[1], p[2], p[3]]);
-            let v = f32::from_le_bytes([p[4], p[5], p[6], p[7]]);
-            (id != u32::MAX).then_some((id, v))
-        })
-        .collect())
+    crate::model::top_of_pairs(raw.chunks_exact(8).map(|p| {
+        (
+            u32::from_le_bytes([p[0], p[1], p[2], p[3]]),
+            u32::from_le_bytes([p[4], p[5], p[6], p[7]]),
+        )
+    }))
 }
 
 /// The final norm: each `w.len()`-row of `x` RMS-normed.
@@ -523,7 +522,8 @@ pub fn embed(
     Ok(le_f32(&gpu.read(&h, u64::from(n32(n * e * 4)?))?))
 }
 
-/// The greedy argmax over one row of `logits`.
+/// The greedy argmax over one row of `logits` (a NaN or infinite logit:
+/// [`crate::GpuError::NonFiniteLogit`]).
 pub fn argmax(gpu: &Gpu, logits: &[f32]) -> Result<u32> {
     let step = gpu.uniform("step", &[1, 0, 0, 1]);
     let dims = gpu.uniform("dims", &[n32(logits.len())?, 0, 0, 0]);
@@ -533,5 +533,5 @@ pub fn argmax(gpu: &Gpu, logits: &[f32]) -> Result<u32> {
     let bind = gpu.bind(&gpu.k.argmax, &[&step, &dims, &lb, &best]);
     run(gpu, &gpu.k.argmax, &bind, n32(groups)?, 1)?;
     let b = gpu.read(&best, u64::from(n32(groups * 8)?))?;
-    Ok(crate::model::best_of_groups(&b))
+    crate::model::best_of_groups(&b)
 }

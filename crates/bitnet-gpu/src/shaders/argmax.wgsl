@@ -1,7 +1,8 @@
-// Greedy decoding on the device: the first index of the largest logit of row out_rows − 1
-// (NaN never wins), in GROUPS workgroups over consecutive ranges of the row, each writing its
-// (index, value) pair; the CPU takes the best pair (the larger value, then the lower index),
-// so a step reads back 8 · GROUPS bytes instead of the vocabulary.
+// Greedy decoding on the device: the first index of the largest logit of row out_rows − 1,
+// in GROUPS workgroups over consecutive ranges of the row, each writing its (index, value)
+// pair; the CPU takes the best pair (the larger value, then the lower index), so a step reads
+// back 8 · GROUPS bytes instead of the vocabulary. A NaN or infinite logit is the model's
+// error, not a candidate: its range writes (NONFINITE, the lowest such index) instead.
 struct Dims {
     n_vocab: u32,
     _p0: u32,
@@ -15,8 +16,11 @@ struct Dims {
 @group(0) @binding(3) var<storage, read_write> best: array<u32>;
 
 const WG: u32 = 256u;
+const NONFINITE: u32 = 0xfffffffeu;
 var<workgroup> bv: array<f32, 256>;
 var<workgroup> bi: array<u32, 256>;
+// 0xffffffff − the lowest non-finite index seen (0: none; workgroup memory starts zeroed).
+var<workgroup> bad: atomic<u32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -28,6 +32,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     var idx = 0xffffffffu;
     for (var i = lo + lid.x; i < hi; i += WG) {
         let x = logits[base + i];
+        // All exponent bits set: NaN or ±∞ (tested on the bits: NaN compares are not kept).
+        if (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u {
+            atomicMax(&bad, 0xffffffffu - i);
+        }
         if x > v || (idx == 0xffffffffu && x == v) {
             v = x;
             idx = i;
@@ -48,7 +56,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         workgroupBarrier();
     }
     if lid.x == 0u {
-        best[2u * wg.x] = bi[0];
-        best[2u * wg.x + 1u] = bitcast<u32>(bv[0]);
+        let b = atomicLoad(&bad);
+        if b != 0u {
+            best[2u * wg.x] = NONFINITE;
+            best[2u * wg.x + 1u] = 0xffffffffu - b;
+        } else {
+            best[2u * wg.x] = bi[0];
+            best[2u * wg.x + 1u] = bitcast<u32>(bv[0]);
+        }
     }
 }

@@ -1,7 +1,8 @@
 // The K = 64 most likely tokens of the last logits row, first pass: workgroup g takes the
 // `chunk` logits from g·chunk (at most 256 · P) and writes its own 64 best as (id, logit
-// bits) pairs, best first, in the order "higher logit, then lower id". NaN counts as -inf;
-// -inf never wins (a slot without a valid token gets id 0xffffffff). The selection is
+// bits) pairs, best first, in the order "higher logit, then lower id" (a slot without a
+// token gets id 0xffffffff). A NaN or infinite logit is no candidate, and makes the
+// workgroup's first pair (NONFINITE, the lowest such index). The selection is
 // topk_select.wgsl's.
 struct Dims {
     n_vocab: u32,
@@ -28,12 +29,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         id[j] = NONE;
         if i < end {
             let x = logits[base + i];
-            // NaN and -inf are no candidates (x == x is false for NaN).
-            if x == x && x > NEG {
+            // All exponent bits set: NaN or ±∞ (tested on the bits: NaN compares are not kept).
+            if (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u {
+                atomicMax(&bad, 0xffffffffu - i);
+            } else if x > NEG {
                 v[j] = x;
                 id[j] = i;
             }
         }
     }
     select_top(&v, &id, lid.x, wg.x * K);
+    mark_non_finite(lid.x, wg.x * K);
 }

@@ -1,7 +1,8 @@
 // The K = 64 most likely tokens, second pass: one workgroup takes the first pass's `n_cand`
 // (id, logit bits) pairs (at most 256 · P) and writes the 64 best, best first, in the order
-// "higher logit, then lower id" (entries with id 0xffffffff are empty). The selection is
-// topk_select.wgsl's.
+// "higher logit, then lower id" (entries with id 0xffffffff are empty); a first pass's
+// (NONFINITE, index) pair makes the first pair (NONFINITE, the lowest index). The selection
+// is topk_select.wgsl's.
 struct Dims {
     n_cand: u32,
     _p0: u32,
@@ -28,9 +29,14 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
         v[j] = NEG;
         id[j] = NONE;
         if c < dims.n_cand {
-            id[j] = cand[2u * c];
-            v[j] = bitcast<f32>(cand[2u * c + 1u]);
+            if cand[2u * c] == NONFINITE {
+                atomicMax(&bad, 0xffffffffu - cand[2u * c + 1u]);
+            } else {
+                id[j] = cand[2u * c];
+                v[j] = bitcast<f32>(cand[2u * c + 1u]);
+            }
         }
     }
     select_top(&v, &id, lid.x, 0u);
+    mark_non_finite(lid.x, 0u);
 }

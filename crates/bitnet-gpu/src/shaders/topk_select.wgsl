@@ -8,9 +8,26 @@ const K: u32 = 64u;
 const P: u32 = 64u;
 const NONE: u32 = 0xffffffffu;
 const NEG: f32 = -0x1.fffffep+127f;
+// An id that says the row held a NaN or infinite logit; its value slot holds the lowest
+// such index (the model's error: the CPU refuses those logits too).
+const NONFINITE: u32 = 0xfffffffeu;
 
 var<workgroup> sv: array<f32, 256>;
 var<workgroup> si: array<u32, 256>;
+// 0xffffffff − the lowest non-finite index seen (0: none; workgroup memory starts zeroed).
+var<workgroup> bad: atomic<u32>;
+
+// After select_top: a workgroup that saw a non-finite logit overwrites its first pair with
+// (NONFINITE, the lowest index).
+fn mark_non_finite(lid: u32, at: u32) {
+    if lid == 0u {
+        let b = atomicLoad(&bad);
+        if b != 0u {
+            out[2u * at] = NONFINITE;
+            out[2u * at + 1u] = 0xffffffffu - b;
+        }
+    }
+}
 
 fn better(v: f32, i: u32, w: f32, j: u32) -> bool {
     return v > w || (v == w && i < j);
