@@ -291,7 +291,13 @@ pub struct Engine {
 #[derive(Debug)]
 enum Weights {
     Host(OwnedModel),
-    Device { config: Config, file_size: u64 },
+    /// `bad_rows`: the embedding rows that hold NaN or infinity (ascending), found as the
+    /// table streamed by.
+    Device {
+        config: Config,
+        file_size: u64,
+        bad_rows: Vec<u32>,
+    },
 }
 
 /// A session's KV cache: in memory, or on the GPU for an engine that runs there.
@@ -421,11 +427,17 @@ impl Engine {
     pub(crate) fn on_device(
         config: Config,
         file_size: u64,
+        bad_rows: Vec<u32>,
         tokenizer: Tokenizer,
         gpu: bitnet_gpu::GpuModel,
         opts: EngineOptions,
     ) -> Result<Self> {
-        Self::with_weights(Weights::Device { config, file_size }, tokenizer, opts)?.on_gpu(gpu)
+        let weights = Weights::Device {
+            config,
+            file_size,
+            bad_rows,
+        };
+        Self::with_weights(weights, tokenizer, opts)?.on_gpu(gpu)
     }
 
     fn with_weights(model: Weights, tokenizer: Tokenizer, opts: EngineOptions) -> Result<Self> {
@@ -591,13 +603,18 @@ impl Engine {
         }
     }
 
-    /// Before the GPU looks up `tokens`: their embedding rows, where the host holds the file
-    /// ([`Model::check_embedding_rows`]; an engine whose weights are only on the device
-    /// cannot read them).
+    /// Before the GPU looks up `tokens`: their embedding rows, read from the host's file
+    /// ([`Model::check_embedding_rows`]), or for weights only on the device, the rows found
+    /// non-finite as the table streamed by.
     fn check_embedding_rows(&self, tokens: &[u32]) -> Result<()> {
         match &self.model {
             Weights::Host(_) => Ok(self.model()?.check_embedding_rows(tokens)?),
-            Weights::Device { .. } => Ok(()),
+            Weights::Device { bad_rows, .. } => {
+                match tokens.iter().find(|t| bad_rows.binary_search(t).is_ok()) {
+                    Some(&token) => Err(ModelError::NonFiniteEmbedding { token }.into()),
+                    None => Ok(()),
+                }
+            }
         }
     }
 

@@ -59,6 +59,106 @@ struct Body {
     tokenizer: Tokenizer,
     builder: bitnet_gpu::GpuBuilder,
     pieces: Vec<Piece>,
+    embd_scan: RowScan,
+}
+
+/// The rows of the embedding table that hold NaN or infinity, found as its bytes go by on
+/// their way to the GPU (F32, F16 and BF16 tables; others are not scanned). The engine
+/// refuses those tokens as the CPU refuses a non-finite row it reads.
+#[derive(Debug)]
+struct RowScan {
+    /// Bytes per value (0: not scanned) and the exponent bits of one value.
+    size: usize,
+    exp: u32,
+    /// Values per row.
+    cols: usize,
+    /// Values seen so far; the first bytes of a value split between pieces.
+    seen: usize,
+    carry: Vec<u8>,
+    /// The rows found, ascending.
+    bad: Vec<u32>,
+}
+
+impl RowScan {
+    fn new(ty: bitnet_kernels::RowType, cols: usize) -> Self {
+        use bitnet_kernels::RowType;
+        let (size, exp) = match ty {
+            RowType::F32 => (4, 0x7f80_0000),
+            RowType::F16 => (2, 0x7c00),
+            RowType::BF16 => (2, 0x7f80),
+            _ => (0, 0),
+        };
+        RowScan {
+            size,
+            exp,
+            cols: cols.max(1),
+            seen: 0,
+            carry: Vec::new(),
+            bad: Vec::new(),
+        }
+    }
+
+    /// The next bytes of the table, in file order.
+    fn feed(&mut self, mut bytes: &[u8]) {
+        if self.size == 0 {
+            return;
+        }
+        if !self.carry.is_empty() {
+            let take = (self.size - self.carry.len()).min(bytes.len());
+            self.carry.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.carry.len() < self.size {
+                return;
+            }
+            let v = std::mem::take(&mut self.carry);
+            self.values(&v);
+        }
+        let whole = bytes.len() - bytes.len() % self.size;
+        // Blocks of 256 values: one branch-free test each, value by value only on a hit.
+        for block in bytes[..whole].chunks(256 * self.size) {
+            if self.any_non_finite(block) {
+                self.values(block);
+            } else {
+                self.seen += block.len() / self.size;
+            }
+        }
+        self.carry.extend_from_slice(&bytes[whole..]);
+    }
+
+    fn bits(&self, c: &[u8]) -> u32 {
+        match *c {
+            [a, b, c, d] => u32::from_le_bytes([a, b, c, d]),
+            [a, b] => u32::from(u16::from_le_bytes([a, b])),
+            _ => 0,
+        }
+    }
+
+    fn any_non_finite(&self, block: &[u8]) -> bool {
+        let exp = self.exp;
+        // One loop per value width, so that each vectorizes.
+        if self.size == 2 {
+            let exp = u16::try_from(exp).unwrap_or(u16::MAX);
+            block.chunks_exact(2).fold(false, |a, c| {
+                a | (u16::from_le_bytes([c[0], c[1]]) & exp == exp)
+            })
+        } else {
+            block.chunks_exact(4).fold(false, |a, c| {
+                a | (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & exp == exp)
+            })
+        }
+    }
+
+    fn values(&mut self, block: &[u8]) {
+        for c in block.chunks_exact(self.size) {
+            if self.bits(c) & self.exp == self.exp {
+                let row = u32::try_from(self.seen / self.cols).unwrap_or(u32::MAX);
+                if self.bad.last() != Some(&row) {
+                    self.bad.push(row);
+                }
+            }
+            self.seen += 1;
+        }
+    }
 }
 
 /// A model file loaded onto the GPU as it arrives (see the module's doc).
@@ -185,6 +285,7 @@ impl GpuStream {
             tokenizer,
             builder,
             pieces,
+            embd_scan,
             ..
         } = *b;
         if let Some(p) = pieces.iter().find(|p| !p.done) {
@@ -194,6 +295,7 @@ impl GpuStream {
         Engine::on_device(
             config,
             self.size,
+            embd_scan.bad,
             tokenizer,
             gpu,
             self.opts.engine_options(),
@@ -294,12 +396,14 @@ impl Body {
         if !pieces.iter().any(|p| p.part == Part::OutputNorm) {
             return Err(ModelError::MissingTensor(names::OUTPUT_NORM.to_string()).into());
         }
+        let embd_scan = RowScan::new(embd_spec.ty, e);
         Ok(Body {
             header,
             config,
             tokenizer,
             builder,
             pieces,
+            embd_scan,
         })
     }
 
@@ -316,7 +420,10 @@ impl Body {
             let off = |x: u64| usize::try_from(x - at).map_err(|_| ModelError::Overflow("offset"));
             let part = chunk.get(off(s)?..off(e)?).unwrap_or_default();
             match p.part {
-                Part::Embd => self.builder.write_embd(part)?,
+                Part::Embd => {
+                    self.embd_scan.feed(part);
+                    self.builder.write_embd(part)?;
+                }
                 Part::Output => self.builder.write_output(part)?,
                 Part::Block(_) | Part::OutputNorm => {
                     let len = usize::try_from(p.range.end - p.range.start)

@@ -138,3 +138,52 @@ fn a_stream_refuses_what_it_cannot_load() {
         .unwrap_err();
     assert!(e.to_string().contains("exact"), "{e}");
 }
+
+/// Rows of the embedding table holding NaN (all of token 7's) or infinity (the last value of
+/// token 4000's), streamed in pieces that split values: the rows are found on the way to the
+/// GPU, so a step with either token is refused before the device looks it up, as the CPU
+/// refuses it; logits holding the NaN are refused too.
+#[test]
+fn non_finite_embedding_rows_are_found_as_they_stream() {
+    if !have_gpu() {
+        return;
+    }
+    let f =
+        bitnet_gguf::GgufFile::from_bytes(tiny_bytes(), &bitnet_gguf::Limits::default()).unwrap();
+    let bytes = bitnet_testkit::rewrite(&f, |_, ts| {
+        let t = ts
+            .iter_mut()
+            .find(|t| t.name == "token_embd.weight")
+            .unwrap();
+        assert_eq!(t.type_id, 1, "F16");
+        let w = usize::try_from(t.dims[0]).unwrap() * 2;
+        for half in t.data[7 * w..8 * w].chunks_exact_mut(2) {
+            half.copy_from_slice(&[0x00, 0x7e]);
+        }
+        t.data[4001 * w - 2..4001 * w].copy_from_slice(&[0x00, 0x7c]);
+    })
+    .unwrap();
+    let e = streamed(&bytes, &[1, 3, 4097, 333], &opts()).unwrap();
+    let mut s = e.new_session(16).unwrap();
+    for (tokens, token) in [(&[5, 7, 6][..], 7), (&[5, 4000][..], 4000)] {
+        let err = e.eval(&mut s, tokens, Outputs::Last).unwrap_err();
+        assert!(
+            matches!(err, EngineError::Model(bitnet_model::ModelError::NonFiniteEmbedding { token: t }) if t == token),
+            "{err}"
+        );
+        let err = e.eval_greedy(&mut s, tokens).unwrap_err();
+        assert!(
+            matches!(err, EngineError::Model(bitnet_model::ModelError::NonFiniteEmbedding { token: t }) if t == token),
+            "{err}"
+        );
+        assert!(s.tokens().is_empty());
+    }
+    let err = e.eval(&mut s, &[1, 2], Outputs::Last).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Model(bitnet_model::ModelError::NonFiniteOutput { index: 7, .. })
+        ),
+        "{err}"
+    );
+}
