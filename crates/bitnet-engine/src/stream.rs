@@ -125,8 +125,9 @@ impl RowScan {
         self.carry.extend_from_slice(&bytes[whole..]);
     }
 
-    fn bits(&self, c: &[u8]) -> u32 {
-        match *c {
+    /// One value's bits (2 or 4 bytes).
+    fn bits(&self, value: &[u8]) -> u32 {
+        match *value {
             [a, b, c, d] => u32::from_le_bytes([a, b, c, d]),
             [a, b] => u32::from(u16::from_le_bytes([a, b])),
             _ => 0,
