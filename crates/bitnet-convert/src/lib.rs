@@ -516,18 +516,8 @@ fn produce_from(
 
 /// A copied F32, F16 or BF16 tensor holds no NaN or infinity (other types pass as they are).
 fn check_finite_floats(name: &str, ty: GgmlType, data: &[u8]) -> Result<(), ConvertError> {
-    let bad = match ty {
-        GgmlType::F32 => data
-            .chunks_exact(4)
-            .position(|c| !f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
-        GgmlType::F16 => data
-            .chunks_exact(2)
-            .position(|c| !half::f16::from_le_bytes([c[0], c[1]]).is_finite()),
-        GgmlType::BF16 => data
-            .chunks_exact(2)
-            .position(|c| !half::bf16::from_le_bytes([c[0], c[1]]).is_finite()),
-        _ => None,
-    };
+    let bad = bitnet_model::model::row_type_of(ty)
+        .and_then(|rt| bitnet_kernels::rows::first_non_finite_value(rt, data));
     match bad {
         Some(index) => Err(ConvertError::NonFinite {
             name: name.to_string(),

@@ -711,16 +711,8 @@ impl Engine {
                     .forward_async(tokens, c, outputs)
                     .await
                     .inspect_err(|_| c.truncate(s.tokens.len()))?;
-                if let Some(i) = bitnet_model::model::first_non_finite(&logits) {
-                    c.truncate(s.tokens.len());
-                    let n_vocab = self.config().n_vocab.max(1);
-                    return Err(ModelError::NonFiniteOutput {
-                        what: "a logit",
-                        row: i / n_vocab,
-                        index: i % n_vocab,
-                    }
-                    .into());
-                }
+                bitnet_model::model::check_finite(&logits, self.config().n_vocab, "a logit")
+                    .inspect_err(|_| c.truncate(s.tokens.len()))?;
                 s.tokens.extend_from_slice(tokens);
                 return Ok(logits);
             }

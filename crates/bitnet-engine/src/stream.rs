@@ -67,10 +67,9 @@ struct Body {
 /// refuses those tokens as the CPU refuses a non-finite row it reads.
 #[derive(Debug)]
 struct RowScan {
-    /// Bytes per value (0: not scanned) and the exponent bits of one value.
+    ty: bitnet_kernels::RowType,
+    /// Bytes per value (0: not scanned) and values per row.
     size: usize,
-    exp: u32,
-    /// Values per row.
     cols: usize,
     /// Values seen so far; the first bytes of a value split between pieces.
     seen: usize,
@@ -82,15 +81,14 @@ struct RowScan {
 impl RowScan {
     fn new(ty: bitnet_kernels::RowType, cols: usize) -> Self {
         use bitnet_kernels::RowType;
-        let (size, exp) = match ty {
-            RowType::F32 => (4, 0x7f80_0000),
-            RowType::F16 => (2, 0x7c00),
-            RowType::BF16 => (2, 0x7f80),
-            _ => (0, 0),
+        let size = match ty {
+            RowType::F32 => 4,
+            RowType::F16 | RowType::BF16 => 2,
+            _ => 0,
         };
         RowScan {
+            ty,
             size,
-            exp,
             cols: cols.max(1),
             seen: 0,
             carry: Vec::new(),
@@ -114,50 +112,26 @@ impl RowScan {
             self.values(&v);
         }
         let whole = bytes.len() - bytes.len() % self.size;
-        // Blocks of 256 values: one branch-free test each, value by value only on a hit.
-        for block in bytes[..whole].chunks(256 * self.size) {
-            if self.any_non_finite(block) {
-                self.values(block);
-            } else {
-                self.seen += block.len() / self.size;
-            }
-        }
+        self.values(&bytes[..whole]);
         self.carry.extend_from_slice(&bytes[whole..]);
     }
 
-    /// One value's bits (2 or 4 bytes).
-    fn bits(&self, value: &[u8]) -> u32 {
-        match *value {
-            [a, b, c, d] => u32::from_le_bytes([a, b, c, d]),
-            [a, b] => u32::from(u16::from_le_bytes([a, b])),
-            _ => 0,
-        }
-    }
-
-    fn any_non_finite(&self, block: &[u8]) -> bool {
-        let exp = self.exp;
-        // One loop per value width, so that each vectorizes.
-        if self.size == 2 {
-            let exp = u16::try_from(exp).unwrap_or(u16::MAX);
-            block.chunks_exact(2).fold(false, |a, c| {
-                a | (u16::from_le_bytes([c[0], c[1]]) & exp == exp)
-            })
-        } else {
-            block.chunks_exact(4).fold(false, |a, c| {
-                a | (u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & exp == exp)
-            })
-        }
-    }
-
-    fn values(&mut self, block: &[u8]) {
-        for c in block.chunks_exact(self.size) {
-            if self.bits(c) & self.exp == self.exp {
+    /// Whole values, a row's part at a time: a non-finite value marks its row.
+    fn values(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let n = (self.cols - self.seen % self.cols).min(bytes.len() / self.size);
+            if n == 0 {
+                break;
+            }
+            let (part, rest) = bytes.split_at(n * self.size);
+            if bitnet_kernels::rows::first_non_finite_value(self.ty, part).is_some() {
                 let row = u32::try_from(self.seen / self.cols).unwrap_or(u32::MAX);
                 if self.bad.last() != Some(&row) {
                     self.bad.push(row);
                 }
             }
-            self.seen += 1;
+            self.seen += n;
+            bytes = rest;
         }
     }
 }

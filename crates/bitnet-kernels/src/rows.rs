@@ -607,6 +607,41 @@ impl AlignedRows {
 /// them further).
 const ALL_TOKENS_ROWS: usize = 16;
 
+/// The index of the first NaN or infinite value of `v`.
+pub fn first_non_finite(v: &[f32]) -> Option<usize> {
+    const EXP: u32 = 0x7f80_0000;
+    // All exponent bits set: NaN or ±∞. A branch-free pass first (it vectorizes); the
+    // position only when there is one.
+    let hit = v.iter().fold(false, |a, x| a | (x.to_bits() & EXP == EXP));
+    hit.then(|| v.iter().position(|x| !x.is_finite())).flatten()
+}
+
+/// The index of the first NaN or infinite value among the whole values in `bytes` of an
+/// F32, F16 or BF16 row (all exponent bits set); `None` for the block types, whose values
+/// are not checked here. A branch-free pass first (it vectorizes), the position only on a hit.
+pub fn first_non_finite_value(ty: RowType, bytes: &[u8]) -> Option<usize> {
+    match ty {
+        RowType::F32 => {
+            let bits = |c: &[u8]| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000;
+            let hit = bytes
+                .chunks_exact(4)
+                .fold(false, |a, c| a | (bits(c) == 0x7f80_0000));
+            hit.then(|| bytes.chunks_exact(4).position(|c| bits(c) == 0x7f80_0000))
+                .flatten()
+        }
+        RowType::F16 | RowType::BF16 => {
+            let exp: u16 = if ty == RowType::F16 { 0x7c00 } else { 0x7f80 };
+            let bits = |c: &[u8]| u16::from_le_bytes([c[0], c[1]]) & exp;
+            let hit = bytes
+                .chunks_exact(2)
+                .fold(false, |a, c| a | (bits(c) == exp));
+            hit.then(|| bytes.chunks_exact(2).position(|c| bits(c) == exp))
+                .flatten()
+        }
+        RowType::Q8_0 | RowType::Q6K | RowType::Q4_0 => None,
+    }
+}
+
 /// Dequantize one encoded row (`out.len()` elements; `row` must hold them).
 pub fn dequantize_row_bytes(ty: RowType, row: &[u8], out: &mut [f32]) {
     match ty {

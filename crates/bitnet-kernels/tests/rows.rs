@@ -717,3 +717,42 @@ fn selected_rows_refuse_bad_ids_and_shapes() {
     assert!(m.matmul_q8_rows(&[1], &x, &mut out, &pool).is_err());
     m.matmul_q8_rows(&[], &x, &mut [], &pool).unwrap();
 }
+
+/// `first_non_finite_value` (and `first_non_finite` for f32 slices) give the first value
+/// that decodes to NaN or ±∞, over random lengths, for each float row type; none in the
+/// block types.
+#[test]
+fn first_non_finite_value_is_the_first_that_decodes_non_finite() {
+    use bitnet_kernels::rows::{first_non_finite, first_non_finite_value};
+    let mut rng = Rng::new(21);
+    for ty in [RowType::F32, RowType::F16, RowType::BF16] {
+        for _ in 0..200 {
+            let n = rng.below(700);
+            let mut x: Vec<f32> = (0..n).map(|_| rng.f32() * 1e5).collect();
+            for _ in 0..rng.below(3) {
+                if n > 0 {
+                    x[rng.below(n)] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][rng.below(3)];
+                }
+            }
+            let bytes: Vec<u8> = match ty {
+                RowType::F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                RowType::F16 => x
+                    .iter()
+                    .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                    .collect(),
+                _ => x
+                    .iter()
+                    .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                    .collect(),
+            };
+            let mut decoded = vec![0f32; n];
+            dequantize_row_bytes(ty, &bytes, &mut decoded);
+            let want = decoded.iter().position(|v| !v.is_finite());
+            assert_eq!(first_non_finite_value(ty, &bytes), want, "{ty:?} n {n}");
+            assert_eq!(first_non_finite(&decoded), want, "{ty:?} n {n}");
+        }
+    }
+    for ty in [RowType::Q8_0, RowType::Q6K, RowType::Q4_0] {
+        assert_eq!(first_non_finite_value(ty, &[0xff; 256]), None);
+    }
+}

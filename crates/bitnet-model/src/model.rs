@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 
 use bitnet_gguf::{GgmlType, GgufFile, TensorInfo};
+use bitnet_kernels::rows::first_non_finite;
 use bitnet_kernels::{act, RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 
 use crate::approx::ApproxHead;
@@ -1256,43 +1257,35 @@ impl<'a> Model<'a> {
     }
 }
 
-/// The index of the first NaN or infinite value of `v`.
-pub fn first_non_finite(v: &[f32]) -> Option<usize> {
-    const EXP: u32 = 0x7f80_0000;
-    // All exponent bits set: NaN or ±∞. A branch-free pass first (it vectorizes); the
-    // position only when there is one.
-    if v.iter()
-        .fold(0u32, |a, x| a | u32::from(x.to_bits() & EXP == EXP))
-        == 0
-    {
-        return None;
-    }
-    v.iter().position(|x| !x.is_finite())
+/// Refuse `values` (rows of `width`) that hold NaN or infinity: [`ModelError::NonFiniteOutput`]
+/// naming `what` and the first such entry.
+pub fn check_finite(values: &[f32], width: usize, what: &'static str) -> Result<()> {
+    let Some(i) = first_non_finite(values) else {
+        return Ok(());
+    };
+    let w = width.max(1);
+    Err(ModelError::NonFiniteOutput {
+        what,
+        row: i / w,
+        index: i % w,
+    })
 }
 
-/// Refuse results that hold NaN or infinity (`outputs`: each sequence's values and their row
-/// width), winding every sequence's cache back past the tokens the call added.
+/// [`check_finite`] over each sequence's results (`outputs`: its values and their row
+/// width), winding every sequence's cache back past the tokens the call added on a refusal.
 fn check_outputs<'v>(
     seqs: &mut [Seq<'_>],
-    outputs: impl Iterator<Item = (&'v [f32], usize)>,
+    mut outputs: impl Iterator<Item = (&'v [f32], usize)>,
     what: &'static str,
 ) -> Result<()> {
-    for (v, width) in outputs {
-        let Some(i) = first_non_finite(v) else {
-            continue;
-        };
-        for s in seqs.iter_mut() {
-            let len = s.cache.len().saturating_sub(s.tokens.len());
-            s.cache.truncate(len);
-        }
-        let w = width.max(1);
-        return Err(ModelError::NonFiniteOutput {
-            what,
-            row: i / w,
-            index: i % w,
-        });
-    }
-    Ok(())
+    outputs
+        .try_for_each(|(v, width)| check_finite(v, width, what))
+        .inspect_err(|_| {
+            for s in seqs.iter_mut() {
+                let len = s.cache.len().saturating_sub(s.tokens.len());
+                s.cache.truncate(len);
+            }
+        })
 }
 
 /// Per-token int8 quantization of `[n][width]` activations into codes `q` and scales `s`:
