@@ -5,6 +5,11 @@
 //! 2. `s = (f32)(127 / m)`, the division in f64 rounded to f32;
 //! 3. `q_k = clamp(round_half_even(x_k · s), −128, 127)`, `x_k · s` an f32 product.
 //!
+//! A row that holds a NaN has no such scale: it gets `s = NaN` and codes of 0, so the
+//! projection's outputs for that token are NaN, and the NaN goes on to the model's output
+//! checks instead of being quantized away into finite, wrong numbers. (An infinite value gives
+//! `s = 0`, whose outputs `0 / 0` are NaN as well.)
+//!
 //! A ternary projection then computes `T = Σ_k w_k · q_k` in i32 and
 //! `y = ((T as f32) / s) · β` (see [`crate::TernaryMatrix::matmul`]).
 //!
@@ -23,7 +28,7 @@ pub const ABSMAX_FLOOR: f64 = 1e-5;
 ///
 /// `q.len()` must equal `x.len()`; if it does not, only the common prefix is written
 /// (callers in this crate check lengths first; see [`quantize_rows`] for a checked form).
-/// NaN inputs do not take part in the maximum and quantize to 0.
+/// A row that holds a NaN gets the scale NaN and codes of 0 (see the module docs).
 ///
 /// Runs on the selected kernel tier ([`crate::isa`]); every tier gives the result of
 /// [`quantize_i8_scalar`] bit for bit.
@@ -58,12 +63,13 @@ fn quantize_i8_with(k: &Kernels, x: &[f32], q: &mut [i8]) -> f32 {
 pub fn quantize_i8_scalar(x: &[f32], q: &mut [i8]) -> f32 {
     debug_assert_eq!(x.len(), q.len());
     let mut m = ABSMAX_FLOOR;
+    let mut nan = false;
     for &v in x {
-        // f64::max ignores NaN.
+        nan |= v.is_nan();
         m = m.max(f64::from(v.abs()));
     }
     #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the specification
-    let s = (127.0 / m) as f32;
+    let s = if nan { f32::NAN } else { (127.0 / m) as f32 };
     for (qo, &v) in q.iter_mut().zip(x) {
         *qo = quantize_one(v, s);
     }
@@ -78,6 +84,29 @@ pub fn quantize_one(v: f32, s: f32) -> i8 {
     #[allow(clippy::cast_possible_truncation)]
     let q = r as i8;
     q
+}
+
+/// The bits of `|x|` are above this exactly when `x` is a NaN (it is +∞'s).
+#[cfg(any(
+    target_arch = "x86_64",
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
+const NAN_ABOVE: u32 = 0x7f80_0000;
+
+/// The scale of a row whose largest `|x|`, as bits, is `m_bits` (see [`NAN_ABOVE`]): NaN for
+/// a row with a NaN, else [`quantize_i8_scalar`]'s `(f32)(127 / max(floor, m))`.
+#[cfg(any(
+    target_arch = "x86_64",
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
+fn scale_of_bits(m_bits: u32) -> f32 {
+    if m_bits > NAN_ABOVE {
+        return f32::NAN;
+    }
+    let m = f64::from(f32::from_bits(m_bits)).max(ABSMAX_FLOOR);
+    #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the specification
+    let s = (127.0 / m) as f32;
+    s
 }
 
 /// Quantize `n_tok` token rows of length `k` (row-major) into `q`, writing one scale per row.
@@ -123,10 +152,11 @@ pub fn quantize_rows(
 /// The AVX2 twin of [`quantize_i8_scalar`], 32 values per step.
 ///
 /// Bit-exactness with the scalar code, step by step:
-/// - max: an f32 maximum of `|x|` equals the scalar f64 maximum of the same values converted
-///   to f64 (the conversion is exact and monotone); `_mm256_max_ps(v, acc)` returns its
-///   second operand when the first is NaN, so NaN inputs are skipped as `f64::max` skips
-///   them. The floor and the division stay scalar.
+/// - max: taken on the bits of `|x|` as unsigned integers (`_mm256_max_epu32`), which order
+///   every non-NaN `|x|` as the floats are ordered and put every NaN above +∞. A maximum
+///   above +∞'s bits is a row with a NaN ([`NAN_ABOVE`]); otherwise it is the scalar f64
+///   maximum of the same values converted to f64 (the conversion is exact and monotone). The
+///   floor and the division stay scalar.
 /// - product: `_mm256_mul_ps`, a correctly rounded f32 multiply like `v * s` (no FMA).
 /// - rounding: `_mm256_round_ps` to nearest, ties to even = `round_ties_even`.
 /// - clamp to [−128, 127], then lanes whose product is NaN are zeroed through an ordered
@@ -138,7 +168,7 @@ pub fn quantize_rows(
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::ABSMAX_FLOOR;
+    use super::scale_of_bits;
     use crate::tier::{Isa, Kernels};
 
     /// Run the AVX2 kernel when `k` is the table of a tier that includes AVX2 (every x86 tier
@@ -158,9 +188,7 @@ mod avx2 {
     /// Scale of `x` and codes of the common prefix of `x` and `q`.
     #[target_feature(enable = "avx2")]
     fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
-        let m = f64::from(absmax(x)).max(ABSMAX_FLOOR);
-        #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the specification
-        let s = (127.0 / m) as f32;
+        let s = scale_of_bits(absmax_bits(x));
         let n = x.len().min(q.len());
         let (x, q) = (&x[..n], &mut q[..n]);
         let sv = _mm256_set1_ps(s);
@@ -179,11 +207,11 @@ mod avx2 {
         s
     }
 
-    /// `max |x_k|` over the non-NaN values (0 for an empty or all-NaN row).
+    /// The largest bits of `|x_k|` as an unsigned integer (0 for an empty row).
     #[target_feature(enable = "avx2")]
-    fn absmax(x: &[f32]) -> f32 {
+    fn absmax_bits(x: &[f32]) -> u32 {
         let (xc, xt) = x.as_chunks::<32>();
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [_mm256_setzero_si256(); 4];
         for xb in xc {
             absmax_step(&mut acc, xb);
         }
@@ -192,21 +220,22 @@ mod avx2 {
             xb[..xt.len()].copy_from_slice(xt);
             absmax_step(&mut acc, &xb);
         }
-        // No accumulator lane is NaN, so the reduction order does not matter.
-        let v = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
-        let h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        let h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        _mm_cvtss_f32(h)
+        let v = _mm256_max_epu32(
+            _mm256_max_epu32(acc[0], acc[1]),
+            _mm256_max_epu32(acc[2], acc[3]),
+        );
+        let h = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b00_00_11_10>(h));
+        let h = _mm_max_epu32(h, _mm_shuffle_epi32::<0b00_00_00_01>(h));
+        _mm_cvtsi128_si32(h).cast_unsigned()
     }
 
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn absmax_step(acc: &mut [__m256; 4], xb: &[f32; 32]) {
-        let sign = _mm256_set1_ps(-0.0);
+    fn absmax_step(acc: &mut [__m256i; 4], xb: &[f32; 32]) {
+        let magnitude = _mm256_set1_epi32(0x7fff_ffff);
         for (a, v) in acc.iter_mut().zip(load32(xb)) {
-            // Operand order matters: for a NaN first operand MAXPS returns the second.
-            *a = _mm256_max_ps(_mm256_andnot_ps(sign, v), *a);
+            *a = _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(v), magnitude), *a);
         }
     }
 
@@ -264,9 +293,9 @@ mod avx2 {
 }
 
 /// The `simd128` kernel of [`quantize_i8`], the scalar operations four lanes at a time:
-/// - maximum: `f32x4.pmax(acc, |v|)` keeps `acc` when `|v|` is NaN (`acc < NaN` is false), so
-///   NaN inputs are skipped as `f64::max` skips them; the lanes' maximum, the floor and the
-///   division stay scalar (in f64, as the reference takes them).
+/// - maximum: `u32x4.max` of the bits of `|v|`, as the AVX2 kernel takes it (every NaN above
+///   +∞, [`NAN_ABOVE`]); the lanes' maximum, the floor and the division stay scalar (in f64,
+///   as the reference takes them).
 /// - product: `f32x4.mul`, the same correctly rounded f32 product as `v * s`.
 /// - rounding: `f32x4.nearest`, ties to even, as `round_ties_even`.
 /// - clamp: `f32x4.max`/`f32x4.min`, which keep a NaN, and `i32x4.trunc_sat_f32x4_s`, which
@@ -276,7 +305,7 @@ mod avx2 {
 mod wasm {
     use std::arch::wasm32::*;
 
-    use super::ABSMAX_FLOOR;
+    use super::scale_of_bits;
     use crate::simd::wasm::{bytes, load};
 
     pub(super) fn quantize(x: &[f32], q: &mut [i8]) -> f32 {
@@ -285,21 +314,19 @@ mod wasm {
         let (xc, xt) = x.as_chunks::<16>();
         let mut pad = [0f32; 16];
         pad[..xt.len()].copy_from_slice(xt);
-        let mut acc = f32x4_splat(0.0);
+        let mut acc = u32x4_splat(0);
+        let magnitude = u32x4_splat(0x7fff_ffff);
         for xb in xc.iter().chain((!xt.is_empty()).then_some(&pad)) {
             for h in 0..4 {
-                acc = f32x4_pmax(acc, f32x4_abs(load(xb, 4 * h)));
+                acc = u32x4_max(acc, v128_and(load(xb, 4 * h), magnitude));
             }
         }
-        let lanes = [
-            f32x4_extract_lane::<0>(acc),
-            f32x4_extract_lane::<1>(acc),
-            f32x4_extract_lane::<2>(acc),
-            f32x4_extract_lane::<3>(acc),
-        ];
-        let m = lanes.iter().fold(ABSMAX_FLOOR, |m, &v| m.max(f64::from(v)));
-        #[allow(clippy::cast_possible_truncation)] // f64 -> f32 rounding is the specification
-        let s = (127.0 / m) as f32;
+        let s = scale_of_bits(
+            u32x4_extract_lane::<0>(acc)
+                .max(u32x4_extract_lane::<1>(acc))
+                .max(u32x4_extract_lane::<2>(acc))
+                .max(u32x4_extract_lane::<3>(acc)),
+        );
         let sv = f32x4_splat(s);
         let (qc, qt) = q.as_chunks_mut::<16>();
         for (xb, qb) in xc.iter().zip(qc.iter_mut()) {

@@ -135,11 +135,17 @@ fn special_values_sprinkled_match_scalar() {
             }
             check_all_tiers(&x, &format!("specials mixed with {sp:?}"));
         }
-        // Only NaNs: the maximum ignores them all, so the floor applies.
-        let x = vec![f32::NAN; n];
-        let (s, q) = check_all_tiers(&x, "all NaN");
-        assert_eq!(s, 12_700_000.0);
-        assert!(q.iter().all(|&v| v == 0));
+        // A row with a NaN (the last value, or all): scale NaN, every code 0.
+        if n > 0 {
+            let mut x: Vec<f32> = (0..n).map(|_| rng.f32() * 2.0).collect();
+            x[n - 1] = -f32::NAN;
+            let (s, q) = check_all_tiers(&x, "one NaN");
+            assert!(s.is_nan(), "len {n}: {s}");
+            assert!(q.iter().all(|&v| v == 0));
+            let (s, q) = check_all_tiers(&vec![f32::NAN; n], "all NaN");
+            assert!(s.is_nan());
+            assert!(q.iter().all(|&v| v == 0));
+        }
         // Only −0.0.
         let x = vec![-0.0f32; n];
         let (s, q) = check_all_tiers(&x, "all -0.0");
@@ -239,41 +245,9 @@ fn huge_tiny_and_zero_rows_match_scalar() {
 fn hand_computed_values() {
     // m = 127 → s = 1: q = round_half_even(x), ties to even, both signs.
     let x = [
-        127.0f32,
-        0.5,
-        1.5,
-        2.5,
-        -0.5,
-        -1.5,
-        -2.5,
-        3.5,
-        126.5,
-        -126.5,
-        -127.0,
-        0.49,
-        -0.0,
-        f32::NAN,
-        64.5,
-        -64.5,
-        5.5,
-        -5.5,
-        100.25,
-        -100.75,
-        0.0,
-        1.0,
-        -1.0,
-        2.0,
-        3.0,
-        4.0,
-        5.0,
-        6.0,
-        7.0,
-        8.0,
-        9.0,
-        10.5,
-        11.5,
-        12.5,
-        13.5,
+        127.0f32, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 126.5, -126.5, -127.0, 0.49, -0.0, 0.25,
+        64.5, -64.5, 5.5, -5.5, 100.25, -100.75, 0.0, 1.0, -1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0,
+        9.0, 10.5, 11.5, 12.5, 13.5,
     ];
     let want: [i8; 35] = [
         127, 0, 2, 2, 0, -2, -2, 4, 126, -126, -127, 0, 0, 0, 64, -64, 6, -6, 100, -101, 0, 1, -1,
@@ -299,12 +273,36 @@ fn hand_computed_values() {
 
     // An infinity is the maximum: s = 127/inf = 0, so finite values give ±0 → 0 and the
     // infinity itself gives inf·0 = NaN → 0.
-    let x = [f32::INFINITY, 1.0, -5.0, 0.5, f32::NAN, 3.0, 2.0, -1.0, 9.0];
+    let x = [
+        f32::INFINITY,
+        1.0,
+        -5.0,
+        0.5,
+        -f32::INFINITY,
+        3.0,
+        2.0,
+        -1.0,
+        9.0,
+    ];
     for isa in supported_isas() {
         let mut q = [0x55i8; 9];
         let s = act::quantize_i8_on(isa, &x, &mut q).unwrap();
         assert_eq!(s.to_bits(), 0.0f32.to_bits(), "{isa:?}");
         assert_eq!(q, [0; 9], "{isa:?}");
+    }
+
+    // A NaN anywhere, beside an infinity or not: the scale is NaN and every code 0, so the
+    // projection's outputs for the row are NaN (0 / NaN).
+    for x in [
+        [f32::INFINITY, 1.0, -5.0, 0.5, f32::NAN, 3.0, 2.0, -1.0, 9.0],
+        [127.0, 1.0, -5.0, 0.5, 2.0, 3.0, 2.0, -1.0, -f32::NAN],
+    ] {
+        for isa in supported_isas() {
+            let mut q = [0x55i8; 9];
+            let s = act::quantize_i8_on(isa, &x, &mut q).unwrap();
+            assert!(s.is_nan(), "{isa:?}: {s}");
+            assert_eq!(q, [0; 9], "{isa:?}");
+        }
     }
 
     // Empty row: the floor gives s = 127 / 1e-5 = 12 700 000 (exact in f32).

@@ -45,6 +45,34 @@ fn q4_0_block_by_hand() {
     }
 }
 
+/// A NaN in a block of the Q8_0 or Q4_0 quantizer (the KV cache's, and the activations' of
+/// the integer dots) stays a NaN: that block's scale is NaN and all it decodes to is NaN,
+/// while the other blocks are untouched. An infinity decodes to NaN too (its scale is ∞ and
+/// its codes 0).
+#[test]
+fn q8_0_and_q4_0_keep_a_nan_and_an_infinity_non_finite() {
+    let mut rng = Rng::new(21);
+    for ty in [RowType::Q8_0, RowType::Q4_0] {
+        for bad in [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0usize, 31, 32, 63, 95] {
+                let mut x: Vec<f32> = (0..96).map(|_| rng.f32() * 3.0).collect();
+                x[at] = bad;
+                let mut enc = vec![0u8; ty.row_bytes(96).unwrap()];
+                quantize_row_into(ty, &x, &mut enc);
+                let mut out = vec![0f32; 96];
+                dequantize_row_bytes(ty, &enc, &mut out);
+                for (i, o) in out.iter().enumerate() {
+                    assert_eq!(
+                        o.is_finite(),
+                        i / 32 != at / 32,
+                        "{ty:?} {bad} at {at}: element {i} decodes to {o}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn q6_k_block_by_hand() {
     // Levels L (0..64) placed per the ggml layout, written here element by element:

@@ -496,6 +496,53 @@ fn overflowing_outputs_are_errors() {
     }
 }
 
+/// An overflow inside a block, not at the output: each listed norm of block 0 set to
+/// f32::MAX makes infinities there, and the NaN that follows (∞ · 0, ∞ − ∞) reaches the next
+/// activation quantization (and, with a quantized cache, K and V's). The model must refuse the
+/// result rather than compute on with that row quantized to zeros (which gave finite, wrong
+/// logits).
+#[test]
+fn overflow_inside_a_block_is_an_error() {
+    let pool = bitnet_kernels::Pool::new(1);
+    for name in [
+        "blk.0.attn_norm.weight",
+        "blk.0.attn_sub_norm.weight",
+        "blk.0.ffn_norm.weight",
+        "blk.0.ffn_sub_norm.weight",
+    ] {
+        let bytes = rewrite(&base(), |_, ts| {
+            let t = tensor(ts, name);
+            assert_eq!(t.type_id, 0, "an F32 norm");
+            for v in t.data.chunks_exact_mut(4) {
+                v.copy_from_slice(&f32::MAX.to_le_bytes());
+            }
+        })
+        .unwrap();
+        let f = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
+        let m = Model::load(&f).unwrap();
+        let kinds = [Numerics::Fast, Numerics::Exact]
+            .into_iter()
+            .flat_map(|n| [KvType::F16, KvType::Q8_0, KvType::Q4_0].map(|k| (n, k)));
+        for (numerics, kv) in kinds {
+            let mut exec = exec(&pool, numerics);
+            let mut cache = m.new_cache(8, kv, u64::MAX).unwrap();
+            let r = m.forward(&[1, 2, 3], &mut cache, Outputs::Last, &mut exec);
+            assert!(
+                matches!(r, Err(ModelError::NonFiniteOutput { .. })),
+                "{name}, {numerics:?}, {kv:?}: {:?}",
+                r.map(|l| l[..4].to_vec())
+            );
+            assert_eq!(cache.len(), 0);
+            let r = embed(&m, &[1, 2, 3], &mut cache, Pooling::Last, &mut exec);
+            assert!(
+                matches!(r, Err(ModelError::NonFiniteOutput { .. })),
+                "{name}, {numerics:?}, {kv:?}: {:?}",
+                r.map(|v| v[0][..4].to_vec())
+            );
+        }
+    }
+}
+
 /// One random edit of a model file: a metadata value replaced by an extreme one (or by one
 /// of another type), a key or a tensor removed, a dimension or a type changed, or NaN, ∞ or
 /// a huge value written into a tensor's bytes. Returns what it did.
