@@ -325,3 +325,52 @@ fn non_finite_weights_on_the_gpu() {
         .unwrap_err();
     assert!(logit_7_is_refused(&err), "{err}");
 }
+
+/// An overflow inside a block on the GPU: each listed norm of block 0 set to f32::MAX makes
+/// infinities, then NaN, ahead of an activation quantization. The device's quantizers keep
+/// the NaN (in the row's scale), so the logits are NaN and refused, by the read-back check
+/// and by the device's arg-max, rather than finite and wrong.
+#[test]
+fn overflow_inside_a_block_on_the_gpu() {
+    if !have_gpu() {
+        return;
+    }
+    let golden = bitnet_testdata::read("tiny/bitnet-tiny-i2_s.gguf");
+    let f = bitnet_gguf::GgufFile::from_bytes(golden, &bitnet_gguf::Limits::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "blk.0.attn_norm.weight",
+        "blk.0.attn_sub_norm.weight",
+        "blk.0.ffn_norm.weight",
+        "blk.0.ffn_sub_norm.weight",
+    ] {
+        let bytes = bitnet_testkit::rewrite(&f, |_, ts| {
+            let t = ts.iter_mut().find(|t| t.name == name).unwrap();
+            for v in t.data.chunks_exact_mut(4) {
+                v.copy_from_slice(&f32::MAX.to_le_bytes());
+            }
+        })
+        .unwrap();
+        let path = dir.path().join("overflow.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        let e = load(&path, &opts(Device::Gpu), &mut |_| {}).unwrap();
+        assert!(e.gpu().is_some());
+        let non_finite = |r: Result<_, EngineError>| match r {
+            Err(EngineError::Model(bitnet_model::ModelError::NonFiniteOutput { .. })) => {}
+            Err(e) => panic!("{name}: {e}"),
+            Ok(_) => panic!("{name}: finite logits"),
+        };
+        // A prompt (the batched kernels), then one token (the decode kernels), each greedy
+        // (the device's arg-max) and with the logits read back.
+        for tokens in [&[1u32, 2, 3][..], &[1]] {
+            let mut s = e.new_session(16).unwrap();
+            non_finite(e.eval_greedy(&mut s, tokens).map(|_| ()));
+            assert!(s.tokens().is_empty());
+            non_finite(
+                e.eval(&mut s, tokens, bitnet_model::Outputs::Last)
+                    .map(|_| ()),
+            );
+            assert!(s.tokens().is_empty());
+        }
+    }
+}

@@ -8,3 +8,15 @@ struct Step {
     out_first: u32,
     out_rows: u32,
 }
+
+// The int8 activation scale 127 / max(1e-5, m) of a row whose largest |y|, as bits, is
+// `m_bits` (the maximum taken on the bits, so that a NaN, whose bits are above +∞'s, is not
+// passed over as float max may pass it). A row with a NaN gets a NaN scale (its own bits: a
+// NaN written as a constant is not valid WGSL), so its outputs, T / s, are NaN too and reach
+// the logits' checks instead of being quantized away.
+fn quant_scale(m_bits: u32) -> f32 {
+    if m_bits > 0x7f800000u {
+        return bitcast<f32>(m_bits);
+    }
+    return 127.0 / max(bitcast<f32>(m_bits), 1e-5);
+}

@@ -55,16 +55,16 @@ fn wg_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
     return r;
 }
 
-fn wg_max(v: vec4<f32>, lid: u32) -> vec4<f32> {
-    red[lid] = v;
+fn wg_max_i(v: vec4<i32>, lid: u32) -> vec4<i32> {
+    redi[lid] = v;
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
         if lid < k {
-            red[lid] = max(red[lid], red[lid + k]);
+            redi[lid] = max(redi[lid], redi[lid + k]);
         }
         workgroupBarrier();
     }
-    let r = red[0];
+    let r = redi[0];
     workgroupBarrier();
     return r;
 }

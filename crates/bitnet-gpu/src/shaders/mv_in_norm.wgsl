@@ -12,8 +12,8 @@ fn x_in(i: u32) -> vec4<f32> {
     return xin[i];
 }
 
-// y = RMS(x, w) then q = clamp(round_half_even(y·s)), s = 127 / max(1e-5, max|y|), as
-// norm_quant.wgsl computes it, for tokens t0..t0 + nt into xq (token i at vec4 i·n_in/16).
+// y = RMS(x, w) then q = clamp(round_half_even(y·s)), s = 127 / max(1e-5, max|y|) (NaN for
+// a row with a NaN), as norm_quant.wgsl computes it, for tokens t0..t0 + nt into xq (token i at vec4 i·n_in/16).
 // Each thread holds its elements (4 consecutive ones per vec4, PV vec4s at most) in
 // registers, so the row is read once: n_in ≤ 4·WG·PV.
 fn prologue(t0: u32, nt: u32, lid: u32) {
@@ -36,14 +36,15 @@ fn prologue(t0: u32, nt: u32, lid: u32) {
         if dims.eps == NO_NORM {
             scale = 1.0;
         }
-        var m = 0.0;
+        // The maximum on the bits of |y| (below 2^31, so as i32 too): see `quant_scale`.
+        var m = 0u;
         for (var k = 0u; k < PV; k++) {
             if lid + k * WG < n4 {
-                let y = abs((xv[k] * scale) * wv[k]);
+                let y = bitcast<vec4<u32>>((xv[k] * scale) * wv[k]) & vec4<u32>(0x7fffffffu);
                 m = max(m, max(max(y.x, y.y), max(y.z, y.w)));
             }
         }
-        let s = 127.0 / max(wg_max(vec4<f32>(m, 0.0, 0.0, 0.0), lid).x, 1e-5);
+        let s = quant_scale(bitcast<u32>(wg_max_i(vec4<i32>(bitcast<i32>(m), 0, 0, 0), lid).x));
         var acc = 0;
         for (var k = 0u; k < PV; k++) {
             let j = lid + k * WG;

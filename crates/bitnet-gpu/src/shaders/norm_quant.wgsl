@@ -1,22 +1,37 @@
 // y = RMS(x, w) (docs/MODEL.md), then BitNet's per-token int8 quantization of y
-// (docs/FORMATS.md §1): m = max(1e-5, max|y|), s = 127 / m, q = clamp(round_half_even(y·s)).
+// (docs/FORMATS.md §1): m = max(1e-5, max|y|), s = 127 / m, q = clamp(round_half_even(y·s));
+// a row with a NaN gets s = NaN (common.wgsl's `quant_scale`).
 // One workgroup per token row; codes packed four to a u32 (little-endian bytes). The row
 // scale is norm_common.wgsl's.
 @group(0) @binding(4) var<storage, read_write> xq: array<u32>;
 @group(0) @binding(5) var<storage, read_write> xs: array<f32>;
 
-// Values a thread holds in registers on the fast path (rows of up to 4 · WG · PV values).
-const PV: u32 = 8u;
+// The largest |y| of the row as bits (`quant_scale`'s argument).
+var<workgroup> redm: array<u32, 256>;
 
-fn tree(lid: u32, op_max: bool) -> f32 {
+// The maximum of every thread's `v`, for the whole workgroup.
+fn tree_max_bits(lid: u32, v: u32) -> u32 {
+    redm[lid] = v;
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
         if lid < k {
-            if op_max {
-                red[lid] = max(red[lid], red[lid + k]);
-            } else {
-                red[lid] += red[lid + k];
-            }
+            redm[lid] = max(redm[lid], redm[lid + k]);
+        }
+        workgroupBarrier();
+    }
+    let r = redm[0];
+    workgroupBarrier();
+    return r;
+}
+
+// Values a thread holds in registers on the fast path (rows of up to 4 · WG · PV values).
+const PV: u32 = 8u;
+
+fn tree_sum(lid: u32) -> f32 {
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k >>= 1u) {
+        if lid < k {
+            red[lid] += red[lid + k];
         }
         workgroupBarrier();
     }
@@ -42,19 +57,18 @@ fn fast_row(row: u32, base: u32, lid: u32) {
         }
     }
     red[lid] = ss;
-    var scale = 1.0 / sqrt(tree(lid, false) / f32(dims.width) + dims.eps);
+    var scale = 1.0 / sqrt(tree_sum(lid) / f32(dims.width) + dims.eps);
     if dims.plain != 0u {
         scale = 1.0;
     }
-    var m = 0.0;
+    var m = 0u;
     for (var k = 0u; k < PV; k++) {
         if lid + k * WG < words {
-            let y = abs((xv[k] * scale) * wv[k]);
+            let y = bitcast<vec4<u32>>((xv[k] * scale) * wv[k]) & vec4<u32>(0x7fffffffu);
             m = max(m, max(max(y.x, y.y), max(y.z, y.w)));
         }
     }
-    red[lid] = m;
-    let s = 127.0 / max(tree(lid, true), 1e-5);
+    let s = quant_scale(tree_max_bits(lid, m));
     for (var k = 0u; k < PV; k++) {
         let j = lid + k * WG;
         if j < words {
@@ -80,19 +94,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         return;
     }
     let scale = rms_scale(base, lid.x);
-    var m = 0.0;
+    var m = 0u;
     for (var i = lid.x; i < dims.width; i += WG) {
-        m = max(m, abs((x[base + i] * scale) * w[i]));
+        m = max(m, bitcast<u32>((x[base + i] * scale) * w[i]) & 0x7fffffffu);
     }
-    red[lid.x] = m;
-    workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k >>= 1u) {
-        if lid.x < k {
-            red[lid.x] = max(red[lid.x], red[lid.x + k]);
-        }
-        workgroupBarrier();
-    }
-    let s = 127.0 / max(red[0], 1e-5);
+    let s = quant_scale(tree_max_bits(lid.x, m));
     let words = dims.width / 4u;
     for (var j = lid.x; j < words; j += WG) {
         var packed = 0u;
