@@ -514,7 +514,8 @@ fn produce_from(
     }
 }
 
-/// A copied F32, F16 or BF16 tensor holds no NaN or infinity (other types pass as they are).
+/// A copied F32, F16 or BF16 tensor holds no NaN or infinity, nor a Q8_0, Q4_0 or Q6_K one a
+/// NaN or infinite block scale (other types pass as they are).
 fn check_finite_floats(name: &str, ty: GgmlType, data: &[u8]) -> Result<(), ConvertError> {
     let bad = bitnet_model::model::row_type_of(ty)
         .and_then(|rt| bitnet_kernels::rows::first_non_finite_value(rt, data));

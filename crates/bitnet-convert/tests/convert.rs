@@ -305,6 +305,32 @@ fn non_finite_ternary_scales_are_refused() {
         matches!(e, ConvertError::NonFinite { ref name, index: 5 } if name == "token_embd.weight"),
         "{e}"
     );
+    // A copied block tensor: the embedding as Q8_0, block 3's f16 scale NaN (its first
+    // element is 96).
+    let bytes = bitnet_testkit::rewrite(&src, |_, ts| {
+        let t = ts
+            .iter_mut()
+            .find(|t| t.name == "token_embd.weight")
+            .unwrap();
+        let x: Vec<f32> = t
+            .data
+            .chunks_exact(2)
+            .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+            .collect();
+        let ty = bitnet_kernels::RowType::Q8_0;
+        let mut q = vec![0u8; ty.row_bytes(x.len()).unwrap()];
+        bitnet_kernels::rows::quantize_row_into(ty, &x, &mut q);
+        q[3 * 34..3 * 34 + 2].copy_from_slice(&[0x00, 0x7e]);
+        t.type_id = 8;
+        t.data = q;
+    })
+    .unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    let e = run(&path, &to(Target::Tq2_0)).unwrap_err();
+    assert!(
+        matches!(e, ConvertError::NonFinite { ref name, index: 96 } if name == "token_embd.weight"),
+        "{e}"
+    );
 }
 
 /// The golden model (bitnet.cpp's I2_S) converted to TQ2_0 or TQ1_0 (β rounded to f16, one

@@ -616,9 +616,12 @@ pub fn first_non_finite(v: &[f32]) -> Option<usize> {
     hit.then(|| v.iter().position(|x| !x.is_finite())).flatten()
 }
 
-/// The index of the first NaN or infinite value among the whole values in `bytes` of an
-/// F32, F16 or BF16 row (all exponent bits set); `None` for the block types, whose values
-/// are not checked here. A branch-free pass first (it vectorizes), the position only on a hit.
+/// The index of the first value that decodes to NaN or ±∞ among the whole values (or, for
+/// the block types, whole blocks) in `bytes` of a row of `ty`. For F32, F16 and BF16 that is
+/// a value with all exponent bits set: a branch-free pass first (it vectorizes), the
+/// position only on a hit. A Q8_0, Q4_0 or Q6_K block decodes every value as a product with
+/// its f16 scale `d`, so a NaN or infinite `d` makes all of them NaN or infinite (∞ · 0 is
+/// NaN): the index is that block's first value. (Q6_K's other scales are integers.)
 pub fn first_non_finite_value(ty: RowType, bytes: &[u8]) -> Option<usize> {
     match ty {
         RowType::F32 => {
@@ -638,7 +641,14 @@ pub fn first_non_finite_value(ty: RowType, bytes: &[u8]) -> Option<usize> {
             hit.then(|| bytes.chunks_exact(2).position(|c| bits(c) == exp))
                 .flatten()
         }
-        RowType::Q8_0 | RowType::Q6K | RowType::Q4_0 => None,
+        RowType::Q8_0 | RowType::Q6K | RowType::Q4_0 => {
+            let at = if ty == RowType::Q6K { 208 } else { 0 };
+            let bad = |b: &[u8]| u16::from_le_bytes([b[at], b[at + 1]]) & 0x7c00 == 0x7c00;
+            bytes
+                .chunks_exact(ty.block_bytes())
+                .position(bad)
+                .map(|i| i * ty.block_elems())
+        }
     }
 }
 

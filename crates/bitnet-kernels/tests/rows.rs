@@ -747,8 +747,8 @@ fn selected_rows_refuse_bad_ids_and_shapes() {
 }
 
 /// `first_non_finite_value` (and `first_non_finite` for f32 slices) give the first value
-/// that decodes to NaN or ±∞, over random lengths, for each float row type; none in the
-/// block types.
+/// that decodes to NaN or ±∞, over random lengths, for each row type: a value of the float
+/// types, the first value of a block whose scale is NaN or ±∞ in the block types.
 #[test]
 fn first_non_finite_value_is_the_first_that_decodes_non_finite() {
     use bitnet_kernels::rows::{first_non_finite, first_non_finite_value};
@@ -781,6 +781,33 @@ fn first_non_finite_value_is_the_first_that_decodes_non_finite() {
         }
     }
     for ty in [RowType::Q8_0, RowType::Q6K, RowType::Q4_0] {
-        assert_eq!(first_non_finite_value(ty, &[0xff; 256]), None);
+        let per = ty.block_elems();
+        for _ in 0..50 {
+            let blocks = rng.below(12);
+            let x: Vec<f32> = (0..blocks * per).map(|_| rng.f32() * 4.0).collect();
+            let mut bytes = vec![0u8; ty.row_bytes(x.len()).unwrap()];
+            quantize_row_into(ty, &x, &mut bytes);
+            // Some blocks' f16 scale set to NaN or ±∞ (the last two bytes of Q6_K's block).
+            let at = if ty == RowType::Q6K { 208 } else { 0 };
+            for _ in 0..rng.below(3) {
+                if blocks > 0 {
+                    let b = rng.below(blocks) * ty.block_bytes() + at;
+                    let h = [0x7e00u16, 0x7c00, 0xfc00, 0x7c01][rng.below(4)];
+                    bytes[b..b + 2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+            let mut decoded = vec![0f32; x.len()];
+            dequantize_row_bytes(ty, &bytes, &mut decoded);
+            let want = decoded.iter().position(|v| !v.is_finite());
+            assert_eq!(
+                first_non_finite_value(ty, &bytes),
+                want,
+                "{ty:?} {blocks} blocks"
+            );
+            // Every value of such a block is non-finite, not only its first.
+            if let Some(i) = want {
+                assert!(decoded[i..i + per].iter().all(|v| !v.is_finite()), "{ty:?}");
+            }
+        }
     }
 }
