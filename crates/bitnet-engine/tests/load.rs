@@ -250,3 +250,53 @@ fn block_layouts_with_one_scale_are_repacked_in_both_numerics() {
         }
     }
 }
+
+/// An overflow inside a block (block 0's attention norm at f32::MAX), through the engine's
+/// CPU load, repacked for the panel GEMM where the tier has it, in both numerics: a prompt
+/// (the GEMM) and a single step (the matvec) are the model's non-finite error and leave the
+/// session empty, rather than finite logits computed past a quantized-away NaN.
+#[test]
+fn an_overflow_inside_a_block_is_refused_repacked_or_not() {
+    let src = bitnet_gguf::GgufFile::open(&tiny(), &bitnet_gguf::Limits::default()).unwrap();
+    let bytes = bitnet_testkit::rewrite(&src, |_, ts| {
+        let t = ts
+            .iter_mut()
+            .find(|t| t.name == "blk.0.attn_norm.weight")
+            .unwrap();
+        for v in t.data.chunks_exact_mut(4) {
+            v.copy_from_slice(&f32::MAX.to_le_bytes());
+        }
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("overflow.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    eprintln!("tier {}", bitnet_kernels::isa().name());
+    for numerics in [Numerics::Fast, Numerics::Exact] {
+        for repack in [false, true] {
+            let opts = LoadOptions {
+                numerics,
+                repack,
+                threads: 2,
+                ..Default::default()
+            };
+            let e = load(&path, &opts, &mut |_| {}).unwrap();
+            let mut s = e.new_session(32).unwrap();
+            for tokens in [&[5u32, 9, 17, 3][..], &[5]] {
+                let r = e.eval(&mut s, tokens, Outputs::Last);
+                assert!(
+                    matches!(
+                        r,
+                        Err(EngineError::Model(
+                            bitnet_model::ModelError::NonFiniteOutput { .. }
+                        ))
+                    ),
+                    "{numerics:?} repack {repack} {} tokens: {:?}",
+                    tokens.len(),
+                    r.map(|l| l[..4].to_vec())
+                );
+                assert!(s.tokens().is_empty());
+            }
+        }
+    }
+}
