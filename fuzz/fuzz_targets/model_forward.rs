@@ -1,18 +1,22 @@
 //! Structured edits of the golden model files of every architecture, then load and run.
 //!
-//! Byte 0 picks the file (six architectures), the numerics and the KV cache's type; then
+//! Byte 0 picks the file (six architectures), the numerics, the KV cache's type and the path
+//! (the model alone, or the engine's CPU load, which repacks the weights for the panel GEMM
+//! where the tier has it); then
 //! 8-byte edits follow until a byte 0xff or the end: a scalar metadata value replaced (by a
 //! value from a list of extremes, or by the edit's own bits), a key or a tensor removed, a
 //! dimension or a type changed, or four bytes of a tensor overwritten. What follows the 0xff
 //! is the prompt, as little-endian u16 token ids (16 at most). The edited file is loaded and
-//! runs the prompt with all logits, then one more token, then an embedding. Every outcome
+//! runs the prompt with all logits, then one more token (through the engine: greedy), then an
+//! embedding. Every outcome
 //! must be a typed error or finite numbers: a panic, an abort, a hang or a NaN that comes
 //! out is a finding.
 #![no_main]
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use bitnet_gguf::{GgufFile, Limits, Value};
+use bitnet_engine::{EmbedOptions, LoadOptions};
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs, Pooling, Seq};
 use bitnet_testkit::{rewrite, RawTensor};
 use libfuzzer_sys::fuzz_target;
@@ -140,9 +144,10 @@ fn finite(v: &[f32], what: &str) {
 
 fuzz_target!(|data: &[u8]| {
     let Some((&head, mut rest)) = data.split_first() else { return };
-    let which = usize::from(head) % FILES.len();
+    let which = usize::from(head & 7) % FILES.len();
     let numerics = if head & 0x08 != 0 { Numerics::Exact } else { Numerics::Fast };
-    let kv_type = [KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0][usize::from(head >> 4) % 4];
+    let kv_type = [KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0][usize::from(head >> 4) & 3];
+    let engine = head & 0x40 != 0;
     let mut edits = Vec::new();
     while rest.len() >= 8 && rest[0] != 0xff && edits.len() < 8 {
         edits.push(&rest[..8]);
@@ -163,6 +168,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let Ok(f) = GgufFile::from_bytes(bytes, &Limits::default()) else { return };
+    let prompt = if prompt.is_empty() { vec![1, 2, 3] } else { prompt };
+    if engine {
+        run_engine(f, numerics, kv_type, &prompt);
+        return;
+    }
     let Ok(m) = Model::load(&f) else { return };
     let pool = bitnet_kernels::Pool::new(1);
     let mut exec = Exec {
@@ -172,7 +182,6 @@ fuzz_target!(|data: &[u8]| {
         scratch: None,
     };
     let Ok(mut cache) = m.new_cache(32, kv_type, 1 << 28) else { return };
-    let prompt = if prompt.is_empty() { vec![1, 2, 3] } else { prompt };
     if let Ok(l) = m.forward(&prompt, &mut cache, Outputs::All, &mut exec) {
         finite(&l, "prompt logits");
         if let Ok(l) = m.forward(&[prompt[0]], &mut cache, Outputs::Last, &mut exec) {
@@ -192,3 +201,26 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// The engine's CPU path: loaded (and repacked) from the edited file, the prompt's logits,
+/// a greedy step, an embedding.
+fn run_engine(f: GgufFile, numerics: Numerics, kv_type: KvType, prompt: &[u32]) {
+    let opts = LoadOptions {
+        threads: 1,
+        numerics,
+        kv_type,
+        kv_budget_bytes: 1 << 28,
+        ..LoadOptions::default()
+    };
+    let Ok(e) = bitnet_engine::load_file(Arc::new(f), &opts, &mut |_| {}) else { return };
+    let Ok(mut s) = e.new_session(32) else { return };
+    if let Ok(l) = e.eval(&mut s, prompt, Outputs::All) {
+        finite(&l, "prompt logits");
+        let _ = e.eval_greedy(&mut s, &prompt[..1]);
+    }
+    if let Ok(v) = e.embed(&[prompt.to_vec()], &EmbedOptions::default()) {
+        for x in &v {
+            finite(x, "embedding");
+        }
+    }
+}
