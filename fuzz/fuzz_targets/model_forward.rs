@@ -15,8 +15,8 @@
 
 use std::sync::{Arc, OnceLock};
 
-use bitnet_gguf::{GgufFile, Limits, Value};
 use bitnet_engine::{EmbedOptions, LoadOptions};
+use bitnet_gguf::{GgufFile, Limits, Value};
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs, Pooling, Seq};
 use bitnet_testkit::{rewrite, RawTensor};
 use libfuzzer_sys::fuzz_target;
@@ -41,9 +41,33 @@ fn parsed() -> &'static [GgufFile] {
 }
 
 const U32S: [u32; 16] = [
-    0, 1, 2, 3, 4, 7, 16, 64, 255, 256, 257, 4096, 65535, 1 << 20, 1 << 31, u32::MAX,
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    16,
+    64,
+    255,
+    256,
+    257,
+    4096,
+    65535,
+    1 << 20,
+    1 << 31,
+    u32::MAX,
 ];
-const F32S: [f32; 8] = [0.0, -1.0, 0.5, f32::NAN, f32::INFINITY, 1e-45, 1e30, f32::MAX];
+const F32S: [f32; 8] = [
+    0.0,
+    -1.0,
+    0.5,
+    f32::NAN,
+    f32::INFINITY,
+    1e-45,
+    1e30,
+    f32::MAX,
+];
 
 /// One edit from 8 bytes `e`.
 fn edit(e: &[u8], kv: &mut Vec<(String, Value)>, ts: &mut Vec<RawTensor>) {
@@ -66,8 +90,16 @@ fn edit(e: &[u8], kv: &mut Vec<(String, Value)>, ts: &mut Vec<RawTensor>) {
                 (Value::F32(_), 0..=2) => Value::F32(F32S[usize::from(e[3]) % F32S.len()]),
                 (Value::Bool(b), 0..=2) => Value::Bool(!b),
                 (Value::String(_), 0..=2) => Value::String(
-                    ["", "llama", "bitnet", "bitnet-b1.58", "qwen3", "gemma3", "falcon3", "x"]
-                        [usize::from(e[3]) % 8]
+                    [
+                        "",
+                        "llama",
+                        "bitnet",
+                        "bitnet-b1.58",
+                        "qwen3",
+                        "gemma3",
+                        "falcon3",
+                        "x",
+                    ][usize::from(e[3]) % 8]
                         .into(),
                 ),
                 _ => [
@@ -143,10 +175,17 @@ fn finite(v: &[f32], what: &str) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&head, mut rest)) = data.split_first() else { return };
+    let Some((&head, mut rest)) = data.split_first() else {
+        return;
+    };
     let which = usize::from(head & 7) % FILES.len();
-    let numerics = if head & 0x08 != 0 { Numerics::Exact } else { Numerics::Fast };
-    let kv_type = [KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0][usize::from(head >> 4) & 3];
+    let numerics = if head & 0x08 != 0 {
+        Numerics::Exact
+    } else {
+        Numerics::Fast
+    };
+    let kv_type =
+        [KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0][usize::from(head >> 4) & 3];
     let engine = head & 0x40 != 0;
     let mut edits = Vec::new();
     while rest.len() >= 8 && rest[0] != 0xff && edits.len() < 8 {
@@ -167,8 +206,14 @@ fuzz_target!(|data: &[u8]| {
     }) else {
         return;
     };
-    let Ok(f) = GgufFile::from_bytes(bytes, &Limits::default()) else { return };
-    let prompt = if prompt.is_empty() { vec![1, 2, 3] } else { prompt };
+    let Ok(f) = GgufFile::from_bytes(bytes, &Limits::default()) else {
+        return;
+    };
+    let prompt = if prompt.is_empty() {
+        vec![1, 2, 3]
+    } else {
+        prompt
+    };
     if engine {
         run_engine(f, numerics, kv_type, &prompt);
         return;
@@ -181,7 +226,9 @@ fuzz_target!(|data: &[u8]| {
         trace: None,
         scratch: None,
     };
-    let Ok(mut cache) = m.new_cache(32, kv_type, 1 << 28) else { return };
+    let Ok(mut cache) = m.new_cache(32, kv_type, 1 << 28) else {
+        return;
+    };
     if let Ok(l) = m.forward(&prompt, &mut cache, Outputs::All, &mut exec) {
         finite(&l, "prompt logits");
         if let Ok(l) = m.forward(&[prompt[0]], &mut cache, Outputs::Last, &mut exec) {
@@ -212,7 +259,9 @@ fn run_engine(f: GgufFile, numerics: Numerics, kv_type: KvType, prompt: &[u32]) 
         kv_budget_bytes: 1 << 28,
         ..LoadOptions::default()
     };
-    let Ok(e) = bitnet_engine::load_file(Arc::new(f), &opts, &mut |_| {}) else { return };
+    let Ok(e) = bitnet_engine::load_file(Arc::new(f), &opts, &mut |_| {}) else {
+        return;
+    };
     let Ok(mut s) = e.new_session(32) else { return };
     if let Ok(l) = e.eval(&mut s, prompt, Outputs::All) {
         finite(&l, "prompt logits");
