@@ -13,7 +13,8 @@ fn x_in(i: u32) -> vec4<f32> {
 }
 
 // y = RMS(x, w) then q = clamp(round_half_even(y·s)), s = 127 / max(1e-5, max|y|) (NaN for
-// a row with a NaN), as norm_quant.wgsl computes it, for tokens t0..t0 + nt into xq (token i at vec4 i·n_in/16).
+// a row with a NaN), as norm_quant.wgsl computes it, for tokens t0..t0 + nt into xq (token i
+// at vec4 i·n_in/16).
 // Each thread holds its elements (4 consecutive ones per vec4, PV vec4s at most) in
 // registers, so the row is read once: n_in ≤ 4·WG·PV.
 fn prologue(t0: u32, nt: u32, lid: u32) {
