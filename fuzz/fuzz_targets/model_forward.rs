@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use bitnet_engine::{EmbedOptions, LoadOptions};
 use bitnet_gguf::{GgufFile, Limits, Value};
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs, Pooling, Seq};
-use bitnet_testkit::{rewrite, RawTensor};
+use bitnet_testkit::{rewrite, RawTensor, EXTREME_F32S, EXTREME_U32S};
 use libfuzzer_sys::fuzz_target;
 
 const FILES: [&str; 6] = [
@@ -40,35 +40,6 @@ fn parsed() -> &'static [GgufFile] {
     })
 }
 
-const U32S: [u32; 16] = [
-    0,
-    1,
-    2,
-    3,
-    4,
-    7,
-    16,
-    64,
-    255,
-    256,
-    257,
-    4096,
-    65535,
-    1 << 20,
-    1 << 31,
-    u32::MAX,
-];
-const F32S: [f32; 8] = [
-    0.0,
-    -1.0,
-    0.5,
-    f32::NAN,
-    f32::INFINITY,
-    1e-45,
-    1e30,
-    f32::MAX,
-];
-
 /// One edit from 8 bytes `e`.
 fn edit(e: &[u8], kv: &mut Vec<(String, Value)>, ts: &mut Vec<RawTensor>) {
     let word = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
@@ -83,11 +54,13 @@ fn edit(e: &[u8], kv: &mut Vec<(String, Value)>, ts: &mut Vec<RawTensor>) {
             }
             let i = scalars[pick(scalars.len())];
             let own = e[2] & 0x80 != 0;
+            let extreme_u32 = EXTREME_U32S[usize::from(e[3]) % EXTREME_U32S.len()];
+            let extreme_f32 = EXTREME_F32S[usize::from(e[3]) % EXTREME_F32S.len()];
             let v = match (&kv[i].1, e[2] & 3) {
                 (Value::U32(_), 0..=2) if own => Value::U32(word),
-                (Value::U32(_), 0..=2) => Value::U32(U32S[usize::from(e[3]) % U32S.len()]),
+                (Value::U32(_), 0..=2) => Value::U32(extreme_u32),
                 (Value::F32(_), 0..=2) if own => Value::F32(f32::from_bits(word)),
-                (Value::F32(_), 0..=2) => Value::F32(F32S[usize::from(e[3]) % F32S.len()]),
+                (Value::F32(_), 0..=2) => Value::F32(extreme_f32),
                 (Value::Bool(b), 0..=2) => Value::Bool(!b),
                 (Value::String(_), 0..=2) => Value::String(
                     [

@@ -12,6 +12,7 @@ use bitnet_gguf::{GgufFile, Limits, Value};
 use bitnet_model::{Exec, KvType, Model, ModelError, Numerics, Outputs, Pooling, Seq};
 use bitnet_testkit::{
     rewrite, synth, tiny_model_bytes, Preset, RawTensor, SynthSpec, WeightLayout, Xorshift,
+    EXTREME_F32S, EXTREME_U32S,
 };
 
 fn base() -> GgufFile {
@@ -447,19 +448,25 @@ fn non_finite_outputs_are_errors_and_leave_the_cache() {
     }
 }
 
-/// Finite weights whose arithmetic overflows (an output norm of f32::MAX): the logits and the
-/// embedding are errors, not infinities.
-#[test]
-fn overflowing_outputs_are_errors() {
+/// The tiny model with every element of the F32 norm `name` set to f32::MAX (finite, so it
+/// loads).
+fn norm_at_max(name: &str) -> GgufFile {
     let bytes = rewrite(&base(), |_, ts| {
-        let t = tensor(ts, "output_norm.weight");
+        let t = tensor(ts, name);
         assert_eq!(t.type_id, 0, "an F32 norm");
         for v in t.data.chunks_exact_mut(4) {
             v.copy_from_slice(&f32::MAX.to_le_bytes());
         }
     })
     .unwrap();
-    let f = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
+    GgufFile::from_bytes(bytes, &Limits::default()).unwrap()
+}
+
+/// Finite weights whose arithmetic overflows (an output norm of f32::MAX): the logits and the
+/// embedding are errors, not infinities.
+#[test]
+fn overflowing_outputs_are_errors() {
+    let f = norm_at_max("output_norm.weight");
     let m = Model::load(&f).unwrap();
     let pool = bitnet_kernels::Pool::new(1);
     for numerics in [Numerics::Fast, Numerics::Exact] {
@@ -510,15 +517,7 @@ fn overflow_inside_a_block_is_an_error() {
         "blk.0.ffn_norm.weight",
         "blk.0.ffn_sub_norm.weight",
     ] {
-        let bytes = rewrite(&base(), |_, ts| {
-            let t = tensor(ts, name);
-            assert_eq!(t.type_id, 0, "an F32 norm");
-            for v in t.data.chunks_exact_mut(4) {
-                v.copy_from_slice(&f32::MAX.to_le_bytes());
-            }
-        })
-        .unwrap();
-        let f = GgufFile::from_bytes(bytes, &Limits::default()).unwrap();
+        let f = norm_at_max(name);
         let m = Model::load(&f).unwrap();
         let kinds = [Numerics::Fast, Numerics::Exact]
             .into_iter()
@@ -547,33 +546,6 @@ fn overflow_inside_a_block_is_an_error() {
 /// of another type), a key or a tensor removed, a dimension or a type changed, or NaN, ∞ or
 /// a huge value written into a tensor's bytes. Returns what it did.
 fn random_edit(r: &mut Xorshift, kv: &mut Vec<(String, Value)>, ts: &mut Vec<RawTensor>) -> String {
-    let u32s = [
-        0,
-        1,
-        2,
-        3,
-        7,
-        16,
-        64,
-        255,
-        256,
-        257,
-        4096,
-        65535,
-        1 << 20,
-        1 << 31,
-        u32::MAX,
-    ];
-    let f32s = [
-        0.0,
-        -1.0,
-        0.5,
-        f32::NAN,
-        f32::INFINITY,
-        1e-45,
-        1e30,
-        f32::MAX,
-    ];
     match r.below(12) {
         0..=5 => {
             let scalars: Vec<usize> = (0..kv.len())
@@ -581,8 +553,8 @@ fn random_edit(r: &mut Xorshift, kv: &mut Vec<(String, Value)>, ts: &mut Vec<Raw
                 .collect();
             let i = r.pick(&scalars);
             let v = match (&kv[i].1, r.below(5)) {
-                (Value::U32(_), 0..=3) => Value::U32(r.pick(&u32s)),
-                (Value::F32(_), 0..=3) => Value::F32(r.pick(&f32s)),
+                (Value::U32(_), 0..=3) => Value::U32(r.pick(&EXTREME_U32S)),
+                (Value::F32(_), 0..=3) => Value::F32(r.pick(&EXTREME_F32S)),
                 (Value::Bool(b), 0..=3) => Value::Bool(!b),
                 (Value::String(_), 0..=3) => Value::String(
                     r.pick(&["", "llama", "bitnet", "qwen3", "gemma3", "x"])

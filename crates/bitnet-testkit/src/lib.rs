@@ -7,7 +7,7 @@ pub mod reference;
 pub mod rewrite;
 pub mod synth;
 
-pub use rewrite::{rewrite, RawTensor};
+pub use rewrite::{rewrite, RawTensor, EXTREME_F32S, EXTREME_U32S};
 pub use synth::{Preset, SynthArch, SynthError, SynthSpec, WeightLayout};
 
 /// A tiny synthetic I2_S model (the golden model's shapes) as bytes.

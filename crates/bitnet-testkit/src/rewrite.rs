@@ -5,6 +5,40 @@ use bitnet_gguf::{GgufFile, GgufWriter, Value};
 
 use crate::SynthError;
 
+/// Extreme u32 values for edited metadata (counts, lengths, ids): zero and one, small
+/// counts, powers of two and their neighbours, 2^31 and u32::MAX.
+pub const EXTREME_U32S: [u32; 16] = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    16,
+    64,
+    255,
+    256,
+    257,
+    4096,
+    65535,
+    1 << 20,
+    1 << 31,
+    u32::MAX,
+];
+
+/// Extreme f32 values for edited metadata and tensor bytes: zero, negative, NaN, ∞, the
+/// smallest subnormal, huge and f32::MAX.
+pub const EXTREME_F32S: [f32; 8] = [
+    0.0,
+    -1.0,
+    0.5,
+    f32::NAN,
+    f32::INFINITY,
+    1e-45,
+    1e30,
+    f32::MAX,
+];
+
 /// A tensor to write: name, ggml ne, type id and raw bytes.
 #[derive(Debug, Clone)]
 pub struct RawTensor {
