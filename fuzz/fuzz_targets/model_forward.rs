@@ -21,19 +21,10 @@ use bitnet_model::{Exec, KvType, Model, Numerics, Outputs, Pooling, Seq};
 use bitnet_testkit::{rewrite, RawTensor, EXTREME_F32S, EXTREME_U32S};
 use libfuzzer_sys::fuzz_target;
 
-const FILES: [&str; 6] = [
-    "tiny/bitnet-tiny-i2_s.gguf",
-    "llama-tiny/llama-tiny-i2_s.gguf",
-    "falcon3-tiny/falcon3-tiny-i2_s.gguf",
-    "1bitllm-tiny/1bitllm-tiny-i2_s.gguf",
-    "embed/qwen3-converted.gguf",
-    "embed/gemma3-converted.gguf",
-];
-
 fn parsed() -> &'static [GgufFile] {
     static P: OnceLock<Vec<GgufFile>> = OnceLock::new();
     P.get_or_init(|| {
-        FILES
+        bitnet_testdata::MODEL_FILES
             .iter()
             .map(|f| GgufFile::from_bytes(bitnet_testdata::read(f), &Limits::default()).unwrap())
             .collect()
@@ -151,7 +142,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&head, mut rest)) = data.split_first() else {
         return;
     };
-    let which = usize::from(head & 7) % FILES.len();
+    let which = usize::from(head & 7) % bitnet_testdata::MODEL_FILES.len();
     let numerics = if head & 0x08 != 0 {
         Numerics::Exact
     } else {

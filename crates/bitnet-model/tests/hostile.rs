@@ -640,14 +640,7 @@ fn load_and_run(bytes: Vec<u8>) -> Result<bool, String> {
 /// each file loads and runs to a typed error or to finite outputs, never a panic.
 #[test]
 fn random_edits_are_typed_errors_or_finite_outputs() {
-    let files = [
-        "tiny/bitnet-tiny-i2_s.gguf",
-        "llama-tiny/llama-tiny-i2_s.gguf",
-        "falcon3-tiny/falcon3-tiny-i2_s.gguf",
-        "1bitllm-tiny/1bitllm-tiny-i2_s.gguf",
-        "embed/qwen3-converted.gguf",
-        "embed/gemma3-converted.gguf",
-    ];
+    let files = bitnet_testdata::MODEL_FILES;
     let parsed: Vec<GgufFile> = files
         .iter()
         .map(|f| GgufFile::from_bytes(bitnet_testdata::read(f), &Limits::default()).unwrap())

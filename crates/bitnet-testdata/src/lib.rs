@@ -9,6 +9,18 @@
 
 use std::path::{Path, PathBuf};
 
+/// The golden model file of each architecture the loader runs: bitnet-b1.58, `llama`,
+/// Falcon3 (`llama`), 1bitLLM's `bitnet`, and the embedding models' `qwen3` and `gemma3`
+/// (paths for [`golden`] and [`read`]).
+pub const MODEL_FILES: [&str; 6] = [
+    "tiny/bitnet-tiny-i2_s.gguf",
+    "llama-tiny/llama-tiny-i2_s.gguf",
+    "falcon3-tiny/falcon3-tiny-i2_s.gguf",
+    "1bitllm-tiny/1bitllm-tiny-i2_s.gguf",
+    "embed/qwen3-converted.gguf",
+    "embed/gemma3-converted.gguf",
+];
+
 /// `testdata/golden` of this workspace (whether or not it exists).
 #[must_use]
 pub fn golden_dir() -> PathBuf {
