@@ -448,10 +448,9 @@ fn non_finite_outputs_are_errors_and_leave_the_cache() {
     }
 }
 
-/// The tiny model with every element of the F32 norm `name` set to f32::MAX (finite, so it
-/// loads).
-fn norm_at_max(name: &str) -> GgufFile {
-    let bytes = rewrite(&base(), |_, ts| {
+/// `src` with every element of its F32 norm `name` set to f32::MAX (finite, so it loads).
+fn norm_at_max(src: &GgufFile, name: &str) -> GgufFile {
+    let bytes = rewrite(src, |_, ts| {
         let t = tensor(ts, name);
         assert_eq!(t.type_id, 0, "an F32 norm");
         for v in t.data.chunks_exact_mut(4) {
@@ -466,7 +465,7 @@ fn norm_at_max(name: &str) -> GgufFile {
 /// embedding are errors, not infinities.
 #[test]
 fn overflowing_outputs_are_errors() {
-    let f = norm_at_max("output_norm.weight");
+    let f = norm_at_max(&base(), "output_norm.weight");
     let m = Model::load(&f).unwrap();
     let pool = bitnet_kernels::Pool::new(1);
     for numerics in [Numerics::Fast, Numerics::Exact] {
@@ -503,22 +502,39 @@ fn overflowing_outputs_are_errors() {
     }
 }
 
-/// An overflow inside a block, not at the output: each listed norm of block 0 set to
+/// An overflow inside a block, not at the output: each F32 norm of block 0 of the generative
+/// golden models (bitnet-b1.58 and 1bitLLM with sub-norms, llama and Falcon3 without) set to
 /// f32::MAX makes infinities there, and the NaN that follows (∞ · 0, ∞ − ∞) reaches the next
 /// activation quantization (and, with a quantized cache, K and V's). The model must refuse the
 /// result rather than compute on with that row quantized to zeros (which gave finite, wrong
-/// logits).
+/// logits for a pre-norm).
 #[test]
 fn overflow_inside_a_block_is_an_error() {
     let pool = bitnet_kernels::Pool::new(1);
-    for name in [
-        "blk.0.attn_norm.weight",
-        "blk.0.attn_sub_norm.weight",
-        "blk.0.ffn_norm.weight",
-        "blk.0.ffn_sub_norm.weight",
-    ] {
-        let f = norm_at_max(name);
-        let m = Model::load(&f).unwrap();
+    let mut cases = Vec::new();
+    for file in &bitnet_testdata::MODEL_FILES[..4] {
+        let src = GgufFile::from_bytes(bitnet_testdata::read(file), &Limits::default()).unwrap();
+        let norms: Vec<String> = src
+            .tensors()
+            .iter()
+            .filter(|t| {
+                t.name.starts_with("blk.0.") && t.name.contains("norm") && t.ggml_type.id() == 0
+            })
+            .map(|t| t.name.clone())
+            .collect();
+        for name in norms {
+            cases.push((format!("{file}: {name}"), norm_at_max(&src, &name)));
+        }
+    }
+    // attn_norm and ffn_norm in each; attn_sub_norm and ffn_sub_norm in two.
+    assert_eq!(
+        cases.len(),
+        12,
+        "{:?}",
+        cases.iter().map(|c| &c.0).collect::<Vec<_>>()
+    );
+    for (name, f) in &cases {
+        let m = Model::load(f).unwrap();
         let kinds = [Numerics::Fast, Numerics::Exact]
             .into_iter()
             .flat_map(|n| [KvType::F16, KvType::Q8_0, KvType::Q4_0].map(|k| (n, k)));
