@@ -63,15 +63,16 @@ struct Body {
 }
 
 /// The rows of the embedding table that hold NaN or infinity, found as its bytes go by on
-/// their way to the GPU (F32, F16 and BF16 tables; others are not scanned). The engine
-/// refuses those tokens as the CPU refuses a non-finite row it reads.
+/// their way to the GPU (`rows::first_non_finite_value` over each row's part; the GPU takes
+/// F32 and F16 tables). The engine refuses those tokens as the CPU refuses a non-finite row
+/// it reads.
 #[derive(Debug)]
 struct RowScan {
     ty: bitnet_kernels::RowType,
-    /// Bytes per value (0: not scanned) and values per row.
+    /// Bytes per unit (a value, or a block of a block type) and units per row.
     size: usize,
     cols: usize,
-    /// Values seen so far; the first bytes of a value split between pieces.
+    /// Units seen so far; the first bytes of a unit split between pieces.
     seen: usize,
     carry: Vec<u8>,
     /// The rows found, ascending.
@@ -80,16 +81,10 @@ struct RowScan {
 
 impl RowScan {
     fn new(ty: bitnet_kernels::RowType, cols: usize) -> Self {
-        use bitnet_kernels::RowType;
-        let size = match ty {
-            RowType::F32 => 4,
-            RowType::F16 | RowType::BF16 => 2,
-            _ => 0,
-        };
         RowScan {
             ty,
-            size,
-            cols: cols.max(1),
+            size: ty.block_bytes(),
+            cols: (cols / ty.block_elems()).max(1),
             seen: 0,
             carry: Vec::new(),
             bad: Vec::new(),
@@ -98,9 +93,6 @@ impl RowScan {
 
     /// The next bytes of the table, in file order.
     fn feed(&mut self, mut bytes: &[u8]) {
-        if self.size == 0 {
-            return;
-        }
         if !self.carry.is_empty() {
             let take = (self.size - self.carry.len()).min(bytes.len());
             self.carry.extend_from_slice(&bytes[..take]);
@@ -116,7 +108,7 @@ impl RowScan {
         self.carry.extend_from_slice(&bytes[whole..]);
     }
 
-    /// Whole values, a row's part at a time: a non-finite value marks its row.
+    /// Whole units, a row's part at a time: a non-finite value marks its row.
     fn values(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
             let n = (self.cols - self.seen % self.cols).min(bytes.len() / self.size);

@@ -1257,7 +1257,7 @@ impl GpuModel {
 }
 
 /// The id argmax.wgsl and the top-k kernels give a range that held a NaN or infinite logit;
-/// the pair's second word is the lowest such index.
+/// the pair's second word is the lowest such index (common.wgsl's `NONFINITE`).
 pub(crate) const NON_FINITE: u32 = 0xffff_fffe;
 
 /// The arg-max over argmax.wgsl's (index, value bits) pairs, one a workgroup in range order:

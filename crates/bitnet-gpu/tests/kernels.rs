@@ -356,6 +356,15 @@ fn sprinkle_non_finite(rng: &mut ChaCha8Rng, logits: &mut [f32]) -> Option<u32> 
     lowest.map(|i| u32::try_from(i).unwrap())
 }
 
+/// `r` is the device's refusal of a NaN or infinite logit at index `lowest`.
+fn refused_at<T: std::fmt::Debug>(r: bitnet_gpu::Result<T>, lowest: Option<u32>, what: &str) {
+    let e = r.unwrap_err();
+    assert!(
+        matches!(e, bitnet_gpu::GpuError::NonFiniteLogit { index } if Some(index) == lowest),
+        "{what}: {e} (lowest {lowest:?})"
+    );
+}
+
 #[test]
 fn top_k_matches_a_sort() {
     let Some(gpu) = common::open() else { return };
@@ -376,11 +385,7 @@ fn top_k_matches_a_sort() {
         }
         // A NaN or infinite logit anywhere is the model's error, with the lowest index.
         let lowest = sprinkle_non_finite(&mut rng, &mut logits);
-        let e = probe::top_k(&gpu, &logits).unwrap_err();
-        assert!(
-            matches!(e, bitnet_gpu::GpuError::NonFiniteLogit { index } if Some(index) == lowest),
-            "n {n}: {e} (lowest {lowest:?})"
-        );
+        refused_at(probe::top_k(&gpu, &logits), lowest, &format!("n {n}"));
     }
 }
 
@@ -552,10 +557,10 @@ fn argmax_matches_the_sampler() {
             );
             // A NaN or infinite logit anywhere is the model's error, with the lowest index.
             let lowest = sprinkle_non_finite(&mut rng, &mut logits);
-            let e = probe::argmax(&gpu, &logits).unwrap_err();
-            assert!(
-                matches!(e, bitnet_gpu::GpuError::NonFiniteLogit { index } if Some(index) == lowest),
-                "n {n} case {case}: {e} (lowest {lowest:?})"
+            refused_at(
+                probe::argmax(&gpu, &logits),
+                lowest,
+                &format!("n {n} case {case}"),
             );
         }
     }

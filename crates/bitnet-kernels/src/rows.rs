@@ -833,10 +833,18 @@ pub fn quantize_row_into(ty: RowType, x: &[f32], out: &mut [u8]) {
         }
         RowType::Q8_0 => {
             for (b, xb) in out.chunks_exact_mut(34).zip(x.chunks_exact(32)) {
-                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-                // A block with a NaN keeps it in its scale (its codes are 0): the values it
-                // decodes to are NaN, not finite numbers the NaN was quantized away into.
-                let d = if has_nan(xb) { f32::NAN } else { amax / 127.0 };
+                // The maximum keeps a NaN (`f32::max` would pass over it), so a block with
+                // one gets a NaN scale and codes of 0: the values it decodes to are NaN, not
+                // finite numbers the NaN was quantized away into.
+                let amax = xb.iter().fold(0f32, |m, v| {
+                    let a = v.abs();
+                    if a > m || a.is_nan() {
+                        a
+                    } else {
+                        m
+                    }
+                });
+                let d = amax / 127.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 b[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
                 for (o, v) in b[2..].iter_mut().zip(xb) {
@@ -849,13 +857,14 @@ pub fn quantize_row_into(ty: RowType, x: &[f32], out: &mut [u8]) {
                 let mut amax = 0f32;
                 let mut max = 0f32;
                 for &v in xb {
-                    if amax < v.abs() {
+                    // As in Q8_0, a NaN is kept as the maximum: its scale is NaN (the
+                    // nibbles are 0, decoding to NaN).
+                    if amax < v.abs() || v.is_nan() {
                         amax = v.abs();
                         max = v;
                     }
                 }
-                // As in Q8_0: a NaN stays in the scale (the nibbles are 0, decoding to NaN).
-                let d = if has_nan(xb) { f32::NAN } else { max / -8.0 };
+                let d = max / -8.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 b[0..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
                 for j in 0..16 {
@@ -871,11 +880,6 @@ pub fn quantize_row_into(ty: RowType, x: &[f32], out: &mut [u8]) {
             }
         }
     }
-}
-
-/// Whether `x` holds a NaN.
-fn has_nan(x: &[f32]) -> bool {
-    x.iter().any(|v| v.is_nan())
 }
 
 /// `round half away from zero`, clamped to i8, as a byte.

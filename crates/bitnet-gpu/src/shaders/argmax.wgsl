@@ -16,7 +16,6 @@ struct Dims {
 @group(0) @binding(3) var<storage, read_write> best: array<u32>;
 
 const WG: u32 = 256u;
-const NONFINITE: u32 = 0xfffffffeu;
 var<workgroup> bv: array<f32, 256>;
 var<workgroup> bi: array<u32, 256>;
 // 0xffffffff − the lowest non-finite index seen (0: none; workgroup memory starts zeroed).

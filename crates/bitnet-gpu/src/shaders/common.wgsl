@@ -9,6 +9,11 @@ struct Step {
     out_rows: u32,
 }
 
+// The id the arg-max and top-k kernels give a range that held a NaN or infinite logit; its
+// value slot holds the lowest such index (the model's error: the CPU refuses those logits
+// too). The host's `NON_FINITE` in model.rs.
+const NONFINITE: u32 = 0xfffffffeu;
+
 // The int8 activation scale 127 / max(1e-5, m) of a row whose largest |y|, as bits, is
 // `m_bits` (the maximum taken on the bits, so that a NaN, whose bits are above +∞'s, is not
 // passed over as float max may pass it). A row with a NaN gets a NaN scale (its own bits: a

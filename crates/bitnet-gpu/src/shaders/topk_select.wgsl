@@ -8,9 +8,6 @@ const K: u32 = 64u;
 const P: u32 = 64u;
 const NONE: u32 = 0xffffffffu;
 const NEG: f32 = -0x1.fffffep+127f;
-// An id that says the row held a NaN or infinite logit; its value slot holds the lowest
-// such index (the model's error: the CPU refuses those logits too).
-const NONFINITE: u32 = 0xfffffffeu;
 
 var<workgroup> sv: array<f32, 256>;
 var<workgroup> si: array<u32, 256>;
