@@ -7,7 +7,7 @@ use anyhow::Result;
 use bitnet_testkit::{synth, Preset, SynthArch, SynthSpec, WeightLayout};
 
 use super::common::{bytes_bar, human_bytes, open_gguf};
-use crate::output::AtomicFile;
+use crate::output::{AtomicDir, AtomicFile};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -127,7 +127,9 @@ pub fn run(a: Args) -> Result<()> {
             _ => bitnet_testkit::hf::HfWeights::Bf16,
         };
         let start = std::time::Instant::now();
-        bitnet_testkit::hf::write_dir(&spec, &vocab, weights, 1, &a.out)?;
+        let out = AtomicDir::create(&a.out)?;
+        bitnet_testkit::hf::write_dir(&spec, &vocab, weights, 1, out.path())?;
+        out.commit()?;
         eprintln!(
             "wrote {} ({kind} Hugging Face checkpoint) in {:.1} s",
             a.out.display(),
