@@ -27,7 +27,14 @@ pub(crate) fn i2s(w_row: &[u8], p: &Prepared<'_>, t0: usize, nt: usize, out: &mu
 
 /// I2_S for `out.len()` consecutive rows and one token (the twin of the SIMD several-row
 /// kernels): `w` holds the rows back to back, K/4 bytes each.
-#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // the NEON table has no such kernel
+// Only the x86 and simd128 tables have such a kernel (NEON's and the plain scalar table do not).
+#[cfg_attr(
+    not(any(
+        target_arch = "x86_64",
+        all(target_arch = "wasm32", target_feature = "simd128")
+    )),
+    allow(dead_code)
+)]
 pub(crate) fn i2s_rows(w: &[u8], p: &Prepared<'_>, t: usize, _clean: bool, out: &mut [i32]) {
     let rb = p.k / 4;
     for (r, o) in out.iter_mut().enumerate() {
