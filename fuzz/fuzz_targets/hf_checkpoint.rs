@@ -34,7 +34,9 @@ fuzz_target!(|data: &[u8]| {
         let index = br#"{"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model.safetensors", "model.norm.weight": "model.safetensors"}}"#;
         std::fs::write(d.join("model.safetensors.index.json"), index).expect("scratch write");
     }
-    let Ok(hf) = bitnet_convert::hf::HfDir::open(d) else { return };
+    let Ok(hf) = bitnet_convert::hf::HfDir::open(d) else {
+        return;
+    };
     for name in hf.names().map(str::to_string).collect::<Vec<_>>() {
         if let Some(t) = hf.get(&name) {
             let shape = t.shape.clone();

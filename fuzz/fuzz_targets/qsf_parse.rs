@@ -6,7 +6,9 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(q) = bitnet_qsf::QsfFile::from_bytes(data.to_vec()) else { return };
+    let Ok(q) = bitnet_qsf::QsfFile::from_bytes(data.to_vec()) else {
+        return;
+    };
     if let Ok(md) = q.metadata() {
         let _ = md.len();
     }

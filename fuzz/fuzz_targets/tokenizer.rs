@@ -41,13 +41,17 @@ fn tokenizers() -> &'static [[Tokenizer; 3]; 3] {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&sel, rest)) = data.split_first() else { return };
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
     let text = String::from_utf8_lossy(rest);
     let row = &tokenizers()[usize::from(sel % 3)];
     let tok = &row[0];
     let special = sel & 0x10 != 0;
     let bos = sel & 0x20 != 0;
-    let Ok(ids) = tok.encode(&text, bos, special) else { return };
+    let Ok(ids) = tok.encode(&text, bos, special) else {
+        return;
+    };
     assert!(ids.iter().all(|&id| (id as usize) < tok.n_vocab()));
     if sel % 3 < 2 && !special && !bos {
         assert_eq!(tok.decode(&ids).expect("its own ids decode"), text);
@@ -55,7 +59,12 @@ fuzz_target!(|data: &[u8]| {
 
     // The same text as chat messages (split at NUL bytes), in each format.
     if sel & 0x40 != 0 {
-        let roles = [ChatRole::System, ChatRole::User, ChatRole::Assistant, ChatRole::Tool];
+        let roles = [
+            ChatRole::System,
+            ChatRole::User,
+            ChatRole::Assistant,
+            ChatRole::Tool,
+        ];
         let msgs: Vec<ChatMessage> = text
             .split('\0')
             .enumerate()
