@@ -25,7 +25,8 @@
 // A required pointer argument was null.
 #define BITNET_ERR_NULL -1
 
-// An argument is out of range, not UTF-8, or not allowed here.
+// An argument is out of range, not UTF-8, a pointer misaligned for its type, or not allowed
+// here.
 #define BITNET_ERR_INVALID -2
 
 // The model file cannot be opened or is not a model this engine runs.

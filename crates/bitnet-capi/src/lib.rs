@@ -3,7 +3,8 @@
 //! An opaque engine handle owns a loaded model ([`bitnet_engine::load`]) and one session
 //! (its KV cache), so consecutive generations that share a prefix (a chat that grows)
 //! reuse it. Every entry point:
-//! * checks its pointers (null is `BITNET_ERR_NULL`) and values (`BITNET_ERR_INVALID`);
+//! * checks its pointers (null is `BITNET_ERR_NULL`; one misaligned for its type, or a
+//!   length no buffer can have, is `BITNET_ERR_INVALID`) and values (`BITNET_ERR_INVALID`);
 //! * runs inside `catch_unwind`, so no panic crosses into C (`BITNET_ERR_PANIC`);
 //! * on failure stores a message that [`bitnet_last_error`] returns (per thread).
 #![allow(non_camel_case_types)] // C names
@@ -26,7 +27,8 @@ use bitnet_tokenizer::{ChatMessage, ChatRole};
 pub const BITNET_OK: i32 = 0;
 /// A required pointer argument was null.
 pub const BITNET_ERR_NULL: i32 = -1;
-/// An argument is out of range, not UTF-8, or not allowed here.
+/// An argument is out of range, not UTF-8, a pointer misaligned for its type, or not allowed
+/// here.
 pub const BITNET_ERR_INVALID: i32 = -2;
 /// The model file cannot be opened or is not a model this engine runs.
 pub const BITNET_ERR_LOAD: i32 = -3;
@@ -270,11 +272,26 @@ fn guard(f: impl FnOnce() -> Res) -> i32 {
     }
 }
 
+/// `p`, which must not be null, and aligned for `T`: reading or writing through a misaligned
+/// pointer is undefined behaviour even where the CPU allows it, so it is an error here.
 fn not_null<T>(p: *const T, what: &str) -> Res<*const T> {
+    match optional(p, what)? {
+        Some(p) => Ok(p),
+        None => Err(Fail(BITNET_ERR_NULL, format!("`{what}` is null"))),
+    }
+}
+
+/// `p` where it may be null (`None`); a pointer that is not aligned for `T` is an error.
+fn optional<T>(p: *const T, what: &str) -> Res<Option<*const T>> {
     if p.is_null() {
-        Err(Fail(BITNET_ERR_NULL, format!("`{what}` is null")))
+        Ok(None)
+    } else if !p.is_aligned() {
+        Err(invalid(format!(
+            "`{what}` is not aligned to {} bytes",
+            std::mem::align_of::<T>()
+        )))
     } else {
-        Ok(p)
+        Ok(Some(p))
     }
 }
 
@@ -295,7 +312,15 @@ unsafe fn c_slice<'a, T>(p: *const T, n: usize, what: &str) -> Res<&'a [T]> {
         return Ok(&[]);
     }
     let p = not_null(p, what)?;
-    // SAFETY: non-null; the caller guarantees `n` readable, initialized values.
+    // What no caller's buffer can be (a length of -1 passed as size_t, a pointer into the
+    // middle of a value): an error, rather than a slice that is undefined behaviour to make.
+    if n > isize::MAX.unsigned_abs() / std::mem::size_of::<T>().max(1) {
+        return Err(invalid(format!(
+            "`{what}`: {n} values cannot fit in memory"
+        )));
+    }
+    // SAFETY: non-null, aligned (`not_null`), and `n` values span at most isize::MAX bytes; the caller
+    // guarantees `n` readable, initialized values.
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
@@ -466,11 +491,10 @@ pub unsafe extern "C" fn bitnet_load(
         unsafe { out.write(std::ptr::null_mut()) };
         // SAFETY: NUL-terminated (the caller's contract).
         let path = unsafe { c_str(path, "path") }?;
-        let cfg = if config.is_null() {
-            bitnet_config_default()
-        } else {
-            // SAFETY: non-null and points to a config (the caller's contract).
-            unsafe { *config }
+        let cfg = match optional(config, "config")? {
+            None => bitnet_config_default(),
+            // SAFETY: non-null, aligned, and points to a config (the caller's contract).
+            Some(config) => unsafe { *config },
         };
         let opts = load_options(&cfg)?;
         let engine = ::bitnet_engine::load(Path::new(path), &opts, &mut |_| {}).map_err(|e| {
@@ -571,13 +595,12 @@ fn sampler_params(p: &bitnet_gen_params) -> Res<SamplerParams> {
 ///
 /// # Safety
 /// `params` is null or points to a `bitnet_gen_params`.
-unsafe fn params_or_default(params: *const bitnet_gen_params) -> bitnet_gen_params {
-    if params.is_null() {
-        bitnet_gen_params_default()
-    } else {
-        // SAFETY: non-null and valid (the caller's contract).
-        unsafe { *params }
-    }
+unsafe fn params_or_default(params: *const bitnet_gen_params) -> Res<bitnet_gen_params> {
+    Ok(match optional(params, "params")? {
+        None => bitnet_gen_params_default(),
+        // SAFETY: non-null, aligned and valid (the caller's contract).
+        Some(params) => unsafe { *params },
+    })
 }
 
 /// # Safety
@@ -672,12 +695,13 @@ pub unsafe extern "C" fn bitnet_generate(
         // SAFETY: NUL-terminated (the caller's contract).
         let prompt = unsafe { c_str(prompt, "prompt") }?;
         // SAFETY: null or valid (the caller's contract).
-        let p = unsafe { params_or_default(params) };
+        let p = unsafe { params_or_default(params) }?;
         // SAFETY: `p.stop` as documented (the caller's contract).
         let gp = unsafe { gen_params(&p) }?;
-        if out_tokens.is_null() && out_capacity != 0 {
+        if optional(out_tokens, "out_tokens")?.is_none() && out_capacity != 0 {
             return Err(Fail(BITNET_ERR_NULL, "`out_tokens` is null".into()));
         }
+        let out_result = optional(out_result, "out_result")?;
         let Inner {
             engine,
             session,
@@ -725,9 +749,9 @@ pub unsafe extern "C" fn bitnet_generate(
             })
             .map_err(engine_err)?;
         *last = result_of(&stats);
-        if !out_result.is_null() {
-            // SAFETY: non-null and writable (the caller's contract).
-            unsafe { out_result.write(*last) };
+        if let Some(out_result) = out_result {
+            // SAFETY: non-null, aligned and writable (the caller's contract).
+            unsafe { out_result.cast_mut().write(*last) };
         }
         Ok(())
     })
@@ -1081,7 +1105,7 @@ pub unsafe extern "C" fn bitnet_sampler_new(
         // SAFETY: writable (the caller's contract).
         unsafe { out.write(std::ptr::null_mut()) };
         // SAFETY: null or valid (the caller's contract).
-        let p = unsafe { params_or_default(params) };
+        let p = unsafe { params_or_default(params) }?;
         let s = Sampler::new(sampler_params(&p)?).map_err(|e| invalid(e.to_string()))?;
         // SAFETY: writable (the caller's contract).
         unsafe { out.write(Box::into_raw(Box::new(bitnet_sampler { inner: s }))) };

@@ -308,6 +308,115 @@ fn info_tokenize_detokenize() {
     }
 }
 
+/// Pointers that no valid buffer has: misaligned for their type, or a length of -1 passed as
+/// `size_t`. Each is an error code with a message, never undefined behaviour.
+#[test]
+fn misaligned_pointers_and_impossible_lengths_are_refused() {
+    let e = load(&cfg()).unwrap();
+    let ids = [1u32, 2, 3, 4];
+    let mut logits = vec![0f32; 4256 + 1];
+    let mut n = 0usize;
+    let mut bytes = [0u8; 64];
+    // One byte past an aligned address (inside the same buffers).
+    let odd_ids = ids.as_ptr().cast::<u8>().wrapping_add(1).cast::<u32>();
+    let odd_logits = logits
+        .as_mut_ptr()
+        .cast::<u8>()
+        .wrapping_add(1)
+        .cast::<f32>();
+    let odd_n = bytes.as_mut_ptr().wrapping_add(1).cast::<usize>();
+    let text = CString::new("Hello").unwrap();
+    // SAFETY: no call reads or writes through the bad pointers: each is refused first.
+    unsafe {
+        let check = |rc: i32, what: &str, why: &str| {
+            assert_eq!(rc, BITNET_ERR_INVALID, "{what}");
+            let msg = last_error();
+            assert!(
+                msg.contains(&format!("`{what}`")) && msg.contains(why),
+                "{msg}"
+            );
+        };
+        let aligned = "is not aligned";
+        check(
+            bitnet_forward(e.0, odd_ids, 2, logits.as_mut_ptr(), 4256),
+            "ids",
+            "is not aligned to 4 bytes",
+        );
+        check(
+            bitnet_forward(e.0, ids.as_ptr(), 2, odd_logits, 4256),
+            "logits",
+            aligned,
+        );
+        check(
+            bitnet_detokenize(e.0, odd_ids, 2, bytes.as_mut_ptr().cast(), 64, &mut n),
+            "ids",
+            aligned,
+        );
+        check(
+            bitnet_tokenize(e.0, text.as_ptr(), true, false, null_mut(), 0, odd_n),
+            "n_out",
+            aligned,
+        );
+        check(
+            bitnet_forward(e.0, ids.as_ptr(), usize::MAX, logits.as_mut_ptr(), 4256),
+            "ids",
+            "cannot fit in memory",
+        );
+        check(
+            bitnet_detokenize(
+                e.0,
+                ids.as_ptr(),
+                usize::MAX / 2,
+                bytes.as_mut_ptr().cast(),
+                64,
+                &mut n,
+            ),
+            "ids",
+            "cannot fit in memory",
+        );
+        // A misaligned config or params struct.
+        let cfgs = [cfg(), cfg()];
+        let odd_cfg = cfgs
+            .as_ptr()
+            .cast::<u8>()
+            .wrapping_add(1)
+            .cast::<bitnet_config>();
+        let mut out = null_mut();
+        assert_eq!(
+            bitnet_load(model().as_ptr(), odd_cfg, &mut out),
+            BITNET_ERR_INVALID
+        );
+        assert!(out.is_null());
+        assert!(
+            last_error().contains("`config` is not aligned"),
+            "{}",
+            last_error()
+        );
+        let params = [bitnet_gen_params_default(), bitnet_gen_params_default()];
+        let odd_params = params
+            .as_ptr()
+            .cast::<u8>()
+            .wrapping_add(1)
+            .cast::<bitnet_gen_params>();
+        let mut sampler = null_mut();
+        assert_eq!(
+            bitnet_sampler_new(odd_params, &mut sampler),
+            BITNET_ERR_INVALID
+        );
+        assert!(sampler.is_null());
+        assert!(
+            last_error().contains("`params` is not aligned"),
+            "{}",
+            last_error()
+        );
+        // The same calls with good pointers succeed.
+        assert_eq!(
+            bitnet_forward(e.0, ids.as_ptr(), 2, logits.as_mut_ptr(), 4256),
+            BITNET_OK
+        );
+    }
+}
+
 #[test]
 fn exact_forward_matches_the_golden_logits() {
     let e = load(&bitnet_config {
