@@ -81,6 +81,16 @@ impl AtomicDir {
         if dest.exists() && !dest.is_dir() {
             anyhow::bail!("{} exists and is not a folder", dest.display());
         }
+        // `.` or `..` names its folder only once resolved.
+        let resolved;
+        let dest = if dest.file_name().is_none() && dest.exists() {
+            resolved = dest
+                .canonicalize()
+                .with_context(|| format!("cannot resolve {}", dest.display()))?;
+            resolved.as_path()
+        } else {
+            dest
+        };
         let dir = match dest.parent() {
             Some(d) if !d.as_os_str().is_empty() => d,
             _ => Path::new("."),
@@ -206,6 +216,13 @@ mod tests {
         );
         assert_eq!(std::fs::read(dest.join("config.json")).unwrap(), b"new");
         assert_eq!(std::fs::read(dest.join("notes.txt")).unwrap(), b"mine");
+        // `DIR/..` (as `.`): the folder it names once resolved, here the root; its temporary
+        // folder goes beside that.
+        let out = AtomicDir::create(&dest.join("..")).unwrap();
+        std::fs::write(out.path().join("tokenizer.json"), b"t").unwrap();
+        out.commit().unwrap();
+        assert_eq!(names(root.path()), ["hf", "tokenizer.json"]);
+        std::fs::remove_file(root.path().join("tokenizer.json")).unwrap();
         // A destination that is a file is refused before anything is written.
         let file = root.path().join("f");
         std::fs::write(&file, b"keep").unwrap();
