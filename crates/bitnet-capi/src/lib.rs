@@ -312,15 +312,15 @@ unsafe fn c_slice<'a, T>(p: *const T, n: usize, what: &str) -> Res<&'a [T]> {
         return Ok(&[]);
     }
     let p = not_null(p, what)?;
-    // What no caller's buffer can be (a length of -1 passed as size_t, a pointer into the
-    // middle of a value): an error, rather than a slice that is undefined behaviour to make.
+    // A length no caller's buffer can have (-1 passed as size_t): an error, rather than a
+    // slice that is undefined behaviour to make.
     if n > isize::MAX.unsigned_abs() / std::mem::size_of::<T>().max(1) {
         return Err(invalid(format!(
             "`{what}`: {n} values cannot fit in memory"
         )));
     }
-    // SAFETY: non-null, aligned (`not_null`), and `n` values span at most isize::MAX bytes; the caller
-    // guarantees `n` readable, initialized values.
+    // SAFETY: non-null and aligned (`not_null`), and `n` values span at most isize::MAX
+    // bytes; the caller guarantees `n` readable, initialized values.
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
 }
 
