@@ -336,7 +336,7 @@ fn misaligned_pointers_and_impossible_lengths_are_refused() {
                 "{msg}"
             );
         };
-        let aligned = "is not aligned";
+        let misaligned = "is not aligned";
         check(
             bitnet_forward(e.0, odd_ids, 2, logits.as_mut_ptr(), 4256),
             "ids",
@@ -345,17 +345,17 @@ fn misaligned_pointers_and_impossible_lengths_are_refused() {
         check(
             bitnet_forward(e.0, ids.as_ptr(), 2, odd_logits, 4256),
             "logits",
-            aligned,
+            misaligned,
         );
         check(
             bitnet_detokenize(e.0, odd_ids, 2, bytes.as_mut_ptr().cast(), 64, &mut n),
             "ids",
-            aligned,
+            misaligned,
         );
         check(
             bitnet_tokenize(e.0, text.as_ptr(), true, false, null_mut(), 0, odd_n),
             "n_out",
-            aligned,
+            misaligned,
         );
         check(
             bitnet_forward(e.0, ids.as_ptr(), usize::MAX, logits.as_mut_ptr(), 4256),
