@@ -8,6 +8,22 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+/// The folder that holds `dest`, and the name prefix of a temporary entry beside it
+/// (`.NAME.`); `kind` (file or folder) is for the message when `dest` names neither.
+fn beside<'a>(dest: &'a Path, kind: &str) -> Result<(&'a Path, std::ffi::OsString)> {
+    let dir = match dest.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = dest
+        .file_name()
+        .with_context(|| format!("{} names no {kind}", dest.display()))?;
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".");
+    Ok((dir, prefix))
+}
+
 /// A file being written; [`AtomicFile::commit`] publishes it under its final name.
 #[derive(Debug)]
 pub struct AtomicFile {
@@ -18,16 +34,7 @@ pub struct AtomicFile {
 impl AtomicFile {
     /// Start writing `dest` (its folder must exist and be writable).
     pub fn create(dest: &Path) -> Result<Self> {
-        let dir = match dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let name = dest
-            .file_name()
-            .with_context(|| format!("{} names no file", dest.display()))?;
-        let mut prefix = std::ffi::OsString::from(".");
-        prefix.push(name);
-        prefix.push(".");
+        let (dir, prefix) = beside(dest, "file")?;
         let tmp = tempfile::Builder::new()
             .prefix(&prefix)
             .suffix(".tmp")
@@ -91,16 +98,7 @@ impl AtomicDir {
         } else {
             dest
         };
-        let dir = match dest.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let name = dest
-            .file_name()
-            .with_context(|| format!("{} names no folder", dest.display()))?;
-        let mut prefix = std::ffi::OsString::from(".");
-        prefix.push(name);
-        prefix.push(".");
+        let (dir, prefix) = beside(dest, "folder")?;
         let tmp = tempfile::Builder::new()
             .prefix(&prefix)
             .suffix(".tmp")
