@@ -308,6 +308,11 @@ fn info_tokenize_detokenize() {
     }
 }
 
+/// One byte past `p`: inside the same buffer, misaligned for any `T` wider than a byte.
+fn one_byte_past<T>(p: *const T) -> *const T {
+    p.cast::<u8>().wrapping_add(1).cast()
+}
+
 /// Pointers that no valid buffer has: misaligned for their type, or a length of -1 passed as
 /// `size_t`. Each is an error code with a message, never undefined behaviour.
 #[test]
@@ -317,14 +322,9 @@ fn misaligned_pointers_and_impossible_lengths_are_refused() {
     let mut logits = vec![0f32; 4256 + 1];
     let mut n = 0usize;
     let mut bytes = [0u8; 64];
-    // One byte past an aligned address (inside the same buffers).
-    let odd_ids = ids.as_ptr().cast::<u8>().wrapping_add(1).cast::<u32>();
-    let odd_logits = logits
-        .as_mut_ptr()
-        .cast::<u8>()
-        .wrapping_add(1)
-        .cast::<f32>();
-    let odd_n = bytes.as_mut_ptr().wrapping_add(1).cast::<usize>();
+    let odd_ids = one_byte_past(ids.as_ptr());
+    let odd_logits = one_byte_past(logits.as_ptr()).cast_mut();
+    let odd_n = one_byte_past(bytes.as_ptr().cast::<usize>()).cast_mut();
     let text = CString::new("Hello").unwrap();
     // SAFETY: no call reads or writes through the bad pointers: each is refused first.
     unsafe {
@@ -376,11 +376,7 @@ fn misaligned_pointers_and_impossible_lengths_are_refused() {
         );
         // A misaligned config or params struct.
         let cfgs = [cfg(), cfg()];
-        let odd_cfg = cfgs
-            .as_ptr()
-            .cast::<u8>()
-            .wrapping_add(1)
-            .cast::<bitnet_config>();
+        let odd_cfg = one_byte_past(cfgs.as_ptr());
         let mut out = null_mut();
         assert_eq!(
             bitnet_load(model().as_ptr(), odd_cfg, &mut out),
@@ -393,11 +389,7 @@ fn misaligned_pointers_and_impossible_lengths_are_refused() {
             last_error()
         );
         let params = [bitnet_gen_params_default(), bitnet_gen_params_default()];
-        let odd_params = params
-            .as_ptr()
-            .cast::<u8>()
-            .wrapping_add(1)
-            .cast::<bitnet_gen_params>();
+        let odd_params = one_byte_past(params.as_ptr());
         let mut sampler = null_mut();
         assert_eq!(
             bitnet_sampler_new(odd_params, &mut sampler),

@@ -171,15 +171,7 @@ pub fn write_f32s(w: &mut impl Write, xs: &[f32]) -> std::io::Result<()> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
+    use bitnet_testdata::dir_names as names;
 
     #[test]
     fn a_folder_appears_only_when_committed() {

@@ -5,6 +5,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use bitnet_testdata::dir_names as names;
+
 fn bitnet(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_bitnet"))
         .args(args)
@@ -18,15 +20,6 @@ fn ok(out: &Output) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]

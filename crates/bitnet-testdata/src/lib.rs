@@ -21,6 +21,22 @@ pub const MODEL_FILES: [&str; 6] = [
     "embed/gemma3-converted.gguf",
 ];
 
+/// The names in folder `dir`, sorted (what a test expects to find there after writing, and
+/// that nothing temporary was left beside it).
+#[must_use]
+pub fn dir_names(dir: &Path) -> Vec<String> {
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read the folder {}: {e}", dir.display()));
+    let mut v: Vec<String> = entries
+        .map(|e| match e {
+            Ok(e) => e.file_name().to_string_lossy().into_owned(),
+            Err(e) => panic!("cannot read the folder {}: {e}", dir.display()),
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 /// `testdata/golden` of this workspace (whether or not it exists).
 #[must_use]
 pub fn golden_dir() -> PathBuf {
