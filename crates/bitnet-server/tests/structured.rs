@@ -202,7 +202,7 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
         let what = &what[..what.len().min(120)];
         assert_eq!(r.status, 400, "{what}: {}", r.text());
         assert_eq!(r.error_param().as_deref(), Some(field), "{what}");
-        assert!(t0.elapsed().as_secs() < 30, "{what}: {:?}", t0.elapsed());
+        assert!(t0.elapsed() < patience(30), "{what}: {:?}", t0.elapsed());
     }
     // A schema of about 660 KiB (under the body limit): refused (400 when it does not compile within llguidance's
     // limits, 413 beyond the body limit) or served, never a hang.
@@ -213,7 +213,7 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
     );
     let r = post(s.addr, CHAT, &body).await;
     assert!([200, 400, 413].contains(&r.status), "{}", r.status);
-    assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < patience(60), "{:?}", t0.elapsed());
     println!(
         "a {} KiB schema: {} in {:?}",
         body.len() >> 10,
@@ -257,7 +257,7 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
             r.text()
         );
     }
-    assert!(t0.elapsed().as_secs() < 60, "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < patience(60), "{:?}", t0.elapsed());
     println!(
         "a {}-byte schema: {} in {:?}",
         body.len(),

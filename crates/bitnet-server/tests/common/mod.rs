@@ -92,6 +92,18 @@ pub fn reference(
     (pieces.concat(), n)
 }
 
+/// How long to wait on the server for something that takes `secs` at most in a normal build:
+/// `secs` times `BITNET_TEST_TIME_SCALE`, which a slow instrumented build sets
+/// (scripts/tsan); 1 when unset or not a positive whole number.
+pub fn patience(secs: u64) -> Duration {
+    let scale = std::env::var("BITNET_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&k| k > 0)
+        .unwrap_or(1);
+    Duration::from_secs(secs.saturating_mul(scale))
+}
+
 /// A config for tests: small timeouts so that failures show quickly.
 pub fn test_config() -> ServerConfig {
     ServerConfig {
@@ -117,7 +129,7 @@ impl TestServer {
     pub async fn start(cfg: ServerConfig) -> TestServer {
         let s = Self::start_unloaded(cfg).await;
         s.handle.load(|| Ok(tiny_engine()));
-        tokio::time::timeout(Duration::from_secs(30), s.handle.wait_ready())
+        tokio::time::timeout(patience(30), s.handle.wait_ready())
             .await
             .expect("model load timed out")
             .unwrap();
@@ -150,7 +162,7 @@ impl TestServer {
             let _ = s.send(());
         }
         if let Some(j) = self.join.take() {
-            tokio::time::timeout(Duration::from_secs(20), j)
+            tokio::time::timeout(patience(20), j)
                 .await
                 .expect("server did not stop")
                 .unwrap()
@@ -254,7 +266,7 @@ pub async fn raw(addr: SocketAddr, req: &[u8]) -> Resp {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(req).await.unwrap();
     let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf))
+    tokio::time::timeout(patience(30), s.read_to_end(&mut buf))
         .await
         .expect("response timed out")
         .unwrap();
@@ -355,7 +367,7 @@ pub async fn open_stream(addr: SocketAddr, path: &str, body: &str) -> (u16, TcpS
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
-        let n = tokio::time::timeout(Duration::from_secs(30), s.read(&mut chunk))
+        let n = tokio::time::timeout(patience(30), s.read(&mut chunk))
             .await
             .expect("no response head")
             .unwrap();
