@@ -56,8 +56,8 @@ pub use bitnet_gguf::FileIdentity;
 pub use constrain::{Constraint, ConstraintState, Grammars};
 pub use embed::{embed_tokens, quantize_embedding, EmbedOptions, QuantizedEmbedding};
 pub use load::{
-    build_lm_head, load, load_file, load_file_async, open_file, repack_weights, Device,
-    LmHeadFormat, LoadEvent, LoadOptions,
+    build_head_screen, build_lm_head, load, load_file, load_file_async, open_file, repack_weights,
+    Device, LmHeadFormat, LoadEvent, LoadOptions,
 };
 pub use stop::StopMatcher;
 pub use stream::GpuStream;
@@ -118,6 +118,8 @@ pub enum EngineError {
     /// (`tools[0].function.name`).
     #[error("{reason}")]
     Tools { field: String, reason: String },
+    #[error("screened LM head: {0}")]
+    HeadScreen(String),
     #[error("RAM budget: {reason}")]
     Budget { reason: String },
     #[error("embedding quantization takes 8, 4, 2 or 1 bits per value, not {0}")]
@@ -403,7 +405,9 @@ enum Next {
 enum ReadBack {
     Logits,
     Greedy,
-    Top,
+    /// The most likely tokens: the device's [`bitnet_gpu::TOP_CANDIDATES`], or on the CPU
+    /// the sampler's top-k (this many, at most that).
+    Top(usize),
 }
 
 /// A piece of generated output.
@@ -779,18 +783,74 @@ impl Engine {
 
     /// What a generation step reads back: on the GPU, a step the arg-max decides takes the
     /// device's argmax (the lowest id among equal maxima, as the sampler does, 512 bytes), a
-    /// chain that only looks at the top-k takes the top candidates (512 bytes); anything
-    /// else (and the CPU) takes the last row of logits.
+    /// chain that only looks at the top-k takes the top candidates (512 bytes); on the CPU
+    /// with a screened LM head ([`Engine::screened`]) the same choices come from the screen;
+    /// anything else takes the last row of logits.
     fn read_back_for(&self, sampler: &Sampler, constrained: bool) -> ReadBack {
-        if self.gpu.is_none() || constrained {
+        if (self.gpu.is_none() && !self.screened()) || constrained {
             ReadBack::Logits
         } else if sampler.argmax_suffices() {
             ReadBack::Greedy
         } else if sampler.candidates_suffice(bitnet_gpu::TOP_CANDIDATES) {
-            ReadBack::Top
+            let k = usize::try_from(sampler.params().top_k).unwrap_or(0);
+            ReadBack::Top(k.clamp(1, bitnet_gpu::TOP_CANDIDATES))
         } else {
             ReadBack::Logits
         }
+    }
+
+    /// Whether generation steps on the CPU choose their token through the model's screened
+    /// LM head (built at load by [`LoadOptions::screen_head`], fast numerics).
+    pub fn screened(&self) -> bool {
+        self.gpu.is_none()
+            && self.streamer.is_none()
+            && self.opts.numerics == Numerics::Fast
+            && self
+                .model()
+                .is_ok_and(|m| m.head_screen.is_some() && m.approx_head.is_none())
+    }
+
+    /// [`Engine::eval_next`] on the CPU with a screened head: the prompt's batches, then the
+    /// last one's choice through [`Model::forward_pick`].
+    fn eval_pick(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Next> {
+        let Cache::Cpu(cache) = &mut s.cache else {
+            return Err(EngineError::Device("a GPU session on a CPU engine".into()));
+        };
+        if cache.len() + tokens.len() > cache.n_ctx() {
+            return Err(EngineError::ContextFull {
+                n_past: cache.len() + tokens.len(),
+                n_ctx: cache.n_ctx(),
+            });
+        }
+        // The sampler keeps its top-k of these (`Sampler::sample_candidates` with the
+        // device's count as the searched one: the `k` most likely are all it reads).
+        let pick = match rb {
+            ReadBack::Top(k) => bitnet_model::Pick::Top(k),
+            _ => bitnet_model::Pick::Greedy,
+        };
+        let mut scratch = self.scratch();
+        let mut exec = Exec {
+            backend: self.backend(),
+            numerics: self.opts.numerics,
+            trace: None,
+            scratch: Some(&mut scratch),
+        };
+        let model = self.model()?;
+        let chunks: Vec<&[u32]> = tokens.chunks(self.opts.n_batch.max(1)).collect();
+        let Some((last, head)) = chunks.split_last() else {
+            return Err(EngineError::EmptyPrompt);
+        };
+        for chunk in head {
+            model.forward(chunk, cache, Outputs::None, &mut exec)?;
+            s.tokens.extend_from_slice(chunk);
+        }
+        let next = match model.forward_pick(last, cache, pick, &mut exec)? {
+            bitnet_model::Picked::Chosen(t) => Next::Chosen(t),
+            bitnet_model::Picked::Top(t) => Next::Top(t),
+            bitnet_model::Picked::Logits(l) => Next::Logits(l),
+        };
+        s.tokens.extend_from_slice(last);
+        Ok(next)
     }
 
     /// Evaluate `tokens` and return what picks the next token (see [`Engine::read_back`]).
@@ -798,6 +858,9 @@ impl Engine {
     // `bitnet_gpu::GpuModel`'s `run`).
     #[allow(clippy::await_holding_lock)]
     async fn eval_next(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Next> {
+        if self.gpu.is_none() && rb != ReadBack::Logits && self.screened() {
+            return self.eval_pick(s, tokens, rb);
+        }
         let (Some(g), Cache::Gpu(c), false) = (&self.gpu, &mut s.cache, rb == ReadBack::Logits)
         else {
             return Ok(Next::Logits(

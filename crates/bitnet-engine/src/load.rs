@@ -97,6 +97,11 @@ pub struct LoadOptions {
     pub device: Device,
     /// The GPU adapter (an index of `bitnet_gpu::adapters()`); `None`: the best one found.
     pub gpu_adapter: Option<usize>,
+    /// Build a Q8_0 screen of the file's LM head ([`bitnet_model::HeadScreen`]): greedy and
+    /// top-k generation steps on the CPU then compute only the logits that can decide the
+    /// token (the same token as from every logit), reading about half the head's bytes.
+    /// Fast numerics, the file's head, no RAM budget.
+    pub screen_head: bool,
 }
 
 impl Default for LoadOptions {
@@ -115,6 +120,7 @@ impl Default for LoadOptions {
             budget: None,
             device: Device::Cpu,
             gpu_adapter: None,
+            screen_head: false,
         }
     }
 }
@@ -135,6 +141,21 @@ impl LoadOptions {
         self.engine_options().validate()?;
         if self.numerics == Numerics::Exact && self.lm_head != LmHeadFormat::File {
             return Err(EngineError::ExactNeedsF16Head);
+        }
+        if self.screen_head {
+            let refuse = |why: &str| Err(EngineError::HeadScreen(why.into()));
+            if self.numerics == Numerics::Exact {
+                return refuse("fast numerics only (exact numerics computes every logit)");
+            }
+            if self.lm_head != LmHeadFormat::File {
+                return refuse("it screens the file's own head (drop --lm-head)");
+            }
+            if self.budget.is_some() {
+                return refuse("not under a RAM budget (the screen is held in memory)");
+            }
+            if self.device == Device::Gpu {
+                return refuse("the CPU only (the GPU picks its token on the device)");
+            }
         }
         if self.device == Device::Gpu {
             let refuse = |what: &str| {
@@ -193,6 +214,15 @@ pub enum LoadEvent<'a> {
         source_bytes: usize,
         elapsed: Duration,
         /// Whether the source's mapped pages were released.
+        released: bool,
+    },
+    /// The LM head's screen is built ([`LoadOptions::screen_head`]).
+    HeadScreen {
+        /// Bytes of the screen, and of the head it screens.
+        bytes: usize,
+        head_bytes: usize,
+        elapsed: Duration,
+        /// Whether the head's mapped pages were released (read again only row by row).
         released: bool,
     },
     /// The I2_S projections were repacked for the panel GEMM.
@@ -275,6 +305,9 @@ pub async fn load_file_async(
     let pool = Pool::new(opts.threads);
     if opts.lm_head != LmHeadFormat::File {
         model.with_model_mut(|file, m| build_lm_head(m, file, opts.lm_head, &pool, progress))?;
+    }
+    if opts.screen_head {
+        model.with_model_mut(|file, m| build_head_screen(m, file, &pool, progress))?;
     }
     if opts.repack {
         model.with_model_mut(|file, m| repack_weights(m, file, &pool, progress))?;
@@ -540,6 +573,47 @@ pub fn build_lm_head(
     });
     model.set_lm_head(q);
     Ok(range)
+}
+
+/// Build the screen of `model`'s LM head ([`bitnet_model::HeadScreen`]), releasing the mapped
+/// pages of the head as they are read (greedy and top-k steps then read only the candidates'
+/// rows of it; the tied embedding's lookups, one row a token). Returns the byte range of the
+/// file so released, if any.
+pub fn build_head_screen(
+    model: &mut Model<'_>,
+    file: &GgufFile,
+    pool: &Pool,
+    progress: &mut dyn FnMut(LoadEvent<'_>),
+) -> Result<Option<std::ops::Range<usize>>> {
+    let t = Instant::now();
+    let release_error = std::sync::OnceLock::new();
+    let released = std::sync::atomic::AtomicBool::new(false);
+    let screen = bitnet_model::HeadScreen::build(model.lm_head(), pool, &|bytes| {
+        match file.release(bytes) {
+            Ok(r) => {
+                released.fetch_or(r, std::sync::atomic::Ordering::Relaxed);
+            }
+            // A head that is not the file's bytes (nothing mapped to release).
+            Err(GgufError::NotInFile { .. }) => {}
+            Err(e) => {
+                let _ = release_error.set(e.to_string());
+            }
+        }
+    })?;
+    if let Some(e) = release_error.get() {
+        progress(LoadEvent::Note(format!(
+            "the LM head's pages stay resident beside its screen ({e})"
+        )));
+    }
+    let released = released.into_inner() && release_error.get().is_none();
+    progress(LoadEvent::HeadScreen {
+        bytes: screen.nbytes(),
+        head_bytes: model.lm_head().nbytes(),
+        elapsed: t.elapsed(),
+        released,
+    });
+    model.head_screen = Some(screen);
+    Ok(file.range_of(model.lm_head().data()).filter(|_| released))
 }
 
 /// Rows of `head` by index as f32, for the clustering: with `pread` (the file and where the

@@ -13,6 +13,7 @@ pub mod model;
 pub mod names;
 pub mod numerics;
 mod owned;
+mod screen;
 
 pub use approx::{ApproxHead, ApproxOptions, RowReader};
 pub use backend::Backend;
@@ -22,3 +23,4 @@ pub use kv_cache::{KvCache, KvType};
 pub use model::{Exec, Layer, Model, NormIn, Outputs, Scratch, Seq, TraceEvent};
 pub use numerics::Numerics;
 pub use owned::OwnedModel;
+pub use screen::{HeadScreen, Pick, Picked};

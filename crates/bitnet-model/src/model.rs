@@ -12,6 +12,7 @@ use crate::config::{Activation, Config, Pooling};
 use crate::kv_cache::{KvCache, KvType};
 use crate::names::{self, LayerTensor};
 use crate::numerics::{self, Numerics, RopeRow};
+use crate::screen::{HeadScreen, Pick, Picked};
 use crate::{ModelError, Result};
 
 /// One transformer block's weights (ggml `ne` = (in, out); a ternary matrix is `[out][in]`).
@@ -84,6 +85,10 @@ pub struct Model<'a> {
     /// The clustered vocabulary of `--lm-head approx`: with fast numerics, logits are exact
     /// only for the best clusters' members ([`ApproxHead`]). `None`: every logit exact.
     pub approx_head: Option<ApproxHead>,
+    /// A Q8_0 screen of the LM head ([`HeadScreen`]): with fast numerics,
+    /// [`Model::forward_pick`] computes only the logits that can decide the next token.
+    /// `None`: it computes them all.
+    pub head_screen: Option<HeadScreen>,
 }
 
 impl<'a> Layer<'a> {
@@ -562,6 +567,7 @@ impl<'a> Model<'a> {
             layers,
             skip: Vec::new(),
             approx_head: None,
+            head_screen: None,
         })
     }
 
@@ -581,7 +587,8 @@ impl<'a> Model<'a> {
     }
 
     /// Weight bytes read per generated token (every projection and the LM head; for the
-    /// approximate head its centroids and the probed share of the rows, on average).
+    /// approximate head its centroids and the probed share of the rows, on average; for a
+    /// screened head the screen, as a greedy or top-k step reads it).
     pub fn bytes_per_token(&self) -> usize {
         let proj: usize = self
             .layers
@@ -590,11 +597,13 @@ impl<'a> Model<'a> {
             .sum();
         let head = self.lm_head().nbytes();
         // The approximate head reads its centroids and, on average, the probed share of rows.
-        let head = match &self.approx_head {
-            Some(a) => {
+        let head = match (&self.approx_head, &self.head_screen) {
+            (Some(a), _) => {
                 a.centroids().nbytes() + head / a.clusters().max(1) * a.probe().min(a.clusters())
             }
-            None => head,
+            // The screen, and a few hundred candidate rows at most (left out).
+            (None, Some(s)) => s.bytes_per_step(),
+            (None, None) => head,
         };
         proj + head
     }
@@ -615,6 +624,60 @@ impl<'a> Model<'a> {
         }];
         let mut out = self.forward_seqs(&mut seqs, exec)?;
         Ok(out.pop().unwrap_or_default())
+    }
+
+    /// [`Model::forward`] of `tokens` for the choice `pick` of the next token only: with a
+    /// [`HeadScreen`] (fast numerics, no approximate head) only the logits that can decide it
+    /// are computed, from the head's own rows, so the choice is the one the full logits give
+    /// ([`Picked::Chosen`] or [`Picked::Top`]); otherwise, or when the screen declines, the
+    /// last position's full logits ([`Picked::Logits`]). Errors leave the cache as it was.
+    pub fn forward_pick(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        pick: Pick,
+        exec: &mut Exec<'_>,
+    ) -> Result<Picked> {
+        let screen = match &self.head_screen {
+            Some(s) if exec.numerics == Numerics::Fast && self.approx_head.is_none() => s,
+            _ => {
+                return self
+                    .forward(tokens, cache, Outputs::Last, exec)
+                    .map(Picked::Logits)
+            }
+        };
+        let Some(last) = tokens.len().checked_sub(1) else {
+            return Err(ModelError::EmptyBatch);
+        };
+        let mut seqs = [Seq {
+            tokens,
+            cache,
+            outputs: Outputs::Last,
+        }];
+        let h = self.run_blocks(&mut seqs, Some(&[last]), exec)?;
+        let c = &self.config;
+        let mut hn = vec![0.0f32; c.n_embd];
+        numerics::rms_norm_for(exec.numerics)(
+            &h[last * c.n_embd..(last + 1) * c.n_embd],
+            &self.output_norm,
+            c.rms_eps,
+            &mut hn,
+        );
+        exec.emit("result_norm", None, &hn, 1);
+        let picked = match screen.pick(self.lm_head(), &hn, pick, exec.backend) {
+            Ok(Some(p)) => Ok(p),
+            Ok(None) => self.lm_head_logits(&hn, 1, exec).and_then(|l| {
+                check_finite(&l, c.n_vocab, "a logit")?;
+                exec.emit("result_output", None, &l, 1);
+                Ok(Picked::Logits(l))
+            }),
+            Err(e) => Err(e),
+        };
+        picked.inspect_err(|_| {
+            let s = &mut seqs[0];
+            let len = s.cache.len().saturating_sub(s.tokens.len());
+            s.cache.truncate(len);
+        })
     }
 
     /// The blocks over several sequences in one pass: their tokens share every ternary matmul

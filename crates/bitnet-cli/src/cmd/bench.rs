@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use bitnet_kernels::Pool;
-use bitnet_model::{Exec, Model, Outputs, Seq};
+use bitnet_model::{Exec, Model, Outputs, Pick, Picked, Seq};
 use serde_json::json;
 
 use super::common::{human_bytes, open_gguf, peak_rss_bytes, ConstraintArgs, ModelArgs};
@@ -477,18 +477,24 @@ pub fn run(a: Args) -> Result<()> {
     bitnet_engine::LoadOptions {
         numerics: a.model.numerics,
         lm_head: a.model.lm_head_format()?,
+        screen_head: a.model.screen_head,
         ..Default::default()
     }
     .validate()?;
     let mut progress = super::common::LoadProgress::new();
     let load_pool = Pool::new(a.model.threads());
-    let released = bitnet_engine::build_lm_head(
+    let mut released = bitnet_engine::build_lm_head(
         &mut model,
         &file,
         a.model.lm_head_format()?,
         &load_pool,
         &mut |e| progress.event(e),
     )?;
+    if a.model.screen_head {
+        released = bitnet_engine::build_head_screen(&mut model, &file, &load_pool, &mut |e| {
+            progress.event(e)
+        })?;
+    }
     let listed = a
         .threads_list
         .clone()
@@ -636,20 +642,24 @@ pub fn run(a: Args) -> Result<()> {
                 let mut rates = Vec::new();
                 for rep in 0..=a.repetitions {
                     cache.truncate(depth);
-                    let mut logits = model.forward(
-                        &tokens(1, n_vocab, 2),
-                        &mut cache,
-                        Outputs::Last,
-                        &mut exec,
-                    )?;
+                    // Greedy decoding, as `run --temp 0` chooses its tokens (through the
+                    // screened head with --screen-head).
+                    let greedy = |p: Picked| match p {
+                        Picked::Chosen(t) => t,
+                        Picked::Top(t) => t.first().map_or(0, |c| c.0),
+                        Picked::Logits(l) => bitnet_sampling::argmax(&l).unwrap_or(0),
+                    };
+                    let first = tokens(1, n_vocab, 2);
+                    let mut next =
+                        greedy(model.forward_pick(&first, &mut cache, Pick::Greedy, &mut exec)?);
                     let t0 = Instant::now();
                     for _ in 0..ng {
-                        logits = model.forward(
-                            &[bitnet_sampling::argmax(&logits).unwrap_or(0)],
+                        next = greedy(model.forward_pick(
+                            &[next],
                             &mut cache,
-                            Outputs::Last,
+                            Pick::Greedy,
                             &mut exec,
-                        )?;
+                        )?);
                     }
                     if rep > 0 {
                         rates.push(ng as f64 / t0.elapsed().as_secs_f64());

@@ -1,0 +1,177 @@
+//! `LoadOptions::screen_head` through the loading call: generation chooses the same tokens
+//! with the screened LM head as without it (greedy, top-k sampling, and the settings the
+//! screen cannot serve), on the golden model and on wider synthetic ones; the combinations it
+//! cannot serve are refused before the file is opened.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+
+use bitnet_engine::budget::{BudgetRequest, StreamMode};
+use bitnet_engine::{
+    load, Device, Engine, EngineError, Event, GenParams, LmHeadFormat, LoadEvent, LoadOptions,
+};
+use bitnet_model::Numerics;
+use bitnet_sampling::SamplerParams;
+use bitnet_testkit::{synth, Preset, SynthArch, SynthSpec};
+
+fn tiny() -> PathBuf {
+    bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf")
+}
+
+fn engine(path: &Path, screen_head: bool) -> Engine {
+    let mut reported = None;
+    let e = load(
+        path,
+        &LoadOptions {
+            threads: 2,
+            screen_head,
+            ..LoadOptions::default()
+        },
+        &mut |ev| {
+            if let LoadEvent::HeadScreen {
+                bytes, head_bytes, ..
+            } = ev
+            {
+                reported = Some((bytes, head_bytes));
+            }
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        reported.is_some(),
+        screen_head,
+        "the screen's build is reported"
+    );
+    if let Some((bytes, head)) = reported {
+        // Q8_0 (34 bytes a 32) and two bounds a row beside an F16 head (64 bytes a 32).
+        assert!(bytes < head * 6 / 10, "{bytes} of {head}");
+    }
+    assert_eq!(e.screened(), screen_head);
+    e
+}
+
+/// The tokens of `n` generated after `prompt` with `sampler`.
+fn tokens(e: &Engine, prompt: &[u32], sampler: &SamplerParams, n: usize) -> Vec<u32> {
+    let mut s = e.new_session(256).unwrap();
+    let params = GenParams {
+        max_tokens: n,
+        sampler: sampler.clone(),
+        ..GenParams::default()
+    };
+    let mut out = Vec::new();
+    e.generate(&mut s, prompt, false, &params, &mut |ev| {
+        if let Event::Token(t) = ev {
+            out.push(t);
+        }
+        true
+    })
+    .unwrap();
+    out
+}
+
+fn samplers() -> Vec<SamplerParams> {
+    let greedy = SamplerParams {
+        temperature: 0.0,
+        ..SamplerParams::default()
+    };
+    let mut all = vec![greedy.clone()];
+    for (seed, top_k) in [(1, 40), (2, 40), (3, 1), (4, 64), (5, 7)] {
+        all.push(SamplerParams {
+            temperature: 0.9,
+            top_k,
+            seed,
+            ..SamplerParams::default()
+        });
+    }
+    // What the screen does not serve: no top-k, a top-k above 64, a penalty.
+    all.push(SamplerParams {
+        temperature: 0.9,
+        top_k: 0,
+        seed: 6,
+        ..SamplerParams::default()
+    });
+    all.push(SamplerParams {
+        temperature: 0.9,
+        top_k: 100,
+        seed: 7,
+        ..SamplerParams::default()
+    });
+    all.push(SamplerParams {
+        repeat_penalty: 1.3,
+        ..greedy
+    });
+    all
+}
+
+fn same_tokens(path: &Path, prompts: &[Vec<u32>], n: usize) {
+    let (plain, screened) = (engine(path, false), engine(path, true));
+    for prompt in prompts {
+        for sampler in samplers() {
+            let want = tokens(&plain, prompt, &sampler, n);
+            assert_eq!(want.len(), n, "{sampler:?}");
+            assert_eq!(tokens(&screened, prompt, &sampler, n), want, "{sampler:?}");
+        }
+    }
+}
+
+#[test]
+fn the_golden_model_generates_the_same_tokens() {
+    let prompts: Vec<Vec<u32>> = bitnet_testdata::PROMPTS
+        .iter()
+        .map(|p| bitnet_testdata::token_ids("tiny", p, "prompt_tokens"))
+        .collect();
+    same_tokens(&tiny(), &prompts, 24);
+}
+
+/// The small synthetic preset (1,024 wide, 6 blocks, the tiny vocabulary), as 2B-4T's
+/// architecture and as a `llama` one.
+#[test]
+fn wider_synthetic_models_generate_the_same_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
+    for (name, arch) in [
+        ("b.gguf", SynthArch::BitnetB158),
+        ("l.gguf", SynthArch::Llama),
+    ] {
+        let spec = SynthSpec {
+            arch,
+            silu: arch == SynthArch::Llama,
+            ..SynthSpec::preset(Preset::Small)
+        };
+        let path = dir.path().join(name);
+        let f = std::fs::File::create(&path).unwrap();
+        synth::write(&spec, &vocab, std::io::BufWriter::new(f), &mut |_, _| {}).unwrap();
+        let prompts = vec![vec![1, 2, 3, 4, 5], (10..40).collect()];
+        same_tokens(&path, &prompts, 16);
+    }
+}
+
+#[test]
+fn what_the_screen_cannot_serve_is_refused_before_the_file_is_opened() {
+    let missing = Path::new("/nonexistent/model.gguf");
+    let with = |f: &dyn Fn(&mut LoadOptions)| {
+        let mut o = LoadOptions {
+            screen_head: true,
+            ..LoadOptions::default()
+        };
+        f(&mut o);
+        load(missing, &o, &mut |_| {}).err().unwrap()
+    };
+    let budget = Some(BudgetRequest {
+        bytes: 1 << 30,
+        n_ctx: Some(128),
+        kv_type_explicit: false,
+        stream: StreamMode::default(),
+        reserve_bytes: 0,
+    });
+    for (what, err) in [
+        ("exact", with(&|o| o.numerics = Numerics::Exact)),
+        ("q8_0 head", with(&|o| o.lm_head = LmHeadFormat::Q8_0)),
+        ("budget", with(&|o| o.budget = budget)),
+        ("gpu", with(&|o| o.device = Device::Gpu)),
+    ] {
+        assert!(matches!(err, EngineError::HeadScreen(_)), "{what}: {err}");
+    }
+    // Without those it is the missing file that is reported.
+    assert!(matches!(with(&|_| {}), EngineError::Open { .. }));
+}
