@@ -128,6 +128,11 @@ typedef struct bitnet_config {
   uint64_t ram_budget;
   // Read the file into memory instead of mapping it.
   bool in_memory;
+  // Build a Q8_0 screen of the LM head at load: greedy and top-k generation (top-k at
+  // most 64, no penalty) then computes only the logits that can decide each token, the
+  // same tokens, faster where memory bounds decode, for about half the head's size in RAM.
+  // Fast numerics and the file's head only.
+  bool screen_head;
 } bitnet_config;
 
 // Generation and sampling settings. Start from `bitnet_gen_params_default()`.

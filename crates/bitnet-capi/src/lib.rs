@@ -107,6 +107,11 @@ pub struct bitnet_config {
     pub ram_budget: u64,
     /// Read the file into memory instead of mapping it.
     pub in_memory: bool,
+    /// Build a Q8_0 screen of the LM head at load: greedy and top-k generation (top-k at
+    /// most 64, no penalty) then computes only the logits that can decide each token, the
+    /// same tokens, faster where memory bounds decode, for about half the head's size in RAM.
+    /// Fast numerics and the file's head only.
+    pub screen_head: bool,
 }
 
 /// Generation and sampling settings. Start from `bitnet_gen_params_default()`.
@@ -378,6 +383,7 @@ pub extern "C" fn bitnet_config_default() -> bitnet_config {
         device: BITNET_DEVICE_CPU,
         ram_budget: 0,
         in_memory: false,
+        screen_head: false,
     }
 }
 
@@ -460,6 +466,7 @@ fn load_options(c: &bitnet_config) -> Res<LoadOptions> {
         lm_head,
         device,
         in_memory: c.in_memory,
+        screen_head: c.screen_head,
         budget: (c.ram_budget != 0).then(|| ::bitnet_engine::budget::BudgetRequest {
             bytes: c.ram_budget,
             n_ctx: usize::try_from(c.n_ctx).ok().filter(|&n| n != 0),

@@ -779,6 +779,59 @@ fn sampler_matches_the_rust_chain() {
     assert_eq!(v.to_str().unwrap(), env!("CARGO_PKG_VERSION"));
 }
 
+/// `screen_head` generates the ids the plain head generates, greedy and sampled; it is
+/// refused with exact numerics.
+#[test]
+fn the_screened_head_generates_the_same_ids() {
+    let ids_of = |e: &Engine, params: &bitnet_gen_params| {
+        let prompt = CString::new("Once upon a time").unwrap();
+        let mut ids = [0u32; 32];
+        let mut res = bitnet_gen_result::default();
+        // SAFETY: valid pointers; no callback.
+        let rc = unsafe {
+            bitnet_generate(
+                e.0,
+                prompt.as_ptr(),
+                params,
+                None,
+                null_mut(),
+                ids.as_mut_ptr(),
+                32,
+                &mut res,
+            )
+        };
+        assert_eq!(rc, BITNET_OK, "{}", last_error());
+        ids[..res.n_generated as usize].to_vec()
+    };
+    let plain = load(&cfg()).unwrap();
+    let screened = load(&bitnet_config {
+        screen_head: true,
+        ..cfg()
+    })
+    .unwrap();
+    for (temperature, top_k, seed) in [(0.0, 40, 1), (0.9, 40, 2), (0.9, 5, 3)] {
+        let params = bitnet_gen_params {
+            max_tokens: 32,
+            temperature,
+            top_k,
+            seed,
+            ..bitnet_gen_params_default()
+        };
+        let want = ids_of(&plain, &params);
+        assert_eq!(want.len(), 32);
+        assert_eq!(ids_of(&screened, &params), want, "{temperature} {top_k}");
+    }
+    let err = load(&bitnet_config {
+        screen_head: true,
+        numerics: BITNET_NUMERICS_EXACT,
+        ..cfg()
+    })
+    .err()
+    .unwrap();
+    assert_eq!(err.0, BITNET_ERR_INVALID);
+    assert!(err.1.contains("screened LM head"), "{}", err.1);
+}
+
 #[test]
 fn gpu_device_forward_matches_the_cpu() {
     // CI has Mesa's software Vulkan driver; without an adapter this fails unless

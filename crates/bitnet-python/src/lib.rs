@@ -70,6 +70,7 @@ fn parse_options(
     device: &str,
     ram_budget: Option<u64>,
     in_memory: bool,
+    screen_head: bool,
 ) -> PyResult<LoadOptions> {
     let numerics = match numerics {
         "fast" => Numerics::Fast,
@@ -129,6 +130,7 @@ fn parse_options(
         lm_head,
         device,
         in_memory,
+        screen_head,
         budget: ram_budget.map(|bytes| ::bitnet_engine::budget::BudgetRequest {
             bytes,
             n_ctx,
@@ -203,7 +205,7 @@ fn chat_role(r: &str) -> PyResult<ChatRole> {
 #[pymethods]
 impl NativeModel {
     #[new]
-    #[pyo3(signature = (path, n_threads=None, n_ctx=None, numerics="fast", kv_cache=None, lm_head="f16", device="cpu", ram_budget=None, in_memory=false))]
+    #[pyo3(signature = (path, n_threads=None, n_ctx=None, numerics="fast", kv_cache=None, lm_head="f16", device="cpu", ram_budget=None, in_memory=false, screen_head=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -216,9 +218,18 @@ impl NativeModel {
         device: &str,
         ram_budget: Option<u64>,
         in_memory: bool,
+        screen_head: bool,
     ) -> PyResult<Self> {
         let opts = parse_options(
-            n_threads, n_ctx, numerics, kv_cache, lm_head, device, ram_budget, in_memory,
+            n_threads,
+            n_ctx,
+            numerics,
+            kv_cache,
+            lm_head,
+            device,
+            ram_budget,
+            in_memory,
+            screen_head,
         )?;
         if n_ctx == Some(0) {
             return Err(PyValueError::new_err("n_ctx=0: must be at least 1"));

@@ -179,10 +179,24 @@ def test_generation_runs_beside_other_threads(fast):
     (dict(n_ctx=0), ValueError, "n_ctx"),
     (dict(numerics="exact", kv_cache="q8_0"), ValueError, "f16"),
     (dict(numerics="exact", kv_cache="q4_0"), ValueError, "f16"),
+    (dict(screen_head=True, numerics="exact"), ValueError, "screened LM head"),
+    (dict(screen_head=True, lm_head="q8_0"), ValueError, "screened LM head"),
 ])
 def test_bad_model_arguments_raise(kwargs, exc, word):
     with pytest.raises(exc, match=word):
         Model(MODEL, **kwargs)
+
+
+def test_the_screened_head_generates_the_same_tokens(fast):
+    m = Model(MODEL, n_threads=1, screen_head=True)
+    for prompt in ["Once upon a time", "def main():"]:
+        for kw in [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=3),
+                   dict(temperature=0.9, top_k=0, seed=4)]:
+            assert m.generate_tokens(prompt, max_tokens=24, **kw) == \
+                fast.generate_tokens(prompt, max_tokens=24, **kw)
+    # Every logit as before.
+    ids = golden("p1_english")["prompt_tokens"]
+    assert m.logits(ids).tobytes() == fast.logits(ids).tobytes()
 
 
 def test_ram_budget_runs_the_low_memory_mode_with_the_same_logits(fast):

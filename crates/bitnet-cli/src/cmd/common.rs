@@ -330,6 +330,19 @@ impl ModelArgs {
         }))
     }
 
+    /// `--screen-head` serves generation that chooses its tokens greedily or from the top-k
+    /// (`run`, `chat`, `bench`); a command that reads every logit, or embeddings, refuses it
+    /// rather than build a screen it never reads.
+    pub fn refuse_screen_head(&self, command: &str) -> Result<()> {
+        if self.screen_head {
+            anyhow::bail!(
+                "--screen-head serves run, chat and bench (tokens chosen greedily or from the \
+                 top-k); `{command}` reads every logit or embedding: drop it"
+            );
+        }
+        Ok(())
+    }
+
     /// The library's load options for these flags (one thread count).
     pub fn load_options(&self) -> Result<bitnet_engine::LoadOptions> {
         Ok(bitnet_engine::LoadOptions {

@@ -53,6 +53,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("input {} is an empty string", i + 1);
     }
     let bits: Option<u32> = a.bits.as_deref().map(str::parse).transpose()?;
+    a.model.refuse_screen_head("embed")?;
     let engine = load_engine(&a.model)?;
     let opts = EmbedOptions {
         pooling: a.pooling,

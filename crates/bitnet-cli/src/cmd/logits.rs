@@ -45,6 +45,7 @@ pub fn run(a: Args) -> Result<()> {
     if to_stdout && std::io::stdout().is_terminal() {
         bail!("logits are binary: give --out FILE or redirect stdout");
     }
+    a.model.refuse_screen_head("logits")?;
     let engine = load_engine(&a.model)?;
     let ids = match (&a.prompt, a.ids) {
         (Some(p), _) => engine

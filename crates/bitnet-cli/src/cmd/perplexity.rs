@@ -43,6 +43,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.chunks == Some(0) {
         bail!("--chunks must be at least 1");
     }
+    a.model.refuse_screen_head("perplexity")?;
     let engine = load_engine(&a.model)?;
     let n_vocab = engine.config().n_vocab;
     if a.kl_divergence {
