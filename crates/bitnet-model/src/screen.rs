@@ -13,7 +13,7 @@
 //! where `l_i` is the logit the full head computes (`h_i · x` rounded in f32 in the kernel's
 //! order), `a_i` the screen's (`ĥ_i · x̂` with the activations `x̂` quantized to Q8_0 per 32,
 //! integer block sums scaled in f32), and γ a rounding allowance for a dot product of that
-//! length in f32 in any order, far above the worst case (`2^-10 + 4·n·2^-24`). The terms are
+//! length in f32 in any order (twice the textbook `n·2^-24/(1 − n·2^-24)`). The terms are
 //! the head's quantization error, the activations' quantization error and the two dots'
 //! float rounding (Cauchy–Schwarz bounds each). The norms are computed in f64 and rounded up.
 //!
@@ -71,13 +71,14 @@ pub struct HeadScreen {
     shadow_norm: Vec<f32>,
 }
 
-/// The rounding allowance of an f32 dot product of `n` terms in any order, with or without
-/// fused multiply-adds (the textbook bound is `n·2^-24/(1 − n·2^-24)`; this is several times
-/// it, plus `2^-10`, which also covers a kernel that rounds its activations to f16).
+/// The rounding allowance of an f32 dot product of `n` terms summed in any order, with or
+/// without fused multiply-adds: twice the textbook `γ_n = n·u/(1 − n·u)` (u = 2^-24), which
+/// also covers the two products that scale each block of the Q8_0 dot. Fast numerics' F16
+/// dot widens the halves exactly and keeps the activations in f32 on every tier, so its only
+/// error is that of the sums.
 fn gamma(n: usize) -> f64 {
-    // usize → f64 is exact below 2^53; a row is far shorter.
-    let n = f64::from(u32::try_from(n).unwrap_or(u32::MAX));
-    2f64.powi(-10) + 4.0 * n * 2f64.powi(-24)
+    let nu = f64::from(u32::try_from(n).unwrap_or(u32::MAX)) * 2f64.powi(-24);
+    2.0 * nu / (1.0 - nu).max(0.5)
 }
 
 /// `v` as an f32 no smaller than it (non-negative `v`; NaN stays NaN, +∞ stays +∞).
