@@ -801,7 +801,7 @@ fn the_screened_head_generates_the_same_ids() {
             )
         };
         assert_eq!(rc, BITNET_OK, "{}", last_error());
-        ids[..res.n_generated as usize].to_vec()
+        ids[..usize::try_from(res.n_generated).unwrap()].to_vec()
     };
     let plain = load(&cfg()).unwrap();
     let screened = load(&bitnet_config {
