@@ -543,26 +543,9 @@ pub fn build_lm_head(
         rows: model.lm_head().rows(),
     });
     let t = Instant::now();
-    let release_error = std::sync::OnceLock::new();
-    let released = std::sync::atomic::AtomicBool::new(false);
-    let q = RowMatrix::quantize_from_releasing(model.lm_head(), ty, pool, &|bytes| {
-        match file.release(bytes) {
-            Ok(r) => {
-                released.fetch_or(r, std::sync::atomic::Ordering::Relaxed);
-            }
-            // A source that is not the file's bytes (nothing mapped to release).
-            Err(GgufError::NotInFile { .. }) => {}
-            Err(e) => {
-                let _ = release_error.set(e.to_string());
-            }
-        }
-    })?;
-    if let Some(e) = release_error.get() {
-        progress(LoadEvent::Note(format!(
-            "the source of the LM head stays resident ({e})"
-        )));
-    }
-    let released = released.into_inner() && release_error.get().is_none();
+    let pages = Release::new(file);
+    let q = RowMatrix::quantize_from_releasing(model.lm_head(), ty, pool, &|b| pages.hand(b))?;
+    let released = pages.finish(progress, "the source of the LM head stays resident");
     let range = file.range_of(model.lm_head().data()).filter(|_| released);
     progress(LoadEvent::LmHeadDone {
         format,
@@ -586,26 +569,12 @@ pub fn build_head_screen(
     progress: &mut dyn FnMut(LoadEvent<'_>),
 ) -> Result<Option<std::ops::Range<usize>>> {
     let t = Instant::now();
-    let release_error = std::sync::OnceLock::new();
-    let released = std::sync::atomic::AtomicBool::new(false);
-    let screen = bitnet_model::HeadScreen::build(model.lm_head(), pool, &|bytes| {
-        match file.release(bytes) {
-            Ok(r) => {
-                released.fetch_or(r, std::sync::atomic::Ordering::Relaxed);
-            }
-            // A head that is not the file's bytes (nothing mapped to release).
-            Err(GgufError::NotInFile { .. }) => {}
-            Err(e) => {
-                let _ = release_error.set(e.to_string());
-            }
-        }
-    })?;
-    if let Some(e) = release_error.get() {
-        progress(LoadEvent::Note(format!(
-            "the LM head's pages stay resident beside its screen ({e})"
-        )));
-    }
-    let released = released.into_inner() && release_error.get().is_none();
+    let pages = Release::new(file);
+    let screen = bitnet_model::HeadScreen::build(model.lm_head(), pool, &|b| pages.hand(b))?;
+    let released = pages.finish(
+        progress,
+        "the LM head's pages stay resident beside its screen",
+    );
     progress(LoadEvent::HeadScreen {
         bytes: screen.nbytes(),
         head_bytes: model.lm_head().nbytes(),
@@ -614,6 +583,47 @@ pub fn build_head_screen(
     });
     model.head_screen = Some(screen);
     Ok(file.range_of(model.lm_head().data()).filter(|_| released))
+}
+
+/// The mapped pages of a matrix released run by run while a copy of it is built, from the
+/// builder's threads: whether every run was released, and the first error.
+struct Release<'f> {
+    file: &'f GgufFile,
+    released: std::sync::atomic::AtomicBool,
+    error: std::sync::OnceLock<String>,
+}
+
+impl<'f> Release<'f> {
+    fn new(file: &'f GgufFile) -> Self {
+        Release {
+            file,
+            released: std::sync::atomic::AtomicBool::new(false),
+            error: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Release `bytes` (a run of the source's rows, read for the last time).
+    fn hand(&self, bytes: &[u8]) {
+        match self.file.release(bytes) {
+            Ok(r) => {
+                self.released
+                    .fetch_or(r, std::sync::atomic::Ordering::Relaxed);
+            }
+            // A source that is not the file's bytes (nothing mapped to release).
+            Err(GgufError::NotInFile { .. }) => {}
+            Err(e) => {
+                let _ = self.error.set(e.to_string());
+            }
+        }
+    }
+
+    /// Whether the pages went; an error is noted with `what` first.
+    fn finish(self, progress: &mut dyn FnMut(LoadEvent<'_>), what: &str) -> bool {
+        if let Some(e) = self.error.get() {
+            progress(LoadEvent::Note(format!("{what} ({e})")));
+        }
+        self.released.into_inner() && self.error.get().is_none()
+    }
 }
 
 /// Rows of `head` by index as f32, for the clustering: with `pread` (the file and where the

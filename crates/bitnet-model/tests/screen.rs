@@ -23,27 +23,22 @@ use bitnet_kernels::rows::quantize_row_into;
 use bitnet_kernels::{Pool, RowMatrix, RowType};
 use bitnet_model::{Backend, Exec, HeadScreen, Model, Numerics, Outputs, Pick, Picked};
 
-/// xorshift64*.
-struct Rng(u64);
+/// Seeded floats over the test kit's generator.
+struct Rng(bitnet_testkit::Xorshift);
 impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    fn new(seed: u64) -> Self {
+        Rng(bitnet_testkit::Xorshift(seed | 1))
     }
     /// Uniform in [-1, 1).
     fn f32(&mut self) -> f32 {
-        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        ((self.0.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     /// Roughly Gaussian (a sum of four uniforms).
     fn gauss(&mut self) -> f32 {
         (0..4).map(|_| self.f32()).sum::<f32>() * 0.866
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.below(n)
     }
 }
 
@@ -126,7 +121,7 @@ fn check(screen: &HeadScreen, head: &RowMatrix<'_>, h: &[f32], pool: &Pool, what
 #[test]
 fn random_heads_choose_what_the_full_logits_choose() {
     let pool = Pool::new(2);
-    let mut rng = Rng(0x05c4_ee11);
+    let mut rng = Rng::new(0x05c4_ee11);
     let (mut cases, mut decided, mut decided_greedy) = (0, 0, 0);
     for (rows, cols) in [(700, 32), (1500, 64), (3000, 256), (2000, 2560), (257, 96)] {
         for style in 0..4 {
@@ -186,7 +181,7 @@ fn random_heads_choose_what_the_full_logits_choose() {
 #[test]
 fn ties_go_to_the_lowest_id_as_in_the_full_logits() {
     let pool = Pool::new(2);
-    let mut rng = Rng(77);
+    let mut rng = Rng::new(77);
     let (rows, cols) = (600, 128);
     let mut w: Vec<f32> = (0..rows * cols).map(|_| rng.gauss() * 0.05).collect();
     let h: Vec<f32> = (0..cols).map(|_| rng.gauss()).collect();
@@ -243,7 +238,7 @@ fn ties_go_to_the_lowest_id_as_in_the_full_logits() {
 #[test]
 fn what_is_not_finite_is_left_to_the_full_logits() {
     let pool = Pool::new(1);
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     let (rows, cols) = (300, 64);
     let mut w: Vec<f32> = (0..rows * cols).map(|_| rng.gauss() * 0.05).collect();
     let h: Vec<f32> = (0..cols).map(|_| rng.gauss()).collect();
@@ -299,7 +294,7 @@ fn a_width_the_screen_cannot_hold_is_refused() {
 
 #[test]
 fn the_build_releases_every_source_row_and_does_not_depend_on_threads() {
-    let mut rng = Rng(9);
+    let mut rng = Rng::new(9);
     let (rows, cols) = (1000, 64);
     let w: Vec<f32> = (0..rows * cols).map(|_| rng.gauss()).collect();
     let bytes = f16_matrix(&w, rows, cols);
