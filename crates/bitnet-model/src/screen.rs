@@ -97,7 +97,8 @@ fn norm(v: impl Iterator<Item = f64>) -> f64 {
 }
 
 impl HeadScreen {
-    /// Build the screen of `head` (any row type; its width a multiple of 32), rows in
+    /// Build the screen of `head` (F16, BF16 or F32: a head whose full logits dot the
+    /// activations in f32, as the bound assumes; its width a multiple of 32), rows in
     /// parallel, handing each run of at most [`RELEASE_ROWS`] source rows to `release` once
     /// they are read (so a memory-mapped source need not stay resident).
     pub fn build(
@@ -107,6 +108,14 @@ impl HeadScreen {
     ) -> Result<HeadScreen> {
         let cols = head.cols();
         let rows = head.rows();
+        if !matches!(head.row_type(), RowType::F16 | RowType::BF16 | RowType::F32) {
+            // A quantized head's own dot quantizes the activations too (Q8_0, Q4_0), which
+            // the bound does not cover, and a Q8_0 screen would not read fewer bytes.
+            return Err(ModelError::Unsupported(format!(
+                "a screened LM head of type {:?} (the screen is for F16, BF16 and F32 heads)",
+                head.row_type()
+            )));
+        }
         if !cols.is_multiple_of(32) || cols == 0 {
             return Err(ModelError::Unsupported(format!(
                 "a screened LM head {cols} wide (the screen is Q8_0: a multiple of 32)"
@@ -246,17 +255,13 @@ impl HeadScreen {
             return Ok(None);
         }
         let mut cands: Vec<(u32, f32)> = ids.into_iter().zip(logits).collect();
-        Ok(Some(match pick {
-            Pick::Greedy => {
-                // Ascending ids: the first of equal maxima is kept.
-                let mut best = cands[0];
-                for &c in &cands[1..] {
-                    if c.1 > best.1 {
-                        best = c;
-                    }
-                }
-                Picked::Chosen(best.0)
-            }
+        Ok(match pick {
+            // Ascending ids: the first of equal maxima is kept.
+            Pick::Greedy => cands
+                .iter()
+                .copied()
+                .reduce(|best, c| if c.1 > best.1 { c } else { best })
+                .map(|best| Picked::Chosen(best.0)),
             Pick::Top(_) => {
                 // The sampler's order: higher logit, then lower id (all finite here).
                 cands.sort_unstable_by(|x, y| {
@@ -265,8 +270,8 @@ impl HeadScreen {
                         .then(x.0.cmp(&y.0))
                 });
                 cands.truncate(n);
-                Picked::Top(cands)
+                Some(Picked::Top(cands))
             }
-        }))
+        })
     }
 }

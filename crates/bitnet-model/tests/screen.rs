@@ -284,12 +284,38 @@ fn what_is_not_finite_is_left_to_the_full_logits() {
 }
 
 #[test]
-fn a_width_the_screen_cannot_hold_is_refused() {
+fn a_head_the_screen_cannot_bound_is_refused() {
     let pool = Pool::new(1);
     let bytes = f16_matrix(&vec![0.5; 10 * 48], 10, 48);
     let head = RowMatrix::new(RowType::F16, 10, 48, Cow::Borrowed(&bytes)).unwrap();
     let err = HeadScreen::build(&head, &pool, &|_| {}).unwrap_err();
     assert!(err.to_string().contains("multiple of 32"), "{err}");
+    // Quantized heads (their own dot quantizes the activations) are refused; float ones not.
+    let values: Vec<f32> = (0..10 * 256).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+    for ty in [
+        RowType::Q8_0,
+        RowType::Q4_0,
+        RowType::Q6K,
+        RowType::F32,
+        RowType::BF16,
+    ] {
+        let rb = ty.row_bytes(256).unwrap();
+        let mut bytes = vec![0u8; 10 * rb];
+        for (row, out) in values.chunks_exact(256).zip(bytes.chunks_exact_mut(rb)) {
+            quantize_row_into(ty, row, out);
+        }
+        let head = RowMatrix::new(ty, 10, 256, Cow::Borrowed(&bytes)).unwrap();
+        let built = HeadScreen::build(&head, &pool, &|_| {});
+        let float = matches!(ty, RowType::F32 | RowType::BF16);
+        assert_eq!(built.is_ok(), float, "{ty:?}");
+        if let Ok(screen) = built {
+            let h: Vec<f32> = (0..256).map(|j| (j % 5) as f32 - 2.0).collect();
+            let full = full_logits(&head, &h, &pool);
+            if let Some(p) = screen.pick(&head, &h, Pick::Greedy, &pool).unwrap() {
+                assert_eq!(p, Picked::Chosen(argmax(&full)), "{ty:?}");
+            }
+        }
+    }
 }
 
 #[test]
