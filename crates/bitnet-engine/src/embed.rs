@@ -2,7 +2,7 @@
 //! compute them — the output-normed hidden states pooled (the file's `pooling_type`: last
 //! token for bitnet.cpp's embedding models) and L2-normalized.
 
-use bitnet_model::{numerics, Exec, Outputs, Pooling, Seq};
+use bitnet_model::{numerics, Outputs, Pooling, Seq};
 
 use crate::{Engine, EngineError, Result};
 
@@ -88,12 +88,7 @@ impl Engine {
                 })
                 .collect();
             let mut scratch = self.scratch();
-            let mut exec = Exec {
-                backend: self.backend(),
-                numerics: self.opts.numerics,
-                trace: None,
-                scratch: Some(&mut scratch),
-            };
+            let mut exec = self.exec(&mut scratch);
             let vectors = model.embed_seqs(&mut seqs, pooling, &mut exec)?;
             for v in vectors {
                 out.push(if opts.raw {

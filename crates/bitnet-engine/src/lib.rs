@@ -630,6 +630,17 @@ impl Engine {
         }
     }
 
+    /// The forward pass's context on this engine's backend and numerics, with `scratch`'s
+    /// buffers and no trace.
+    fn exec<'e>(&'e self, scratch: &'e mut Scratch) -> Exec<'e> {
+        Exec {
+            backend: self.backend(),
+            numerics: self.opts.numerics,
+            trace: None,
+            scratch: Some(scratch),
+        }
+    }
+
     /// The forward pass's reusable buffers (one forward pass at a time uses them).
     pub fn scratch(&self) -> std::sync::MutexGuard<'_, Scratch> {
         // A poisoned lock only means a forward pass panicked; the buffers are plain data.
@@ -724,12 +735,7 @@ impl Engine {
                 return Err(EngineError::Device("a GPU session on a CPU engine".into()))
             }
         };
-        let mut exec = Exec {
-            backend: self.backend(),
-            numerics: self.opts.numerics,
-            trace: None,
-            scratch: Some(&mut scratch),
-        };
+        let mut exec = self.exec(&mut scratch);
         let chunks: Vec<&[u32]> = tokens.chunks(self.opts.n_batch.max(1)).collect();
         let mut logits = Vec::new();
         for (i, chunk) in chunks.iter().enumerate() {
@@ -829,12 +835,7 @@ impl Engine {
             _ => bitnet_model::Pick::Greedy,
         };
         let mut scratch = self.scratch();
-        let mut exec = Exec {
-            backend: self.backend(),
-            numerics: self.opts.numerics,
-            trace: None,
-            scratch: Some(&mut scratch),
-        };
+        let mut exec = self.exec(&mut scratch);
         let model = self.model()?;
         let chunks: Vec<&[u32]> = tokens.chunks(self.opts.n_batch.max(1)).collect();
         let Some((last, head)) = chunks.split_last() else {
@@ -920,12 +921,7 @@ impl Engine {
                 .collect();
         }
         let mut scratch = self.scratch();
-        let mut exec = Exec {
-            backend: self.backend(),
-            numerics: self.opts.numerics,
-            trace: None,
-            scratch: Some(&mut scratch),
-        };
+        let mut exec = self.exec(&mut scratch);
         let mut seqs: Vec<bitnet_model::Seq<'_>> = Vec::with_capacity(work.len());
         for (s, t, o) in work.iter_mut() {
             let Cache::Cpu(cache) = &mut s.cache else {

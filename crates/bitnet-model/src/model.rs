@@ -602,7 +602,7 @@ impl<'a> Model<'a> {
                 a.centroids().nbytes() + head / a.clusters().max(1) * a.probe().min(a.clusters())
             }
             // The screen, and a few hundred candidate rows at most (left out).
-            (None, Some(s)) => s.bytes_per_step(),
+            (None, Some(s)) => s.nbytes(),
             (None, None) => head,
         };
         proj + head

@@ -171,14 +171,10 @@ impl HeadScreen {
         })
     }
 
-    /// Bytes held (the Q8_0 copy and the bounds).
+    /// Bytes held (the Q8_0 copy and the bounds), all of which a screened step reads besides
+    /// its candidates' rows.
     pub fn nbytes(&self) -> usize {
         self.q8.nbytes() + 8 * self.weight_err.len()
-    }
-
-    /// Bytes read per screened step, besides the candidates' rows.
-    pub fn bytes_per_step(&self) -> usize {
-        self.nbytes()
     }
 
     /// The choice `pick` for one normed hidden state `h` (`n_embd`) through `head`, whose
@@ -221,7 +217,7 @@ impl HeadScreen {
 
         let mut a = vec![0f32; rows];
         backend.lm_head(&self.q8, h, 1, Numerics::Fast, &mut a)?;
-        let mut lo = Vec::with_capacity(rows);
+        let mut lo: Vec<f64> = Vec::with_capacity(rows);
         let mut hi = Vec::with_capacity(rows);
         for ((&ai, &we), &sn) in a.iter().zip(&self.weight_err).zip(&self.shadow_norm) {
             let b = (c_weight * f64::from(we) + c_shadow * f64::from(sn)) * margin;
@@ -234,12 +230,11 @@ impl HeadScreen {
             lo.push(ai - b);
             hi.push(ai + b);
         }
+        // `lo` is read only for the threshold: the selection may reorder it in place.
         let threshold = if n == 1 {
             lo.iter().copied().fold(f64::NEG_INFINITY, f64::max)
         } else {
-            let mut sorted = lo.clone();
-            let (_, t, _) = sorted.select_nth_unstable_by(n - 1, |x, y| y.total_cmp(x));
-            *t
+            *lo.select_nth_unstable_by(n - 1, |x, y| y.total_cmp(x)).1
         };
         let ids: Vec<u32> = (0u32..)
             .zip(&hi)
