@@ -316,8 +316,8 @@ pub async fn load_file_async(
     Engine::new(model, tokenizer, opts.engine_options())
 }
 
-/// Whether this load tries the GPU (`auto` gives way to the CPU's exact numerics, budget and
-/// quantized heads, which the GPU backend does not run).
+/// Whether this load tries the GPU (`auto` gives way to the CPU's exact numerics, budget,
+/// quantized heads and screened head, which the GPU backend does not run).
 fn gpu_wanted(opts: &LoadOptions) -> bool {
     match opts.device {
         Device::Cpu => false,
@@ -326,6 +326,7 @@ fn gpu_wanted(opts: &LoadOptions) -> bool {
             opts.numerics == Numerics::Fast
                 && opts.budget.is_none()
                 && opts.lm_head == LmHeadFormat::File
+                && !opts.screen_head
                 && matches!(opts.kv_type, KvType::F16 | KvType::F32)
         }
     }
