@@ -191,6 +191,9 @@ fn auto_gives_way_to_the_screen() {
         &mut |_| {},
     )
     .unwrap();
-    assert!(e.gpu().is_none(), "auto chose the GPU and dropped the screen");
+    assert!(
+        e.gpu().is_none(),
+        "auto chose the GPU and dropped the screen"
+    );
     assert!(e.screened());
 }
