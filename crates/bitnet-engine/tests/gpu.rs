@@ -195,6 +195,18 @@ fn what_the_gpu_does_not_run_is_refused_or_falls_back() {
         .unwrap()
         .gpu()
         .is_none());
+    // `auto` asked for the screened head loads on the CPU, screened: the screen is not
+    // dropped for an adapter that cannot use it.
+    let auto_screen = LoadOptions {
+        screen_head: true,
+        ..opts(Device::Auto)
+    };
+    let e = load(&path, &auto_screen, &mut |_| {}).unwrap();
+    assert!(
+        e.gpu().is_none(),
+        "auto chose the GPU and dropped the screen"
+    );
+    assert!(e.screened());
     let bad = LoadOptions {
         gpu_adapter: Some(42),
         ..opts(Device::Gpu)

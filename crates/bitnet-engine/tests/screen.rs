@@ -175,25 +175,3 @@ fn what_the_screen_cannot_serve_is_refused_before_the_file_is_opened() {
     // Without those it is the missing file that is reported.
     assert!(matches!(with(&|_| {}), EngineError::Open { .. }));
 }
-
-/// `--device auto` asked for the screen loads on the CPU, screened: the screen is not
-/// dropped for a GPU adapter (Mesa's lavapipe in CI) that cannot use it.
-#[test]
-fn auto_gives_way_to_the_screen() {
-    let e = load(
-        &tiny(),
-        &LoadOptions {
-            threads: 2,
-            device: Device::Auto,
-            screen_head: true,
-            ..LoadOptions::default()
-        },
-        &mut |_| {},
-    )
-    .unwrap();
-    assert!(
-        e.gpu().is_none(),
-        "auto chose the GPU and dropped the screen"
-    );
-    assert!(e.screened());
-}
