@@ -53,6 +53,7 @@ use bitnet_sampling::{Sampler, SamplerParams, SamplingError};
 use bitnet_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 pub use bitnet_gguf::FileIdentity;
+pub use bitnet_model::{Pick, Picked};
 pub use constrain::{Constraint, ConstraintState, Grammars};
 pub use embed::{embed_tokens, quantize_embedding, EmbedOptions, QuantizedEmbedding};
 pub use load::{
@@ -939,6 +940,80 @@ impl Engine {
             s.tokens.extend_from_slice(t);
         }
         Ok(logits)
+    }
+
+    /// What a step of a session sampled by `sampler` needs from [`Engine::forward_sessions_pick`]:
+    /// on a screened engine ([`Engine::screened`]), the arg-max or the sampler's top-k when
+    /// that is all the sampler reads (as [`Engine::generate`]'s steps choose); otherwise
+    /// `None`, the full logits. A caller that masks or reports the logits (constrained
+    /// output, log-probabilities) passes `None` itself.
+    pub fn pick_for(&self, sampler: &Sampler) -> Option<Pick> {
+        if !self.screened() {
+            return None;
+        }
+        match self.read_back_for(sampler, false) {
+            ReadBack::Greedy => Some(Pick::Greedy),
+            ReadBack::Top(k) => Some(Pick::Top(k)),
+            ReadBack::Logits => None,
+        }
+    }
+
+    /// [`Engine::forward_sessions`] for a step that needs only each session's next token:
+    /// `picks[i]` (from [`Engine::pick_for`]) says what chooses session `i`'s, and on a
+    /// screened engine those are answered through the screen ([`Model::forward_seqs_pick`]),
+    /// in one pass over it for all of them; the rest get their logits as `forward_sessions`
+    /// gives them. [`Engine::choose`] turns an answer into the token.
+    pub fn forward_sessions_pick(
+        &self,
+        work: &mut [(&mut Session, &[u32], Outputs)],
+        picks: &[Option<Pick>],
+    ) -> Result<Vec<Picked>> {
+        if !self.screened() || picks.iter().all(Option::is_none) {
+            let logits = self.forward_sessions(work)?;
+            return Ok(logits.into_iter().map(Picked::Logits).collect());
+        }
+        for (s, t, _) in work.iter() {
+            if s.cache.len() + t.len() > s.cache.n_ctx() {
+                return Err(EngineError::ContextFull {
+                    n_past: s.cache.len() + t.len(),
+                    n_ctx: s.cache.n_ctx(),
+                });
+            }
+        }
+        let mut scratch = self.scratch();
+        let mut exec = self.exec(&mut scratch);
+        let mut seqs: Vec<bitnet_model::Seq<'_>> = Vec::with_capacity(work.len());
+        for (s, t, o) in work.iter_mut() {
+            let Cache::Cpu(cache) = &mut s.cache else {
+                return Err(EngineError::Device("a GPU session on a CPU engine".into()));
+            };
+            seqs.push(bitnet_model::Seq {
+                tokens: t,
+                cache,
+                outputs: *o,
+            });
+        }
+        let picked = self
+            .model()?
+            .forward_seqs_pick(&mut seqs, picks, &mut exec)?;
+        drop(seqs);
+        for (s, t, _) in work.iter_mut() {
+            s.tokens.extend_from_slice(t);
+        }
+        Ok(picked)
+    }
+
+    /// The token `sampler` draws from a step's answer: from the full logits, the arg-max, or
+    /// the top-k candidates (the same token and random numbers as from the full logits, see
+    /// `Sampler::sample_candidates`).
+    pub fn choose(&self, sampler: &mut Sampler, picked: &Picked) -> Result<u32> {
+        Ok(match picked {
+            Picked::Logits(l) => sampler.sample(l)?,
+            Picked::Chosen(t) => *t,
+            Picked::Top(c) => {
+                sampler.sample_candidates(c, bitnet_gpu::TOP_CANDIDATES, self.config().n_vocab)?
+            }
+        })
     }
 
     /// Make room in a full session: keep its first `keep` positions, drop half of the rest

@@ -1,7 +1,8 @@
 //! `LoadOptions::screen_head` through the loading call: generation chooses the same tokens
 //! with the screened LM head as without it (greedy, top-k sampling, and the settings the
-//! screen cannot serve), on the golden model and on wider synthetic ones; the combinations it
-//! cannot serve are refused before the file is opened.
+//! screen cannot serve), on the golden model and on wider synthetic ones, one session at a
+//! time and batched (a server's steps); the combinations it cannot serve are refused before
+//! the file is opened.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -9,8 +10,9 @@ use std::path::{Path, PathBuf};
 use bitnet_engine::budget::{BudgetRequest, StreamMode};
 use bitnet_engine::{
     load, Device, Engine, EngineError, Event, GenParams, LmHeadFormat, LoadEvent, LoadOptions,
+    Pick, Picked, Session,
 };
-use bitnet_model::Numerics;
+use bitnet_model::{Numerics, Outputs};
 use bitnet_sampling::SamplerParams;
 use bitnet_testkit::{synth, Preset, SynthArch, SynthSpec};
 
@@ -144,6 +146,128 @@ fn wider_synthetic_models_generate_the_same_tokens() {
         let prompts = vec![vec![1, 2, 3, 4, 5], (10..40).collect()];
         same_tokens(&path, &prompts, 16);
     }
+}
+
+/// Batched steps as the server takes them (`Engine::forward_sessions_pick`): four sessions,
+/// one still prefilling (no output), the others asking for the arg-max, a top-5, a top-40
+/// or every logit. Each answer must be what the unscreened engine's full logits of the same
+/// pass give: the arg-max (lowest id among equal maxima), the top-k in the sampler's order
+/// with their logits' bits, or the logits themselves bit for bit. The screen must have
+/// answered arg-maxes and top-5s, so the check cannot pass on declines alone.
+fn batched_picks_match(path: &Path, prompts: &[Vec<u32>; 4], steps: usize) {
+    let (plain, screened) = (engine(path, false), engine(path, true));
+    let new =
+        |e: &Engine| -> Vec<Session> { (0..4).map(|_| e.new_session(256).unwrap()).collect() };
+    let (mut ps, mut ss) = (new(&plain), new(&screened));
+    let picks = [
+        Some(Pick::Greedy),
+        Some(Pick::Top(5)),
+        Some(Pick::Top(40)),
+        None,
+    ];
+    let mut next: Vec<Vec<u32>> = prompts.to_vec();
+    let (mut greedy_answered, mut top5_answered) = (0, 0);
+    for step in 0..steps {
+        // Session 3's prompt goes in two chunks: its first pass has no output.
+        let mut toks = next.clone();
+        let mut outs = [Outputs::Last; 4];
+        if step == 0 {
+            let half = toks[3].len() / 2;
+            next[3] = toks[3].split_off(half);
+            outs[3] = Outputs::None;
+        }
+        let mut pw: Vec<(&mut Session, &[u32], Outputs)> = ps
+            .iter_mut()
+            .zip(&toks)
+            .zip(outs)
+            .map(|((s, t), o)| (s, t.as_slice(), o))
+            .collect();
+        let want = plain.forward_sessions(&mut pw).unwrap();
+        let mut sw: Vec<(&mut Session, &[u32], Outputs)> = ss
+            .iter_mut()
+            .zip(&toks)
+            .zip(outs)
+            .map(|((s, t), o)| (s, t.as_slice(), o))
+            .collect();
+        let got = screened.forward_sessions_pick(&mut sw, &picks).unwrap();
+        assert_eq!(got.len(), 4);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let at = format!("step {step} session {i}");
+            match g {
+                Picked::Logits(l) => {
+                    assert_eq!(l.len(), w.len(), "{at}");
+                    assert!(
+                        l.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{at}"
+                    );
+                }
+                Picked::Chosen(t) => {
+                    assert_eq!(picks[i], Some(Pick::Greedy), "{at}");
+                    assert_eq!(Some(*t), bitnet_sampling::argmax(w), "{at}");
+                    greedy_answered += 1;
+                }
+                Picked::Top(c) => {
+                    let Some(Pick::Top(k)) = picks[i] else {
+                        panic!("{at}: a top-k for {:?}", picks[i])
+                    };
+                    let mut all: Vec<(u32, f32)> = (0u32..).zip(w.iter().copied()).collect();
+                    all.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0)));
+                    all.truncate(k);
+                    assert_eq!(c.len(), k, "{at}");
+                    for (a, b) in c.iter().zip(&all) {
+                        assert_eq!((a.0, a.1.to_bits()), (b.0, b.1.to_bits()), "{at}");
+                    }
+                    if k == 5 {
+                        top5_answered += 1;
+                    }
+                }
+            }
+        }
+        // Every session goes on with the plain logits' arg-max (session 3 with the rest of
+        // its prompt after its first pass).
+        for (i, w) in want.iter().enumerate() {
+            if !w.is_empty() {
+                next[i] = vec![bitnet_sampling::argmax(w).unwrap()];
+            }
+        }
+        for (p, s) in ps.iter().zip(&ss) {
+            assert_eq!(p.tokens(), s.tokens(), "step {step}: the sessions' tokens");
+        }
+    }
+    assert!(
+        greedy_answered * 2 >= steps && top5_answered * 2 >= steps,
+        "the screen answered {greedy_answered} arg-maxes and {top5_answered} top-5s of {steps}"
+    );
+}
+
+#[test]
+fn batched_steps_pick_what_the_full_logits_give() {
+    let p = |n: &str| bitnet_testdata::token_ids("tiny", n, "prompt_tokens");
+    let names = bitnet_testdata::PROMPTS;
+    let prompts = [p(names[0]), p(names[1]), p(names[2]), p(names[3])];
+    batched_picks_match(&tiny(), &prompts, 12);
+
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
+    let path = dir.path().join("s.gguf");
+    let f = std::fs::File::create(&path).unwrap();
+    synth::write(
+        &SynthSpec::preset(Preset::Small),
+        &vocab,
+        std::io::BufWriter::new(f),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    batched_picks_match(
+        &path,
+        &[
+            vec![1, 2, 3],
+            (10..40).collect(),
+            vec![7; 9],
+            (100..117).collect(),
+        ],
+        8,
+    );
 }
 
 #[test]

@@ -680,6 +680,125 @@ impl<'a> Model<'a> {
         })
     }
 
+    /// [`Model::forward_seqs`] for a step that needs only each sequence's next token:
+    /// `picks[i]` is what chooses sequence `i`'s (`None`: its full logits). With a
+    /// [`HeadScreen`] (fast numerics, no approximate head) every sequence with
+    /// [`Outputs::Last`] and a pick is screened, all in one pass over the screen
+    /// ([`HeadScreen::pick_rows`]), and gets the choice the full logits give
+    /// ([`Picked::Chosen`] or [`Picked::Top`]); the others, and those the screen declines, get
+    /// [`Picked::Logits`]: what `forward_seqs` gives them, from one head pass. Without a
+    /// screen this is `forward_seqs`. Errors leave the caches as they were.
+    pub fn forward_seqs_pick(
+        &self,
+        seqs: &mut [Seq<'_>],
+        picks: &[Option<Pick>],
+        exec: &mut Exec<'_>,
+    ) -> Result<Vec<Picked>> {
+        if picks.len() != seqs.len() {
+            return Err(ModelError::Backend(format!(
+                "{} picks for {} sequences",
+                picks.len(),
+                seqs.len()
+            )));
+        }
+        let screen = match &self.head_screen {
+            Some(s)
+                if exec.numerics == Numerics::Fast
+                    && self.approx_head.is_none()
+                    && picks.iter().any(Option::is_some) =>
+            {
+                s
+            }
+            _ => {
+                let logits = self.forward_seqs(seqs, exec)?;
+                return Ok(logits.into_iter().map(Picked::Logits).collect());
+            }
+        };
+        let c = &self.config;
+        let mut per_seq: Vec<Vec<usize>> = Vec::with_capacity(seqs.len());
+        let mut first = 0;
+        for s in seqs.iter() {
+            let len = s.tokens.len();
+            let last = first + len.saturating_sub(1);
+            per_seq.push(match s.outputs {
+                Outputs::None => Vec::new(),
+                Outputs::Last => vec![last],
+                Outputs::All => (first..first + len).collect(),
+            });
+            first += len;
+        }
+        let keep: Vec<usize> = per_seq.iter().flatten().copied().collect();
+        let h = self.run_blocks(seqs, Some(&keep), exec)?;
+        let norm = numerics::rms_norm_for(exec.numerics);
+        let normed = |rows: &[usize]| {
+            let mut hn = vec![0.0f32; rows.len() * c.n_embd];
+            for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(rows) {
+                norm(
+                    &h[r * c.n_embd..(r + 1) * c.n_embd],
+                    &self.output_norm,
+                    c.rms_eps,
+                    dst,
+                );
+            }
+            hn
+        };
+        let mut tail = || -> Result<Vec<Picked>> {
+            let mut result: Vec<Option<Picked>> = vec![None; seqs.len()];
+            // 1. The screened sequences, one pass over the screen.
+            let screened: Vec<(usize, usize, Pick)> = seqs
+                .iter()
+                .zip(picks)
+                .zip(&per_seq)
+                .enumerate()
+                .filter_map(
+                    |(i, ((s, p), rows))| match (s.outputs, p, rows.as_slice()) {
+                        (Outputs::Last, Some(p), &[r]) => Some((i, r, *p)),
+                        _ => None,
+                    },
+                )
+                .collect();
+            let rows: Vec<usize> = screened.iter().map(|&(_, r, _)| r).collect();
+            let hn = normed(&rows);
+            exec.emit("result_norm", None, &hn, rows.len());
+            let which: Vec<Pick> = screened.iter().map(|&(_, _, p)| p).collect();
+            let answers = screen.pick_rows(self.lm_head(), &hn, &which, exec.backend)?;
+            for (&(i, _, _), a) in screened.iter().zip(answers) {
+                result[i] = a;
+            }
+            // 2. Every other output row (and what the screen declined), one head pass.
+            let full: Vec<usize> = (0..seqs.len())
+                .filter(|&i| result[i].is_none() && !per_seq[i].is_empty())
+                .collect();
+            let rows: Vec<usize> = full.iter().flat_map(|&i| per_seq[i].clone()).collect();
+            let mut rest: &[f32] = &[];
+            let logits;
+            if !rows.is_empty() {
+                let hn = normed(&rows);
+                logits = self.lm_head_logits(&hn, rows.len(), exec)?;
+                check_finite(&logits, c.n_vocab, "a logit")?;
+                exec.emit("result_output", None, &logits, rows.len());
+                rest = &logits;
+            }
+            Ok(result
+                .into_iter()
+                .zip(&per_seq)
+                .map(|(r, rows)| {
+                    r.unwrap_or_else(|| {
+                        let (mine, more) = rest.split_at(rows.len() * c.n_vocab);
+                        rest = more;
+                        Picked::Logits(mine.to_vec())
+                    })
+                })
+                .collect())
+        };
+        tail().inspect_err(|_| {
+            for s in seqs.iter_mut() {
+                let len = s.cache.len().saturating_sub(s.tokens.len());
+                s.cache.truncate(len);
+            }
+        })
+    }
+
     /// The blocks over several sequences in one pass: their tokens share every ternary matmul
     /// (continuous batching), attention runs per sequence over its own cache, each cache
     /// advances by its tokens. Returns the hidden states `[n][n_embd]` before the output norm.

@@ -187,21 +187,80 @@ impl HeadScreen {
         pick: Pick,
         backend: &dyn Backend,
     ) -> Result<Option<Picked>> {
+        Ok(self.pick_rows(head, h, &[pick], backend)?.pop().flatten())
+    }
+
+    /// [`HeadScreen::pick`] for several normed hidden states at once (`hs`: `picks.len()`
+    /// rows of `n_embd`, row `r` chosen as `picks[r]` asks): one pass over the screen serves
+    /// them all, as a batch of sequences decoding together reads the head once. Each answer
+    /// is the one [`HeadScreen::pick`] gives that row alone.
+    pub fn pick_rows(
+        &self,
+        head: &RowMatrix<'_>,
+        hs: &[f32],
+        picks: &[Pick],
+        backend: &dyn Backend,
+    ) -> Result<Vec<Option<Picked>>> {
         let rows = self.q8.rows();
         let cols = self.q8.cols();
-        if head.rows() != rows || head.cols() != cols || h.len() != cols {
+        if head.rows() != rows
+            || head.cols() != cols
+            || picks.len().checked_mul(cols) != Some(hs.len())
+        {
             return Err(ModelError::Backend(
                 "the LM head's screen does not match the head".into(),
             ));
         }
+        let mut out = vec![None; picks.len()];
+        // The rows the screen may answer: a pick it can decide, every value finite.
+        let live: Vec<usize> = (0..picks.len())
+            .filter(|&r| {
+                let ok = match picks[r] {
+                    Pick::Greedy => true,
+                    Pick::Top(n) => n > 0 && n < rows,
+                };
+                ok && hs[r * cols..(r + 1) * cols].iter().all(|v| v.is_finite())
+            })
+            .collect();
+        if live.is_empty() {
+            return Ok(out);
+        }
+        let x: Vec<f32> = live
+            .iter()
+            .flat_map(|&r| hs[r * cols..(r + 1) * cols].iter().copied())
+            .collect();
+        let mut a = vec![0f32; live.len() * rows];
+        backend.lm_head(&self.q8, &x, live.len(), Numerics::Fast, &mut a)?;
+        for (j, &r) in live.iter().enumerate() {
+            out[r] = self.decide(
+                head,
+                &x[j * cols..(j + 1) * cols],
+                &a[j * rows..(j + 1) * rows],
+                picks[r],
+                backend,
+            )?;
+        }
+        Ok(out)
+    }
+
+    /// One row's choice from its screened logits `a`: the bound of every logit, the
+    /// candidates, their exact logits from `head`'s rows. `h` is finite and the pick one the
+    /// screen can decide.
+    fn decide(
+        &self,
+        head: &RowMatrix<'_>,
+        h: &[f32],
+        a: &[f32],
+        pick: Pick,
+        backend: &dyn Backend,
+    ) -> Result<Option<Picked>> {
+        let rows = self.q8.rows();
+        let cols = self.q8.cols();
         let n = match pick {
             Pick::Greedy => 1,
             Pick::Top(n) if n > 0 && n < rows => n,
             Pick::Top(_) => return Ok(None),
         };
-        if h.iter().any(|v| !v.is_finite()) {
-            return Ok(None);
-        }
         // The activations as the integer dots quantize them.
         let mut xq = vec![0i8; cols];
         let mut xd = vec![0f32; cols / 32];
@@ -215,8 +274,6 @@ impl HeadScreen {
         // The bound's own arithmetic (a few f64 operations) is covered by a relative margin.
         let margin = 1.0 + 2f64.powi(-20);
 
-        let mut a = vec![0f32; rows];
-        backend.lm_head(&self.q8, h, 1, Numerics::Fast, &mut a)?;
         let mut lo: Vec<f64> = Vec::with_capacity(rows);
         let mut hi = Vec::with_capacity(rows);
         for ((&ai, &we), &sn) in a.iter().zip(&self.weight_err).zip(&self.shadow_norm) {
