@@ -27,6 +27,8 @@ pub struct Metrics {
     pub prompt_tokens_evaluated: AtomicU64,
     /// Tokens sampled.
     pub generated_tokens: AtomicU64,
+    /// Tokens chosen through the screened LM head (`--screen-head`) without full logits.
+    pub screened_tokens: AtomicU64,
     /// Forward passes run by the scheduler.
     pub steps: AtomicU64,
     /// Requests waiting for a slot (admission bound: the wait queue).
@@ -113,6 +115,12 @@ impl Metrics {
             "counter",
             "Tokens generated.",
             c(&self.generated_tokens),
+        );
+        metric(
+            "bitnet_screened_tokens_total",
+            "counter",
+            "Tokens chosen through the screened LM head, without computing every logit.",
+            c(&self.screened_tokens),
         );
         metric(
             "bitnet_forward_passes_total",

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bitnet_engine::Session;
-use bitnet_engine::{Engine, FinishReason, StopMatcher};
+use bitnet_engine::{Engine, FinishReason, Pick, Picked, StopMatcher};
 use bitnet_model::Outputs;
 use bitnet_sampling::{Sampler, SamplerParams};
 use bitnet_tokenizer::{StreamDecoder, TokenKind};
@@ -499,7 +499,23 @@ impl Scheduler {
     /// The batched forward pass; meanwhile, on a thread of its own, the token masks of the
     /// constrained slots that get logits from it are computed (so a constraint's cost hides
     /// behind the pass instead of following it).
-    fn forward(&mut self, plans: &[Plan]) -> Result<Vec<Vec<f32>>, bitnet_engine::EngineError> {
+    fn forward(&mut self, plans: &[Plan]) -> Result<Vec<Picked>, bitnet_engine::EngineError> {
+        // What chooses each slot's next token: the screen where the engine has one and the
+        // request reads nothing else (no constraint to mask the logits, no log-probabilities
+        // to report), else the full logits.
+        let picks: Vec<Option<Pick>> = plans
+            .iter()
+            .map(|p| {
+                let a = self.slots[p.slot].active.as_ref()?;
+                if p.outputs != Outputs::Last
+                    || a.job.constraint.is_some()
+                    || a.job.logprobs.is_some()
+                {
+                    return None;
+                }
+                self.engine.pick_for(&a.sampler)
+            })
+            .collect();
         let mut states: Vec<(usize, Box<bitnet_engine::ConstraintState>)> = plans
             .iter()
             .filter(|p| p.outputs != Outputs::None)
@@ -509,7 +525,7 @@ impl Scheduler {
             })
             .collect();
         if states.is_empty() {
-            return self.forward_pass(plans);
+            return self.forward_pass(plans, &picks);
         }
         let r = std::thread::scope(|scope| {
             // The thread borrows the states: if it cannot start, they stay here and each
@@ -524,7 +540,7 @@ impl Scheduler {
                         let _ = c.prepare();
                     }
                 });
-            let r = self.forward_pass(plans);
+            let r = self.forward_pass(plans, &picks);
             if let Ok(h) = masks {
                 // A panic there left no mask ready: `apply` computes it.
                 let _ = h.join();
@@ -542,7 +558,8 @@ impl Scheduler {
     fn forward_pass(
         &mut self,
         plans: &[Plan],
-    ) -> Result<Vec<Vec<f32>>, bitnet_engine::EngineError> {
+        picks: &[Option<Pick>],
+    ) -> Result<Vec<Picked>, bitnet_engine::EngineError> {
         // `plans` is sorted by slot; pair each plan with its slot's cache.
         let mut it = plans.iter().peekable();
         let mut work: Vec<(&mut Session, &[u32], Outputs)> = Vec::with_capacity(plans.len());
@@ -551,40 +568,53 @@ impl Scheduler {
                 work.push((&mut s.cache, &p.tokens, p.outputs));
             }
         }
-        self.engine.forward_sessions(&mut work)
+        self.engine.forward_sessions_pick(&mut work, picks)
     }
 
-    /// Sample the next token of slot `i` from `logits`; `Some` when generation ends.
-    fn step(&mut self, i: usize, logits: &[f32]) -> Option<FinishReason> {
-        let tok = &self.engine.tokenizer;
+    /// Sample the next token of slot `i` from its pass's answer; `Some` when generation
+    /// ends.
+    fn step(&mut self, i: usize, picked: &Picked) -> Option<FinishReason> {
         let n_ctx = self.cfg.n_ctx;
         let slot = &mut self.slots[i];
         let cache_len = slot.tokens.len();
         let a = slot.active.as_mut()?;
-        let masked;
-        let logits = match a.job.constraint.as_mut() {
-            None => logits,
-            Some(c) => {
-                let mut l = logits.to_vec();
-                if let Err(e) = c.apply(&mut l) {
-                    send_grammar_error(&a.job, &e);
-                    self.metrics.errors.fetch_add(1, Relaxed);
-                    return Some(FinishReason::Cancelled);
+        let sampled = match picked {
+            Picked::Logits(logits) => {
+                let masked;
+                let logits = match a.job.constraint.as_mut() {
+                    None => logits.as_slice(),
+                    Some(c) => {
+                        let mut l = logits.clone();
+                        if let Err(e) = c.apply(&mut l) {
+                            send_grammar_error(&a.job, &e);
+                            self.metrics.errors.fetch_add(1, Relaxed);
+                            return Some(FinishReason::Cancelled);
+                        }
+                        masked = l;
+                        &masked[..]
+                    }
+                };
+                match a.job.logprobs {
+                    None => a.sampler.sample(logits),
+                    Some(n) => a.sampler.sample_with_logprobs(logits, n).map(|s| {
+                        a.logprobs.push(TokenLogprob {
+                            id: s.id,
+                            logprob: s.logprob,
+                            top: s.top,
+                        });
+                        s.id
+                    }),
                 }
-                masked = l;
-                &masked[..]
+                .map_err(|e| e.to_string())
             }
-        };
-        let sampled = match a.job.logprobs {
-            None => a.sampler.sample(logits),
-            Some(n) => a.sampler.sample_with_logprobs(logits, n).map(|s| {
-                a.logprobs.push(TokenLogprob {
-                    id: s.id,
-                    logprob: s.logprob,
-                    top: s.top,
-                });
-                s.id
-            }),
+            // The screen answers only requests with no constraint and no log-probabilities
+            // (`forward`).
+            screened => {
+                self.metrics.screened_tokens.fetch_add(1, Relaxed);
+                self.engine
+                    .choose(&mut a.sampler, screened)
+                    .map_err(|e| e.to_string())
+            }
         };
         let t = match sampled {
             Ok(t) => t,
@@ -604,6 +634,14 @@ impl Scheduler {
             self.metrics.errors.fetch_add(1, Relaxed);
             return Some(FinishReason::Cancelled);
         }
+        self.emit(i, t, cache_len, n_ctx)
+    }
+
+    /// Take slot `i`'s sampled token `t` (the cache held `cache_len` tokens): count it, send
+    /// its text; `Some` when generation ends with it.
+    fn emit(&mut self, i: usize, t: u32, cache_len: usize, n_ctx: usize) -> Option<FinishReason> {
+        let tok = &self.engine.tokenizer;
+        let a = self.slots[i].active.as_mut()?;
         a.sampler.accept(t);
         a.generated += 1;
         self.metrics.generated_tokens.fetch_add(1, Relaxed);

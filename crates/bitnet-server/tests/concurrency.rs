@@ -248,6 +248,85 @@ async fn batched_decode_gives_the_single_sequence_tokens() {
     assert!(passes < 0.6 * tokens, "{passes} passes for {tokens} tokens");
 }
 
+/// `serve --screen-head`: four requests batched through a screened engine get the text the
+/// unscreened engine's own loop gives them: greedy and top-k sampling chosen through the
+/// screen, beside a request for log-probabilities (which reads every logit) and one without
+/// top-k (likewise). The screen must have chosen tokens (the metric counts them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_screened_head_serves_the_same_tokens_batched() {
+    let engine = tiny_engine();
+    // (prompt, temperature, top_k, seed, logprobs)
+    let cases: Vec<(String, f32, i32, u64, bool)> = vec![
+        ("The capital of France".into(), 0.0, 40, 0, false),
+        ("1, 2, 3, 4,".into(), 0.8, 5, 11, false),
+        ("def main():".into(), 1.0, 40, 12, true),
+        ("Ünïcödé text — with dashes".into(), 0.7, 0, 13, false),
+    ];
+    let expected: Vec<String> = cases
+        .iter()
+        .map(|(p, temperature, top_k, seed, _)| {
+            let ids = engine.tokenizer.encode(p, true, false).unwrap();
+            reference(
+                &ids,
+                32,
+                SamplerParams {
+                    temperature: *temperature,
+                    top_k: *top_k,
+                    seed: *seed,
+                    ..SamplerParams::default()
+                },
+            )
+            .0
+        })
+        .collect();
+    let s = TestServer::start_unloaded(ServerConfig {
+        parallel: 4,
+        prefill_chunk: 3,
+        step_delay: Some(Duration::from_millis(5)),
+        ..test_config()
+    })
+    .await;
+    s.handle.load(|| {
+        let opts = bitnet_engine::LoadOptions {
+            threads: 1,
+            screen_head: true,
+            ..Default::default()
+        };
+        let e = bitnet_engine::load(&tiny_path(), &opts, &mut |_| {}).map_err(|e| e.to_string())?;
+        assert!(e.screened());
+        Ok(e)
+    });
+    tokio::time::timeout(patience(30), s.handle.wait_ready())
+        .await
+        .expect("model load timed out")
+        .unwrap();
+    let mut tasks = Vec::new();
+    for (p, temperature, top_k, seed, logprobs) in cases.clone() {
+        let addr = s.addr;
+        tasks.push(tokio::spawn(async move {
+            let mut body = json!({"prompt": p, "max_tokens": 32, "temperature": temperature,
+                                  "top_k": top_k, "seed": seed});
+            if logprobs {
+                body["logprobs"] = json!(2);
+            }
+            post(addr, COMPL, &body.to_string()).await
+        }));
+    }
+    for (t, want) in tasks.into_iter().zip(&expected) {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(&text_of(&r.json()), want);
+    }
+    let tokens = s.metric("bitnet_generated_tokens_total").await;
+    let screened = s.metric("bitnet_screened_tokens_total").await;
+    assert_eq!(tokens, 128.0);
+    // The first two requests (64 tokens) may be screened; the others never are.
+    assert!(
+        (32.0..=64.0).contains(&screened),
+        "{screened} of {tokens} tokens chosen through the screen"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_in_flight_requests() {
     let mut s = TestServer::start(ServerConfig {

@@ -331,13 +331,13 @@ impl ModelArgs {
     }
 
     /// `--screen-head` serves generation that chooses its tokens greedily or from the top-k
-    /// (`run`, `chat`, `bench`); a command that reads every logit, or embeddings, refuses it
-    /// rather than build a screen it never reads.
+    /// (`run`, `chat`, `bench`, `serve`); a command that reads every logit, or embeddings,
+    /// refuses it rather than build a screen it never reads.
     pub fn refuse_screen_head(&self, command: &str) -> Result<()> {
         if self.screen_head {
             anyhow::bail!(
-                "--screen-head serves run, chat and bench (tokens chosen greedily or from the \
-                 top-k); `{command}` reads every logit or embedding: drop it"
+                "--screen-head serves run, chat, bench and serve (tokens chosen greedily or \
+                 from the top-k); `{command}` reads every logit or embedding: drop it"
             );
         }
         Ok(())

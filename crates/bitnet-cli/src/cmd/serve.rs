@@ -120,9 +120,6 @@ pub fn run(a: Args) -> Result<()> {
             .map_err(|e| format!("{e:#}"))?;
         b.inc(1);
         b.set_message(format!("loading {}", path.display()));
-        model_args
-            .refuse_screen_head("serve")
-            .map_err(|e| format!("{e:#}"))?;
         let mut opts = model_args.load_options().map_err(|e| format!("{e:#}"))?;
         if let Some(b) = &mut opts.budget {
             b.reserve_bytes = SERVE_RESERVE_BYTES;
