@@ -392,6 +392,37 @@ impl Session {
     }
 }
 
+/// Whether every session of `work` has room for its new tokens.
+fn check_room(work: &[(&mut Session, &[u32], Outputs)]) -> Result<()> {
+    for (s, t, _) in work {
+        if s.cache.len() + t.len() > s.cache.n_ctx() {
+            return Err(EngineError::ContextFull {
+                n_past: s.cache.len() + t.len(),
+                n_ctx: s.cache.n_ctx(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `work`'s sessions as the model's sequences (CPU caches only).
+fn cpu_seqs<'a>(
+    work: &'a mut [(&mut Session, &[u32], Outputs)],
+) -> Result<Vec<bitnet_model::Seq<'a>>> {
+    let mut seqs = Vec::with_capacity(work.len());
+    for (s, t, o) in work.iter_mut() {
+        let Cache::Cpu(cache) = &mut s.cache else {
+            return Err(EngineError::Device("a GPU session on a CPU engine".into()));
+        };
+        seqs.push(bitnet_model::Seq {
+            tokens: t,
+            cache,
+            outputs: *o,
+        });
+    }
+    Ok(seqs)
+}
+
 /// What picks the next token in [`Engine::generate`].
 #[derive(Debug)]
 enum Next {
@@ -907,14 +938,7 @@ impl Engine {
         &self,
         work: &mut [(&mut Session, &[u32], Outputs)],
     ) -> Result<Vec<Vec<f32>>> {
-        for (s, t, _) in work.iter() {
-            if s.cache.len() + t.len() > s.cache.n_ctx() {
-                return Err(EngineError::ContextFull {
-                    n_past: s.cache.len() + t.len(),
-                    n_ctx: s.cache.n_ctx(),
-                });
-            }
-        }
+        check_room(work)?;
         if self.gpu.is_some() {
             return work
                 .iter_mut()
@@ -923,17 +947,7 @@ impl Engine {
         }
         let mut scratch = self.scratch();
         let mut exec = self.exec(&mut scratch);
-        let mut seqs: Vec<bitnet_model::Seq<'_>> = Vec::with_capacity(work.len());
-        for (s, t, o) in work.iter_mut() {
-            let Cache::Cpu(cache) = &mut s.cache else {
-                return Err(EngineError::Device("a GPU session on a CPU engine".into()));
-            };
-            seqs.push(bitnet_model::Seq {
-                tokens: t,
-                cache,
-                outputs: *o,
-            });
-        }
+        let mut seqs = cpu_seqs(work)?;
         let logits = self.model()?.forward_seqs(&mut seqs, &mut exec)?;
         drop(seqs);
         for (s, t, _) in work.iter_mut() {
@@ -972,27 +986,10 @@ impl Engine {
             let logits = self.forward_sessions(work)?;
             return Ok(logits.into_iter().map(Picked::Logits).collect());
         }
-        for (s, t, _) in work.iter() {
-            if s.cache.len() + t.len() > s.cache.n_ctx() {
-                return Err(EngineError::ContextFull {
-                    n_past: s.cache.len() + t.len(),
-                    n_ctx: s.cache.n_ctx(),
-                });
-            }
-        }
+        check_room(work)?;
         let mut scratch = self.scratch();
         let mut exec = self.exec(&mut scratch);
-        let mut seqs: Vec<bitnet_model::Seq<'_>> = Vec::with_capacity(work.len());
-        for (s, t, o) in work.iter_mut() {
-            let Cache::Cpu(cache) = &mut s.cache else {
-                return Err(EngineError::Device("a GPU session on a CPU engine".into()));
-            };
-            seqs.push(bitnet_model::Seq {
-                tokens: t,
-                cache,
-                outputs: *o,
-            });
-        }
+        let mut seqs = cpu_seqs(work)?;
         let picked = self
             .model()?
             .forward_seqs_pick(&mut seqs, picks, &mut exec)?;

@@ -105,6 +105,13 @@ fn samplers() -> Vec<SamplerParams> {
     all
 }
 
+/// A synthetic model of `spec` with the tiny vocabulary at `path`.
+fn write_synth(spec: &SynthSpec, path: &Path) {
+    let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
+    let f = std::fs::File::create(path).unwrap();
+    synth::write(spec, &vocab, std::io::BufWriter::new(f), &mut |_, _| {}).unwrap();
+}
+
 fn same_tokens(path: &Path, prompts: &[Vec<u32>], n: usize) {
     let (plain, screened) = (engine(path, false), engine(path, true));
     for prompt in prompts {
@@ -130,7 +137,6 @@ fn the_golden_model_generates_the_same_tokens() {
 #[test]
 fn wider_synthetic_models_generate_the_same_tokens() {
     let dir = tempfile::tempdir().unwrap();
-    let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
     for (name, arch) in [
         ("b.gguf", SynthArch::BitnetB158),
         ("l.gguf", SynthArch::Llama),
@@ -141,8 +147,7 @@ fn wider_synthetic_models_generate_the_same_tokens() {
             ..SynthSpec::preset(Preset::Small)
         };
         let path = dir.path().join(name);
-        let f = std::fs::File::create(&path).unwrap();
-        synth::write(&spec, &vocab, std::io::BufWriter::new(f), &mut |_, _| {}).unwrap();
+        write_synth(&spec, &path);
         let prompts = vec![vec![1, 2, 3, 4, 5], (10..40).collect()];
         same_tokens(&path, &prompts, 16);
     }
@@ -248,16 +253,8 @@ fn batched_steps_pick_what_the_full_logits_give() {
     batched_picks_match(&tiny(), &prompts, 12);
 
     let dir = tempfile::tempdir().unwrap();
-    let vocab = synth::vocab_from_gguf_bytes(bitnet_testkit::TINY_VOCAB_GGUF).unwrap();
     let path = dir.path().join("s.gguf");
-    let f = std::fs::File::create(&path).unwrap();
-    synth::write(
-        &SynthSpec::preset(Preset::Small),
-        &vocab,
-        std::io::BufWriter::new(f),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    write_synth(&SynthSpec::preset(Preset::Small), &path);
     batched_picks_match(
         &path,
         &[

@@ -715,33 +715,10 @@ impl<'a> Model<'a> {
             }
         };
         let c = &self.config;
-        let mut per_seq: Vec<Vec<usize>> = Vec::with_capacity(seqs.len());
-        let mut first = 0;
-        for s in seqs.iter() {
-            let len = s.tokens.len();
-            let last = first + len.saturating_sub(1);
-            per_seq.push(match s.outputs {
-                Outputs::None => Vec::new(),
-                Outputs::Last => vec![last],
-                Outputs::All => (first..first + len).collect(),
-            });
-            first += len;
-        }
-        let keep: Vec<usize> = per_seq.iter().flatten().copied().collect();
+        let (per_seq, keep) = output_rows(seqs);
         let h = self.run_blocks(seqs, Some(&keep), exec)?;
-        let norm = numerics::rms_norm_for(exec.numerics);
-        let normed = |rows: &[usize]| {
-            let mut hn = vec![0.0f32; rows.len() * c.n_embd];
-            for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(rows) {
-                norm(
-                    &h[r * c.n_embd..(r + 1) * c.n_embd],
-                    &self.output_norm,
-                    c.rms_eps,
-                    dst,
-                );
-            }
-            hn
-        };
+        let numerics = exec.numerics;
+        let normed = |rows: &[usize]| self.output_normed(&h, rows, numerics);
         let mut tail = || -> Result<Vec<Picked>> {
             let mut result: Vec<Option<Picked>> = vec![None; seqs.len()];
             // 1. The screened sequences, one pass over the screen.
@@ -914,43 +891,37 @@ impl<'a> Model<'a> {
         Ok(out)
     }
 
+    /// The rows `rows` of the hidden states `h` through the output norm, `[rows][n_embd]`.
+    fn output_normed(&self, h: &[f32], rows: &[usize], numerics: Numerics) -> Vec<f32> {
+        let c = &self.config;
+        let norm = numerics::rms_norm_for(numerics);
+        let mut hn = vec![0.0f32; rows.len() * c.n_embd];
+        for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(rows) {
+            norm(
+                &h[r * c.n_embd..(r + 1) * c.n_embd],
+                &self.output_norm,
+                c.rms_eps,
+                dst,
+            );
+        }
+        hn
+    }
+
     fn forward_seqs_unchecked(
         &self,
         seqs: &mut [Seq<'_>],
         exec: &mut Exec<'_>,
     ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
-        let mut per_seq: Vec<Vec<usize>> = Vec::with_capacity(seqs.len());
-        let mut first = 0;
-        for s in seqs.iter() {
-            let len = s.tokens.len();
-            per_seq.push(match s.outputs {
-                Outputs::None => Vec::new(),
-                Outputs::Last => vec![first + len - 1],
-                Outputs::All => (first..first + len).collect(),
-            });
-            first += len;
-        }
-        let keep: Vec<usize> = per_seq.iter().flatten().copied().collect();
+        let (per_seq, keep) = output_rows(seqs);
         let h = self.run_blocks(seqs, Some(&keep), exec)?;
 
         // logits = E · RMS(h, output_norm). Fast numerics: one head pass for every output row
         // of every sequence (the head is the largest read of a decode step; a row's logits
         // do not depend on the other rows of the call). Exact numerics: per sequence, since
         // the reference's accumulation order depends on the number of rows.
-        let norm = numerics::rms_norm_for(exec.numerics);
-        let normed = |rows: &[usize]| {
-            let mut hn = vec![0.0f32; rows.len() * c.n_embd];
-            for (dst, &r) in hn.chunks_exact_mut(c.n_embd).zip(rows) {
-                norm(
-                    &h[r * c.n_embd..(r + 1) * c.n_embd],
-                    &self.output_norm,
-                    c.rms_eps,
-                    dst,
-                );
-            }
-            hn
-        };
+        let numerics = exec.numerics;
+        let normed = |rows: &[usize]| self.output_normed(&h, rows, numerics);
         let mut result = Vec::with_capacity(seqs.len());
         if exec.numerics == Numerics::Fast && per_seq.iter().filter(|r| !r.is_empty()).count() > 1 {
             let hn = normed(&keep);
@@ -1455,6 +1426,25 @@ pub fn check_finite(values: &[f32], width: usize, what: &'static str) -> Result<
 
 /// [`check_finite`] over each sequence's results (`outputs`: its values and their row
 /// width), winding every sequence's cache back past the tokens the call added on a refusal.
+/// The batch rows each sequence's `outputs` asks for (row indices of the whole batch), and
+/// all of them in order. A sequence has at least one token ([`Model::run_blocks`] refuses an
+/// empty one).
+fn output_rows(seqs: &[Seq<'_>]) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut per_seq: Vec<Vec<usize>> = Vec::with_capacity(seqs.len());
+    let mut first = 0;
+    for s in seqs {
+        let len = s.tokens.len();
+        per_seq.push(match s.outputs {
+            Outputs::None => Vec::new(),
+            Outputs::Last => vec![first + len.saturating_sub(1)],
+            Outputs::All => (first..first + len).collect(),
+        });
+        first += len;
+    }
+    let keep = per_seq.iter().flatten().copied().collect();
+    (per_seq, keep)
+}
+
 fn check_outputs<'v>(
     seqs: &mut [Seq<'_>],
     mut outputs: impl Iterator<Item = (&'v [f32], usize)>,
