@@ -1424,8 +1424,6 @@ pub fn check_finite(values: &[f32], width: usize, what: &'static str) -> Result<
     })
 }
 
-/// [`check_finite`] over each sequence's results (`outputs`: its values and their row
-/// width), winding every sequence's cache back past the tokens the call added on a refusal.
 /// The batch rows each sequence's `outputs` asks for (row indices of the whole batch), and
 /// all of them in order. A sequence has at least one token ([`Model::run_blocks`] refuses an
 /// empty one).
@@ -1445,6 +1443,8 @@ fn output_rows(seqs: &[Seq<'_>]) -> (Vec<Vec<usize>>, Vec<usize>) {
     (per_seq, keep)
 }
 
+/// [`check_finite`] over each sequence's results (`outputs`: its values and their row
+/// width), winding every sequence's cache back past the tokens the call added on a refusal.
 fn check_outputs<'v>(
     seqs: &mut [Seq<'_>],
     mut outputs: impl Iterator<Item = (&'v [f32], usize)>,
