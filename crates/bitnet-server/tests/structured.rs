@@ -205,15 +205,17 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
         assert!(t0.elapsed() < patience(30), "{what}: {:?}", t0.elapsed());
     }
     // A schema of about 660 KiB (under the body limit): refused (400 when it does not compile within llguidance's
-    // limits, 413 beyond the body limit) or served, never a hang.
+    // limits, 413 beyond the body limit) or served, never a hang. Served, it takes 11 s on
+    // a Zen 5 core and 26 s on a Zen 3 one (the compile and 8 masks), more beside other
+    // tests: the bound is a hang's, not a speed target.
     let t0 = std::time::Instant::now();
     let body = chat(
         json!({ "json_schema": { "type": "object", "properties": wide,
                                              "required": ["field_0"] }, "max_tokens": 8 }),
     );
-    let r = post(s.addr, CHAT, &body).await;
+    let r = post_within(s.addr, CHAT, &body, patience(180)).await;
     assert!([200, 400, 413].contains(&r.status), "{}", r.status);
-    assert!(t0.elapsed() < patience(60), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < patience(180), "{:?}", t0.elapsed());
     println!(
         "a {} KiB schema: {} in {:?}",
         body.len() >> 10,

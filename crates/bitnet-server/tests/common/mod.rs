@@ -263,10 +263,15 @@ pub fn sse_data(text: &str) -> Vec<String> {
 
 /// Send raw bytes, read until the server closes, parse the response.
 pub async fn raw(addr: SocketAddr, req: &[u8]) -> Resp {
+    raw_within(addr, req, patience(30)).await
+}
+
+/// [`raw`], waiting up to `limit` for the whole response.
+pub async fn raw_within(addr: SocketAddr, req: &[u8], limit: Duration) -> Resp {
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(req).await.unwrap();
     let mut buf = Vec::new();
-    tokio::time::timeout(patience(30), s.read_to_end(&mut buf))
+    tokio::time::timeout(limit, s.read_to_end(&mut buf))
         .await
         .expect("response timed out")
         .unwrap();
@@ -343,6 +348,16 @@ fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]
 
 pub async fn post(addr: SocketAddr, path: &str, body: &str) -> Resp {
     post_with(addr, path, body.as_bytes(), &[]).await
+}
+
+/// [`post`], waiting up to `limit` for the whole response.
+pub async fn post_within(addr: SocketAddr, path: &str, body: &str, limit: Duration) -> Resp {
+    raw_within(
+        addr,
+        &request_bytes("POST", path, &[], body.as_bytes()),
+        limit,
+    )
+    .await
 }
 
 pub async fn post_with(
