@@ -206,8 +206,8 @@ async fn bad_and_hostile_constraints_are_400_naming_the_field() {
     }
     // A schema of about 660 KiB (under the body limit): refused (400 when it does not compile within llguidance's
     // limits, 413 beyond the body limit) or served, never a hang. Served, it takes 11 s on
-    // a Zen 5 core and 26 s on a Zen 3 one (the compile and 8 masks), more beside other
-    // tests: the bound is a hang's, not a speed target.
+    // an Emerald Rapids core and 26 s on a Zen 3 one (the compile and 8 masks), more beside
+    // other tests: the bound is a hang's, not a speed target.
     let t0 = std::time::Instant::now();
     let body = chat(
         json!({ "json_schema": { "type": "object", "properties": wide,
