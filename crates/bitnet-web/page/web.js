@@ -38,6 +38,22 @@ if ("serviceWorker" in navigator && location.protocol !== "file:") {
 const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
 let reply = null; // { el, body, text }
 
+// A worker whose script cannot load or throws outside a message (an old or broken cached
+// copy, a blocked module) says so on the page rather than leave it loading for ever.
+function workerFailed(message) {
+  state.error = message;
+  state.ready = false;
+  setStatus(message, "bad");
+  $("load").disabled = false;
+  $("progress").hidden = true;
+  if (reply) finishReply(null, message);
+}
+worker.onerror = (e) => {
+  e.preventDefault();
+  workerFailed("the model's worker failed: " + (e.message || "its script did not load"));
+};
+worker.onmessageerror = () => workerFailed("the model's worker sent a message that could not be read");
+
 worker.onmessage = (ev) => {
   const m = ev.data;
   if (m.type === "progress") {
@@ -150,6 +166,7 @@ function send() {
 
 async function load(source, label) {
   state.ready = false;
+  state.error = null;
   $("send").disabled = true;
   $("load").disabled = true;
   setStatus("loading " + label + "…");
