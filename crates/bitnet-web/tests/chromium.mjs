@@ -59,34 +59,42 @@ export class Browser {
         process.exit(128 + (sig === "SIGINT" ? 2 : sig === "SIGTERM" ? 15 : 1));
       });
     }
-    const portFile = join(profile, "DevToolsActivePort");
-    for (let i = 0; i < 300 && !existsSync(portFile); i++) await new Promise((r) => setTimeout(r, 100));
-    const port = readFileSync(portFile, "utf8").split("\n")[0];
-    let targets = [];
-    for (let i = 0; i < 50 && !targets.some((t) => t.type === "page"); i++) {
-      targets = await (await fetch(`http://127.0.0.1:${port}/json/list`)).json();
-      if (!targets.some((t) => t.type === "page")) await new Promise((r) => setTimeout(r, 100));
-    }
-    const page = targets.find((t) => t.type === "page");
-    const ws = new WebSocket(page.webSocketDebuggerUrl);
-    await new Promise((ok, bad) => { ws.onopen = ok; ws.onerror = bad; });
-    const b = new Browser();
-    Object.assign(b, { child, profile, ws, next: 1, pending: new Map(), logs: [] });
-    ws.onmessage = (ev) => {
-      const m = JSON.parse(ev.data);
-      if (m.id && b.pending.has(m.id)) {
-        const { ok, bad } = b.pending.get(m.id);
-        b.pending.delete(m.id);
-        m.error ? bad(new Error(JSON.stringify(m.error))) : ok(m.result);
-      } else if (m.method === "Runtime.consoleAPICalled") {
-        b.logs.push(m.params.args.map((a) => a.value ?? a.description).join(" "));
-      } else if (m.method === "Runtime.exceptionThrown") {
-        b.logs.push("exception: " + JSON.stringify(m.params.exceptionDetails.exception?.description ?? m.params.exceptionDetails.text));
+    // A failure to connect (no DevTools port, no WebSocket in this Node) ends the browser
+    // too: left running, it would keep this process, and the test run, alive for ever.
+    try {
+      const portFile = join(profile, "DevToolsActivePort");
+      for (let i = 0; i < 300 && !existsSync(portFile); i++) await new Promise((r) => setTimeout(r, 100));
+      const port = readFileSync(portFile, "utf8").split("\n")[0];
+      let targets = [];
+      for (let i = 0; i < 50 && !targets.some((t) => t.type === "page"); i++) {
+        targets = await (await fetch(`http://127.0.0.1:${port}/json/list`)).json();
+        if (!targets.some((t) => t.type === "page")) await new Promise((r) => setTimeout(r, 100));
       }
-    };
-    await b.send("Runtime.enable");
-    await b.send("Page.enable");
-    return b;
+      const page = targets.find((t) => t.type === "page");
+      const ws = new WebSocket(page.webSocketDebuggerUrl);
+      await new Promise((ok, bad) => { ws.onopen = ok; ws.onerror = bad; });
+      const b = new Browser();
+      Object.assign(b, { child, profile, ws, next: 1, pending: new Map(), logs: [] });
+      ws.onmessage = (ev) => {
+        const m = JSON.parse(ev.data);
+        if (m.id && b.pending.has(m.id)) {
+          const { ok, bad } = b.pending.get(m.id);
+          b.pending.delete(m.id);
+          m.error ? bad(new Error(JSON.stringify(m.error))) : ok(m.result);
+        } else if (m.method === "Runtime.consoleAPICalled") {
+          b.logs.push(m.params.args.map((a) => a.value ?? a.description).join(" "));
+        } else if (m.method === "Runtime.exceptionThrown") {
+          b.logs.push("exception: " + JSON.stringify(m.params.exceptionDetails.exception?.description ?? m.params.exceptionDetails.text));
+        }
+      };
+      await b.send("Runtime.enable");
+      await b.send("Page.enable");
+      return b;
+    } catch (e) {
+      reap();
+      rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
+      throw e;
+    }
   }
   send(method, params = {}) {
     const id = this.next++;
