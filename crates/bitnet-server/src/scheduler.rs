@@ -609,11 +609,13 @@ impl Scheduler {
             }
             // The screen answers only requests with no constraint and no log-probabilities
             // (`forward`).
+            // It counts only the tokens it gave.
             screened => {
-                self.metrics.screened_tokens.fetch_add(1, Relaxed);
-                self.engine
-                    .choose(&mut a.sampler, screened)
-                    .map_err(|e| e.to_string())
+                let t = self.engine.choose(&mut a.sampler, screened);
+                if t.is_ok() {
+                    self.metrics.screened_tokens.fetch_add(1, Relaxed);
+                }
+                t.map_err(|e| e.to_string())
             }
         };
         let t = match sampled {
