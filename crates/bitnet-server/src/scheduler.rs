@@ -608,8 +608,7 @@ impl Scheduler {
                 .map_err(|e| e.to_string())
             }
             // The screen answers only requests with no constraint and no log-probabilities
-            // (`forward`).
-            // It counts only the tokens it gave.
+            // (`forward`); a token counts as screened once `choose` has given it.
             screened => {
                 let t = self.engine.choose(&mut a.sampler, screened);
                 if t.is_ok() {

@@ -40,12 +40,16 @@ let reply = null; // { el, body, text }
 
 // A worker whose script cannot load or throws outside a message (an old or broken cached
 // copy, a blocked module) says so on the page rather than leave it loading for ever.
-function workerFailed(message) {
-  state.error = message;
-  state.ready = false;
+// A load that failed: the message, and Load enabled again.
+function loadFailed(message) {
   setStatus(message, "bad");
   $("load").disabled = false;
   $("progress").hidden = true;
+}
+function workerFailed(message) {
+  state.error = message;
+  state.ready = false;
+  loadFailed(message);
   if (reply) finishReply(null, message);
 }
 worker.onerror = (e) => {
@@ -92,9 +96,7 @@ worker.onmessage = (ev) => {
     if (m.during === "chat") {
       finishReply(null, m.message);
     } else {
-      setStatus(m.message, "bad");
-      $("load").disabled = false;
-      $("progress").hidden = true;
+      loadFailed(m.message);
     }
   }
 };
