@@ -340,7 +340,9 @@ pub(crate) fn gpu_options(opts: &LoadOptions) -> bitnet_gpu::GpuOptions {
         // The decode kernels are measured against each other with this set.
         decode: match std::env::var("BITNET_GPU_DECODE").as_deref() {
             Ok("rows") => bitnet_gpu::DecodeKernels::Rows,
+            Ok("mv") => bitnet_gpu::DecodeKernels::Mv,
             Ok("fused") => bitnet_gpu::DecodeKernels::Fused,
+            Ok("lanes") => bitnet_gpu::DecodeKernels::Lanes,
             _ => bitnet_gpu::DecodeKernels::default(),
         },
         ..Default::default()

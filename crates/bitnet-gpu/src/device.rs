@@ -188,6 +188,16 @@ pub(crate) fn attn_part_len(n_head: usize, head_dim: usize) -> Result<usize> {
         .and_then(|x| x.checked_mul(head_dim + 2))
         .ok_or(GpuError::Overflow("attention chunks"))
 }
+/// Whether an adapter runs a workgroup's invocations as the lanes of a CPU's SIMD registers:
+/// a CPU device (lavapipe natively; a browser's fallback adapter), or SwiftShader, which a
+/// browser without a GPU may offer as its ordinary adapter.
+fn runs_on_cpu(info: &wgpu::AdapterInfo) -> bool {
+    let name = info.name.to_ascii_lowercase();
+    info.device_type == wgpu::DeviceType::Cpu
+        || name.contains("swiftshader")
+        || name.contains("llvmpipe")
+}
+
 /// Staged upload bytes after which [`Gpu::upload`] waits for the queue.
 const STAGING_FLUSH: u64 = 64 << 20;
 /// Invocations per workgroup the kernels use at most.
@@ -284,7 +294,8 @@ impl Gpu {
             }
         });
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let k = Kernels::new(&device, have.max_compute_workgroup_storage_size);
+        let lanes = runs_on_cpu(&adapter.get_info());
+        let k = Kernels::new(&device, have.max_compute_workgroup_storage_size, lanes);
         if let Some(e) = scope.pop().await {
             return Err(GpuError::Validation(e.to_string()));
         }
@@ -299,6 +310,12 @@ impl Gpu {
         };
         gpu.check()?;
         Ok(gpu)
+    }
+
+    /// Whether this adapter has the lane kernels (it runs invocations as a CPU's SIMD lanes:
+    /// the model's decode matrices and LM head then run on them by default).
+    pub fn lane_kernels(&self) -> bool {
+        self.k.mv_lanes.is_some() && self.k.head_lanes.is_some()
     }
 
     /// The adapter this device runs on.
@@ -526,7 +543,31 @@ pub(crate) struct Kernels {
     pub mv_words: usize,
     /// Output rows a workgroup of theirs computes.
     pub mv_rows: usize,
+    /// The decode kernels for adapters that run a workgroup's invocations as the lanes of a
+    /// CPU's SIMD registers (lavapipe, SwiftShader): four output rows a thread, the norm in
+    /// their prologue (mv_rows.wgsl, mv_glu_rows.wgsl); compiled for such adapters only.
+    pub mv_lanes: Option<wgpu::ComputePipeline>,
+    pub mv_glu_lanes: Option<wgpu::ComputePipeline>,
+    /// head.wgsl in the same manner (head_lanes.wgsl), for the same adapters.
+    pub head_lanes: Option<wgpu::ComputePipeline>,
 }
+
+impl Kernels {
+    /// The LM head kernel the model runs on this adapter, and the head rows a workgroup of
+    /// it computes; `lanes` false asks for head.wgsl where both exist.
+    pub(crate) fn head(&self, lanes: bool) -> (&wgpu::ComputePipeline, usize) {
+        match (&self.head_lanes, lanes) {
+            (Some(p), true) => (p, LANES_ROWS),
+            _ => (&self.head, crate::model::HEAD_ROWS),
+        }
+    }
+}
+
+/// Threads a workgroup of the lane decode kernels (`WG` in mv_rows.wgsl), four output rows
+/// each.
+pub(crate) const LANES_WG: usize = 64;
+/// Output rows a workgroup of the lane decode kernels computes.
+pub(crate) const LANES_ROWS: usize = 4 * LANES_WG;
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
 /// The attention kernel's body; a prelude in front of it says how the cache is read.
@@ -542,6 +583,9 @@ const MV: &str = include_str!("shaders/mv.wgsl");
 const MV_GLU: &str = include_str!("shaders/mv_glu.wgsl");
 const MV_IN_NORM: &str = include_str!("shaders/mv_in_norm.wgsl");
 const MV_IN_Q: &str = include_str!("shaders/mv_in_q.wgsl");
+const MV_ROWS_COMMON: &str = include_str!("shaders/mv_rows_common.wgsl");
+const MV_LANES: &str = include_str!("shaders/mv_rows.wgsl");
+const MV_GLU_LANES: &str = include_str!("shaders/mv_glu_rows.wgsl");
 
 /// A decode kernel's source: its constants and shared code, how its input comes in (at
 /// bindings `b0` and `b1`), its body.
@@ -558,7 +602,9 @@ const MV_FIXED_STORAGE: u32 = 2 * 256 * 16 + 64;
 const MV_WORDS_MAX: u32 = 2048;
 
 impl Kernels {
-    fn new(device: &wgpu::Device, storage: u32) -> Self {
+    /// `lanes`: the adapter runs invocations as SIMD lanes (a CPU device): also compile the
+    /// lane decode kernels.
+    fn new(device: &wgpu::Device, storage: u32, lanes: bool) -> Self {
         let split = format!(
             "const SPLIT_TOKENS: u32 = {ATTN_SPLIT_TOKENS}u;\nconst CHUNK: u32 = {ATTN_CHUNK}u;\n\
              const MAX_SPLIT: u32 = {ATTN_MAX_SPLIT}u;\n{SPLIT}"
@@ -583,6 +629,17 @@ impl Kernels {
                 mv_rows,
                 crate::model::MV_TOKENS,
                 crate::model::MV_MAX_IN / 4 / 256,
+                include_str!("shaders/mv_common.wgsl")
+            )
+        });
+        // The lane kernels' constants: LANES_WG threads of four rows, one lane a team (the
+        // team sums of mv_common.wgsl are unused there).
+        let lanes_prelude = (lanes && storage >= 16 << 10).then(|| {
+            format!(
+                "const WG: u32 = {LANES_WG}u;\nconst LANES: u32 = 1u;\nconst RPW: u32 = {LANES_WG}u;\n\
+                 const TT: u32 = {}u;\nconst PV: u32 = {}u;\nconst XQ: u32 = {mv_words}u;\n{}\n{MV_ROWS_COMMON}",
+                crate::model::MV_TOKENS,
+                crate::model::MV_MAX_IN / 4 / LANES_WG,
                 include_str!("shaders/mv_common.wgsl")
             )
         });
@@ -663,6 +720,16 @@ impl Kernels {
             mv_glu_q: mv_prelude
                 .as_ref()
                 .map(|p| make("mv_glu_q", &mv_source(p, MV_IN_Q, MV_GLU, "6", "7"))),
+            mv_lanes: lanes_prelude
+                .as_ref()
+                .map(|p| make("mv_lanes", &mv_source(p, MV_IN_NORM, MV_LANES, "4", "5"))),
+            mv_glu_lanes: lanes_prelude.as_ref().map(|p| {
+                make(
+                    "mv_glu_lanes",
+                    &mv_source(p, MV_IN_NORM, MV_GLU_LANES, "6", "7"),
+                )
+            }),
+            head_lanes: lanes.then(|| make("head_lanes", include_str!("shaders/head_lanes.wgsl"))),
             mv_words: usize::try_from(mv_words).unwrap_or(0),
             mv_rows,
         }

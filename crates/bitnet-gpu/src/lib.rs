@@ -23,6 +23,6 @@ pub use device::{adapters, block, AdapterInfo, Gpu};
 pub use error::{GpuError, Result};
 pub use model::{
     check_architecture, DecodeKernels, GpuBuilder, GpuCache, GpuKv, GpuModel, GpuOptions,
-    GpuOutputs, RowsSpec, TOP_CANDIDATES,
+    GpuOutputs, MvKind, RowsSpec, TOP_CANDIDATES,
 };
 pub use rec::KernelTime;

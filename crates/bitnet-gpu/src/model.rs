@@ -23,7 +23,8 @@ pub(crate) const GEMM_TOKENS: usize = 64;
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 /// Workgroups of the greedy arg-max (`GROUPS` in argmax.wgsl), one (index, value) pair each.
 pub(crate) const ARGMAX_GROUPS: usize = 64;
-/// LM-head rows per workgroup (`RPW` in head.wgsl).
+/// LM-head rows per workgroup (`RPW` in head.wgsl; head_lanes.wgsl takes
+/// `device::LANES_ROWS`).
 pub(crate) const HEAD_ROWS: usize = 4;
 /// Head size the attention kernel holds (`qs` and `ACC` in attention.wgsl).
 const MAX_HEAD_DIM: usize = 256;
@@ -73,14 +74,53 @@ impl Default for GpuOptions {
 /// The kernels of a decode step's matrices (calls of up to 4 rows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecodeKernels {
+    /// `Lanes` on an adapter that runs invocations as a CPU's SIMD lanes (lavapipe,
+    /// SwiftShader), else `Mv`.
+    #[default]
+    Auto,
     /// One workgroup an output row (ternary.wgsl), each norm a dispatch of its own.
     Rows,
     /// Teams of threads an output row with wide loads (mv.wgsl), Q, K and V in one dispatch
     /// of concatenated rows; each norm a dispatch of its own.
-    #[default]
     Mv,
     /// As `Mv`, with each norm in its matrix kernel's prologue: 8 dispatches a block.
     Fused,
+    /// One thread four output rows over the whole input, the packed dot written out, each
+    /// norm in the kernel's prologue (mv_rows.wgsl): for adapters that run invocations as
+    /// SIMD lanes, where a reduction across threads costs more than it saves. 8 dispatches a
+    /// block; only where the adapter is a CPU device.
+    Lanes,
+}
+
+/// Which decode kernels a model's blocks are bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MvKind {
+    /// mv.wgsl over rows norm_quant.wgsl quantized first.
+    Quant,
+    /// mv.wgsl norming and quantizing its input in its prologue.
+    Norm,
+    /// mv_rows.wgsl (four rows a thread), norming in its prologue.
+    Lanes,
+}
+
+impl MvKind {
+    /// The kernel norms its input itself (its inputs are the f32 rows and the norm's weights).
+    pub(crate) fn normed(self) -> bool {
+        self != MvKind::Quant
+    }
+
+    /// The matrix kernel, the gate+up kernel and the output rows a workgroup computes.
+    pub(crate) fn pipelines(
+        self,
+        k: &crate::device::Kernels,
+    ) -> Option<(&wgpu::ComputePipeline, &wgpu::ComputePipeline, usize)> {
+        let (m, g, rows) = match self {
+            MvKind::Quant => (&k.mv_q, &k.mv_glu_q, k.mv_rows),
+            MvKind::Norm => (&k.mv, &k.mv_glu, k.mv_rows),
+            MvKind::Lanes => (&k.mv_lanes, &k.mv_glu_lanes, crate::device::LANES_ROWS),
+        };
+        Some((m.as_ref()?, g.as_ref()?, rows))
+    }
 }
 
 /// One ternary projection on the device.
@@ -117,30 +157,32 @@ struct GpuLayer {
     mv: Option<MvLayer>,
 }
 
-/// The decode kernels' input pair: `normed` (rows, norm weights) when fused, else `quant`.
+/// The decode kernels' input pair: `normed` (rows, norm weights) when the kernel norms its
+/// input, else `quant`.
 fn mv_input<'a>(
-    fused: bool,
+    kind: MvKind,
     normed: (&'a wgpu::Buffer, &'a wgpu::Buffer),
     quant: (&'a wgpu::Buffer, &'a wgpu::Buffer),
 ) -> (&'a wgpu::Buffer, &'a wgpu::Buffer) {
-    if fused {
+    if kind.normed() {
         normed
     } else {
         quant
     }
 }
 
-/// A decode kernel's input: (rows, norm weights) when it norms them itself (fused), else
-/// (quantized rows, their scales); eps; fused.
-pub(crate) type MvInput<'a> = ((&'a wgpu::Buffer, &'a wgpu::Buffer), u32, bool);
+/// A decode kernel's input: (rows, norm weights) when it norms them itself, else
+/// (quantized rows, their scales); eps; the kernels.
+pub(crate) type MvInput<'a> = ((&'a wgpu::Buffer, &'a wgpu::Buffer), u32, MvKind);
 
 /// A decode kernel's binding and its workgroups.
 pub(crate) type MvBind = (wgpu::BindGroup, u32);
 
 #[derive(Debug)]
 struct MvLayer {
-    /// The norms in the kernels' prologues (else each a norm_quant dispatch first).
-    fused: bool,
+    /// The kernels (unless they norm in their prologues, each norm a norm_quant dispatch
+    /// first).
+    kind: MvKind,
     qkv: MvBind,
     o: MvBind,
     glu: MvBind,
@@ -516,13 +558,26 @@ impl GpuModel {
         };
         // The decode kernels take inputs of up to MV_MAX_IN values that fit their workgroup
         // memory, in at most the dispatch's workgroups.
-        let fused = opts.decode == DecodeKernels::Fused;
-        let mv_ok = opts.decode != DecodeKernels::Rows
-            && kp.mv.is_some()
-            && kp.mv_q.is_some()
-            && e.max(ff) <= MV_MAX_IN
-            && e.max(ff) / 4 <= kp.mv_words
-            && (e + 2 * kv).max(ff).div_ceil(kp.mv_rows) <= dispatch_max;
+        if opts.decode == DecodeKernels::Lanes && MvKind::Lanes.pipelines(kp).is_none() {
+            return Err(GpuError::Unsupported(format!(
+                "the lane decode kernels on {} (not a CPU device)",
+                gpu.info.name
+            )));
+        }
+        let kind = match opts.decode {
+            DecodeKernels::Auto if kp.mv_lanes.is_some() => Some(MvKind::Lanes),
+            DecodeKernels::Auto | DecodeKernels::Mv => Some(MvKind::Quant),
+            DecodeKernels::Fused => Some(MvKind::Norm),
+            DecodeKernels::Lanes => Some(MvKind::Lanes),
+            DecodeKernels::Rows => None,
+        };
+        let mv_kind = kind.filter(|k| {
+            k.pipelines(kp).is_some_and(|(_, _, rows)| {
+                e.max(ff) <= MV_MAX_IN
+                    && e.max(ff) / 4 <= kp.mv_words
+                    && (e + 2 * kv).max(ff).div_ceil(rows) <= dispatch_max
+            })
+        });
 
         // The LM head, and the embedding when it is not the same matrix: empty buffers
         // that the rows' bytes fill as they come.
@@ -567,8 +622,7 @@ impl GpuModel {
             plain,
             eps,
             act_mode,
-            mv_ok,
-            fused,
+            mv_kind,
             topk_chunk,
             topk_groups,
             head_ty,
@@ -1019,6 +1073,41 @@ impl GpuModel {
         Ok(moved / secs.max(1e-9) / 1e9)
     }
 
+    /// Bytes of weights a call of `n` tokens that wants the last row's logits reads from
+    /// device memory, by the kernels' geometry: each matrix's codes (2 bits a weight) once
+    /// per workgroup column of tokens (a prompt GEMM tile of 64, a row-kernel group of 4; the
+    /// team decode kernels once per call of up to 4, the lane kernels once per token) and the
+    /// LM head once.
+    pub fn weight_reads(&self, n: usize) -> u64 {
+        let c = &self.config;
+        let w = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let (e, kv, ff) = (w(c.n_embd), w(c.n_embd_kv()), w(c.n_ff));
+        let n = n.max(1);
+        let mut total = 0u64;
+        for (il, l) in self.layers.iter().enumerate() {
+            if self.skip.get(il).copied().unwrap_or(false) {
+                continue;
+            }
+            let mats = [
+                (e.saturating_mul(e + 2 * kv), !l.q.gemm.is_empty()),
+                (e.saturating_mul(e), !l.o.gemm.is_empty()),
+                (e.saturating_mul(ff).saturating_mul(2), !l.glu.gemm.is_empty()),
+                (e.saturating_mul(ff), !l.down.gemm.is_empty()),
+            ];
+            for (weights, gemm) in mats {
+                let reads = match &l.mv {
+                    Some(m) if n <= MV_TOKENS && m.kind == MvKind::Lanes => n,
+                    Some(_) if n <= MV_TOKENS => 1,
+                    _ if n >= GEMM_MIN_TOKENS && gemm => n.div_ceil(GEMM_TOKENS),
+                    _ => n.div_ceil(TERNARY_TOKENS),
+                };
+                total = total.saturating_add((weights / 4).saturating_mul(w(reads)));
+            }
+        }
+        let head: u64 = self.head.bufs.iter().map(wgpu::Buffer::size).sum();
+        total.saturating_add(head)
+    }
+
     /// Dispatches the last submission recorded.
     pub fn last_dispatches(&self) -> u32 {
         self.dispatches.load(std::sync::atomic::Ordering::Relaxed)
@@ -1151,16 +1240,12 @@ impl GpuModel {
             }
             // A decode step's kernels: Q, K and V in one (fused: the norms in their prologues).
             let mv = l.mv.as_ref().filter(|_| n <= MV_TOKENS).and_then(|m| {
-                let (k, g) = if m.fused {
-                    (&kp.mv, &kp.mv_glu)
-                } else {
-                    (&kp.mv_q, &kp.mv_glu_q)
-                };
-                Some(((m, k.as_ref()?), g.as_ref()?))
+                let (k, g, _) = m.kind.pipelines(kp)?;
+                Some(((m, k), g))
             });
             // 1.–2. a = RMS(h); Q, K, V = Lin(W, a)
             if let Some(((m, mv_k), _)) = mv {
-                if !m.fused {
+                if !m.kind.normed() {
                     rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_attn, [n32, 1, 1]);
                 }
                 rec.dispatch("mv qkv", mv_k, &m.qkv.0, [m.qkv.1, 1, 1]);
@@ -1202,7 +1287,7 @@ impl GpuModel {
                     (&l.norm_ffn_sub, "mv down", mv_k, &m.down),
                 ];
                 for (norm, name, pipeline, (bind, groups)) in steps {
-                    if !m.fused {
+                    if !m.kind.normed() {
                         rec.dispatch("norm_quant", &kp.norm_quant, norm, [n32, 1, 1]);
                     }
                     rec.dispatch(name, pipeline, bind, [*groups, 1, 1]);
@@ -1231,9 +1316,10 @@ impl GpuModel {
         if out_rows > 0 {
             let rows = u32_of(out_rows, "rows")?;
             rec.dispatch("rmsnorm", &kp.rmsnorm, &self.final_norm, [rows, 1, 1]);
+            let (head, head_rows) = kp.head(true);
             for (chunk_rows, bind) in &self.head_binds {
-                let groups = u32_of(chunk_rows.div_ceil(HEAD_ROWS), "head rows")?;
-                rec.dispatch("head", &kp.head, bind, [groups, rows, 1]);
+                let groups = u32_of(chunk_rows.div_ceil(head_rows), "head rows")?;
+                rec.dispatch("head", head, bind, [groups, rows, 1]);
             }
             match want {
                 GpuOutputs::Greedy => {
@@ -1487,7 +1573,7 @@ impl Segmented {
         outs: [&wgpu::Buffer; 3],
         op: u32,
         eps: u32,
-        fused: bool,
+        kind: MvKind,
     ) -> Result<(wgpu::BindGroup, u32)> {
         let n_out: usize = self.rows.iter().sum();
         let seg1 = self.rows.first().copied().unwrap_or(n_out);
@@ -1506,9 +1592,8 @@ impl Segmented {
                 u32_of(seg2, "rows")?,
             ],
         );
-        let pipeline = if fused { &gpu.k.mv } else { &gpu.k.mv_q };
-        let pipeline = pipeline
-            .as_ref()
+        let (pipeline, _, rows) = kind
+            .pipelines(&gpu.k)
             .ok_or_else(|| GpuError::Unsupported("the decode kernels on this adapter".into()))?;
         let bind = gpu.bind(
             pipeline,
@@ -1524,7 +1609,7 @@ impl Segmented {
                 outs[2],
             ],
         );
-        Ok((bind, u32_of(n_out.div_ceil(gpu.k.mv_rows), "rows")?))
+        Ok((bind, u32_of(n_out.div_ceil(rows), "rows")?))
     }
 }
 
@@ -1633,8 +1718,8 @@ pub(crate) fn upload_glu(
             step, &dims, &g.codes, &g.scales, &u.codes, &u.scales, xq, xs, out,
         ],
     );
-    let mv_bind = match mv.map(|m| (m, if m.2 { &gpu.k.mv_glu } else { &gpu.k.mv_glu_q })) {
-        Some((((x, nw), eps, _), Some(pipeline))) => {
+    let mv_bind = match mv.map(|m| (m, m.2.pipelines(&gpu.k))) {
+        Some((((x, nw), eps, _), Some((_, pipeline, rows)))) => {
             let (n_out, n_in) = (gate.n_out(), gate.n_in());
             let dims = gpu.uniform(
                 "dims mv glu",
@@ -1656,7 +1741,7 @@ pub(crate) fn upload_glu(
                         step, &dims, &g.codes, &g.scales, &u.codes, &u.scales, x, nw, out,
                     ],
                 ),
-                u32_of(n_out.div_ceil(gpu.k.mv_rows), "rows")?,
+                u32_of(n_out.div_ceil(rows), "rows")?,
             ))
         }
         _ => None,
@@ -1717,8 +1802,8 @@ pub struct GpuBuilder {
     plain: Option<Plain>,
     eps: u32,
     act_mode: u32,
-    mv_ok: bool,
-    fused: bool,
+    /// The decode kernels the blocks are bound to (none: the row kernel).
+    mv_kind: Option<MvKind>,
     topk_chunk: usize,
     topk_groups: usize,
     head_ty: u32,
@@ -1741,7 +1826,7 @@ impl GpuBuilder {
         let kp = &gpu.k;
         let (step, xq, xs, h, g) = (&self.step, &self.xq, &self.xs, &self.h, &self.g);
         let (q, k, v, o) = (&self.act.q, &self.act.k, &self.act.v, &self.act.o);
-        let (eps, fused, mv_ok) = (self.eps, self.fused, self.mv_ok);
+        let (eps, mv_kind) = (self.eps, self.mv_kind);
         let slot = self
             .layers
             .get(il)
@@ -1805,40 +1890,40 @@ impl GpuBuilder {
             g,
             self.act_mode,
             il,
-            mv_ok.then(|| (mv_input(fused, (h, &w_ffn), (xq, xs)), eps, fused)),
+            mv_kind.map(|kind| (mv_input(kind, (h, &w_ffn), (xq, xs)), eps, kind)),
         )?;
         let mat_bytes = b + qkv.bytes + os.bytes + ds.bytes;
         let spare = [&self.spare[0], &self.spare[1]];
-        let mv = match (mv_ok, glu_mv) {
-            (true, Some(glu)) => Some(MvLayer {
-                fused,
+        let mv = match (mv_kind, glu_mv) {
+            (Some(kind), Some(glu)) => Some(MvLayer {
+                kind,
                 qkv: qkv.bind_mv(
                     gpu,
                     step,
-                    mv_input(fused, (h, &w_attn), (xq, xs)),
+                    mv_input(kind, (h, &w_attn), (xq, xs)),
                     [q, k, v],
                     0,
                     eps,
-                    fused,
+                    kind,
                 )?,
                 o: os.bind_mv(
                     gpu,
                     step,
-                    mv_input(fused, (o, &w_sub), (xq, xs)),
+                    mv_input(kind, (o, &w_sub), (xq, xs)),
                     [h, spare[0], spare[1]],
                     1,
                     eps_sub,
-                    fused,
+                    kind,
                 )?,
                 glu,
                 down: ds.bind_mv(
                     gpu,
                     step,
-                    mv_input(fused, (g, &w_ffn_sub), (xq, xs)),
+                    mv_input(kind, (g, &w_ffn_sub), (xq, xs)),
                     [h, spare[0], spare[1]],
                     1,
                     eps_ffn_sub,
-                    fused,
+                    kind,
                 )?,
             }),
             _ => None,
@@ -1960,7 +2045,7 @@ impl GpuBuilder {
             );
             head_binds.push((
                 rows,
-                gpu.bind(&kp.head, &[&step, &dims, b, &hn, &act.logits]),
+                gpu.bind(kp.head(true).0, &[&step, &dims, b, &hn, &act.logits]),
             ));
         }
         let dims_nv = gpu.uniform("dims argmax", &[u32_of(nv, "n_vocab")?, 0, 0, 0]);

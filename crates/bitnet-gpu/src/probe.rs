@@ -23,7 +23,7 @@ pub fn gpu_tests_enabled() -> bool {
 }
 
 use crate::device::{attn_part_len, attn_split, Gpu};
-use crate::model::{upload_glu, upload_matrix};
+use crate::model::{upload_glu, upload_matrix, MvKind};
 use crate::{GpuError, Result};
 
 fn le_f32(b: &[u8]) -> Vec<f32> {
@@ -164,9 +164,9 @@ fn quantize_rows(
     Ok((xq, xs))
 }
 
-/// The decode kernel mv.wgsl over `mats` read as one (Q, K, V), each matrix's `Lin` of
-/// `RMS(x, nw)` for the `x.len() / n_in` rows: `fused`, the kernel norms and quantizes them in
-/// its prologue; else norm_quant.wgsl does first. With `add_to` (one matrix), `add_to + Lin`.
+/// The decode kernel `kind` (mv.wgsl or mv_rows.wgsl) over `mats` read as one (Q, K, V),
+/// each matrix's `Lin` of `RMS(x, nw)` for the `x.len() / n_in` rows: the kernel norms and
+/// quantizes them in its prologue, or (`MvKind::Quant`) norm_quant.wgsl does first. With `add_to` (one matrix), `add_to + Lin`.
 /// Each matrix's output, `[rows][n_out]`.
 pub fn mv(
     gpu: &Gpu,
@@ -175,7 +175,7 @@ pub fn mv(
     nw: &[f32],
     eps: f32,
     add_to: Option<&[f32]>,
-    fused: bool,
+    kind: MvKind,
 ) -> Result<Vec<Vec<f32>>> {
     let n_in = nw.len();
     let n = x.len() / n_in.max(1);
@@ -195,7 +195,11 @@ pub fn mv(
         crate::model::upload_segmented(gpu, mats, &step, &xq, &xs, &refs, 0, add_to.is_some())?;
     let spare = [rw(gpu, "spare", 4)?, rw(gpu, "spare", 4)?];
     let pick = |i: usize| refs.get(i).copied().unwrap_or(&spare[i.min(2) - 1]);
-    let input = if fused { (&xb, &nwb) } else { (&xq, &xs) };
+    let input = if kind.normed() {
+        (&xb, &nwb)
+    } else {
+        (&xq, &xs)
+    };
     let (bind, groups) = seg.bind_mv(
         gpu,
         &step,
@@ -203,11 +207,10 @@ pub fn mv(
         [refs[0], pick(1), pick(2)],
         u32::from(add_to.is_some()),
         eps.to_bits(),
-        fused,
+        kind,
     )?;
-    let pipeline = if fused { &gpu.k.mv } else { &gpu.k.mv_q };
-    let pipeline = pipeline
-        .as_ref()
+    let (pipeline, _, _) = kind
+        .pipelines(&gpu.k)
         .ok_or_else(|| GpuError::Unsupported("the decode kernels on this adapter".into()))?;
     run(gpu, pipeline, &bind, groups, 1)?;
     outs.iter()
@@ -217,7 +220,8 @@ pub fn mv(
 }
 
 /// The decode FFN kernel mv_glu.wgsl: `act(Lin(gate, f)) · Lin(up, f)`, f = RMS(x, nw)
-/// quantized in its prologue (`fused`) or by norm_quant.wgsl first (`act`: 1 ReLU², 2 SiLU).
+/// quantized in its prologue or (`MvKind::Quant`) by norm_quant.wgsl first (`act`: 1 ReLU²,
+/// 2 SiLU).
 #[allow(clippy::too_many_arguments)]
 pub fn mv_glu(
     gpu: &Gpu,
@@ -227,7 +231,7 @@ pub fn mv_glu(
     nw: &[f32],
     eps: f32,
     act: u32,
-    fused: bool,
+    kind: MvKind,
 ) -> Result<Vec<f32>> {
     let n_in = nw.len();
     let n = x.len() / n_in.max(1);
@@ -247,19 +251,18 @@ pub fn mv_glu(
         act,
         0,
         Some((
-            if fused { (&xb, &nwb) } else { (&xq, &xs) },
+            if kind.normed() {
+                (&xb, &nwb)
+            } else {
+                (&xq, &xs)
+            },
             eps.to_bits(),
-            fused,
+            kind,
         )),
     )?;
-    let pipeline = if fused {
-        &gpu.k.mv_glu
-    } else {
-        &gpu.k.mv_glu_q
-    };
-    let ((bind, groups), Some(pipeline)) = (
+    let ((bind, groups), Some((_, pipeline, _))) = (
         mv.ok_or_else(|| GpuError::Unsupported("the decode kernels on this adapter".into()))?,
-        pipeline.as_ref(),
+        kind.pipelines(&gpu.k),
     ) else {
         return Err(GpuError::Unsupported(
             "the decode kernels on this adapter".into(),
@@ -453,14 +456,24 @@ pub fn rope(gpu: &Gpu, s: RopeProbe, q: &[f32], k: &[f32]) -> Result<(Vec<f32>, 
 }
 
 /// The LM head over an F16 or F32 row matrix, split into buffers of at most `chunk_bytes`:
-/// logits (`rows × m.rows()`) of `rows` hidden states `hn`.
+/// logits (`rows × m.rows()`) of `rows` hidden states `hn`. `lanes`: head_lanes.wgsl, the
+/// kernel of adapters that run invocations as SIMD lanes (an error elsewhere); else
+/// head.wgsl.
 pub fn head(
     gpu: &Gpu,
     m: &bitnet_kernels::RowMatrix<'_>,
     hn: &[f32],
     rows: usize,
     chunk_bytes: u64,
+    lanes: bool,
 ) -> Result<Vec<f32>> {
+    let (kernel, per_group) = gpu.k.head(lanes);
+    if lanes && gpu.k.head_lanes.is_none() {
+        return Err(GpuError::Unsupported(format!(
+            "the lane kernels on {} (not a CPU device)",
+            gpu.info.name
+        )));
+    }
     let ty = crate::model::ty_of(m, "head")?;
     let ch = crate::model::upload_chunks(gpu, m, chunk_bytes, "head")?;
     let nv = m.rows();
@@ -474,14 +487,8 @@ pub fn head(
             "dims",
             &[n32(m.cols())?, n32(n)?, n32(row0)?, n32(nv)?, ty, 0, 0, 0],
         );
-        let bind = gpu.bind(&gpu.k.head, &[&step, &dims, b, &hb, &out]);
-        run(
-            gpu,
-            &gpu.k.head,
-            &bind,
-            n32(n.div_ceil(crate::model::HEAD_ROWS))?,
-            n32(rows)?,
-        )?;
+        let bind = gpu.bind(kernel, &[&step, &dims, b, &hb, &out]);
+        run(gpu, kernel, &bind, n32(n.div_ceil(per_group))?, n32(rows)?)?;
     }
     Ok(le_f32(&gpu.read(&out, u64::from(n32(rows * nv * 4)?))?))
 }

@@ -9,6 +9,7 @@
 mod common;
 
 use bitnet_gpu::probe::{self, AttnProbe};
+use bitnet_gpu::MvKind;
 use bitnet_kernels::{act, Isa, Pool, TernaryLayout, TernaryMatrix};
 use bitnet_kernels::{RowMatrix, RowType};
 use bitnet_model::numerics::{rms_norm, rope_for, rope_row};
@@ -501,21 +502,31 @@ fn head_and_embedding_match_the_rows() {
             let hn: Vec<f32> = (0..n * cols)
                 .map(|_| rng.random_range(-2.0..2.0f32))
                 .collect();
-            let got = probe::head(&gpu, &m, &hn, n, chunk as u64).unwrap();
             let mut w = vec![0f32; cols];
-            for r in 0..rows {
-                m.dequantize_row(r, &mut w).unwrap();
-                for t in 0..n {
-                    let want: f64 = w
-                        .iter()
-                        .zip(&hn[t * cols..(t + 1) * cols])
-                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                        .sum();
-                    let g = f64::from(got[t * rows + r]);
-                    assert!(
-                        (g - want).abs() <= 1e-4 * want.abs().max(1.0),
-                        "{ty:?} chunk {chunk} row {r} token {t}: {g} vs {want}"
+            // head.wgsl, and head_lanes.wgsl where the adapter has it.
+            for lanes in [false, true] {
+                if lanes && !gpu.lane_kernels() {
+                    eprintln!(
+                        "head_lanes.wgsl not tested: {} is not a CPU device",
+                        gpu.info().name
                     );
+                    continue;
+                }
+                let got = probe::head(&gpu, &m, &hn, n, chunk as u64, lanes).unwrap();
+                for r in 0..rows {
+                    m.dequantize_row(r, &mut w).unwrap();
+                    for t in 0..n {
+                        let want: f64 = w
+                            .iter()
+                            .zip(&hn[t * cols..(t + 1) * cols])
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum();
+                        let g = f64::from(got[t * rows + r]);
+                        assert!(
+                            (g - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "{ty:?} chunk {chunk} row {r} token {t} (lanes {lanes}): {g} vs {want}"
+                        );
+                    }
                 }
             }
             let ids: Vec<u32> = (0..5)
@@ -612,7 +623,7 @@ fn decode_kernel_matches_norm_quant_and_the_scalar_kernel() {
         // Q, K and V read together (case even), or one matrix added into its output.
         let shapes: Vec<usize> = if case % 2 == 0 {
             vec![
-                [8, 24, 40, 129][case % 4],
+                [8, 24, 40, 300][case % 4],
                 [1, 3, 17, 16][case % 4],
                 [1, 3, 17, 9][(case / 2) % 4],
             ]
@@ -648,29 +659,46 @@ fn decode_kernel_matches_norm_quant_and_the_scalar_kernel() {
                 .collect()
         });
         let refs: Vec<&TernaryMatrix<'_>> = mats.iter().collect();
-        // Both inputs: normed in the kernel's prologue (fused), or by norm_quant first.
-        let fused = case % 4 < 2;
-        let got = probe::mv(&gpu, &refs, &x, &nw, 1e-5, add.as_deref(), fused).unwrap();
-        let (xq, s) = norm_quant_ref(&x, &nw);
-        for (j, m) in mats.iter().enumerate() {
-            let mut want = vec![0f32; n * m.n_out()];
-            m.matmul_on(Isa::Scalar, &xq, &s, &mut want, &pool)
-                .unwrap()
-                .unwrap();
-            if let Some(a) = &add {
-                want.iter_mut().zip(a).for_each(|(w, a)| *w += a);
-            }
-            assert_rows_close(
-                &got[j],
-                &want,
-                m.n_out(),
-                &format!(
-                    "case {case} ({layout:?} {n_in} in, {n} rows, fused {fused}) matrix {j} of \
+        // Every set: teams normed in the prologue or by norm_quant first, and the lane
+        // kernels where the adapter has them.
+        for kind in decode_kinds(&gpu) {
+            let got = probe::mv(&gpu, &refs, &x, &nw, 1e-5, add.as_deref(), kind).unwrap();
+            let (xq, s) = norm_quant_ref(&x, &nw);
+            for (j, m) in mats.iter().enumerate() {
+                let mut want = vec![0f32; n * m.n_out()];
+                m.matmul_on(Isa::Scalar, &xq, &s, &mut want, &pool)
+                    .unwrap()
+                    .unwrap();
+                if let Some(a) = &add {
+                    want.iter_mut().zip(a).for_each(|(w, a)| *w += a);
+                }
+                assert_rows_close(
+                    &got[j],
+                    &want,
+                    m.n_out(),
+                    &format!(
+                        "case {case} ({layout:?} {n_in} in, {n} rows, {kind:?}) matrix {j} of \
                      {shapes:?}"
-                ),
-            );
+                    ),
+                );
+            }
         }
     }
+}
+
+/// The decode kernel sets to test on this adapter: the lane kernels only where it has them
+/// (a CPU device), which the output says.
+fn decode_kinds(gpu: &bitnet_gpu::Gpu) -> Vec<MvKind> {
+    let mut kinds = vec![MvKind::Quant, MvKind::Norm];
+    if gpu.lane_kernels() {
+        kinds.push(MvKind::Lanes);
+    } else {
+        eprintln!(
+            "lane kernels not tested: {} is not a CPU device",
+            gpu.info().name
+        );
+    }
+    kinds
 }
 
 #[test]
@@ -682,7 +710,7 @@ fn decode_gate_up_kernel_matches_the_scalar_kernels_and_the_activation() {
         let tq2 = case % 4 == 3;
         let unit = if tq2 { 256 } else { 128 };
         let n_in = unit * rng.random_range(1..9usize);
-        let n_out = [1, 9, 40, 77][case % 4];
+        let n_out = [1, 9, 40, 261][case % 4];
         let n = rng.random_range(1..6usize);
         let act_mode = 1 + u32::from(case % 2 == 1);
         let layout = if tq2 {
@@ -704,37 +732,38 @@ fn decode_gate_up_kernel_matches_the_scalar_kernels_and_the_activation() {
             .map(|_| rng.random_range(-4.0..4.0f32))
             .collect();
         let nw: Vec<f32> = (0..n_in).map(|_| rng.random_range(0.1..2.0f32)).collect();
-        let fused = case < 4;
-        let got = probe::mv_glu(&gpu, &gate, &up, &x, &nw, 1e-5, act_mode, fused).unwrap();
-        let (xq, s) = norm_quant_ref(&x, &nw);
-        let mut g = vec![0f32; n * n_out];
-        let mut u = vec![0f32; n * n_out];
-        gate.matmul_on(Isa::Scalar, &xq, &s, &mut g, &pool)
-            .unwrap()
-            .unwrap();
-        up.matmul_on(Isa::Scalar, &xq, &s, &mut u, &pool)
-            .unwrap()
-            .unwrap();
-        let want: Vec<f32> = g
-            .iter()
-            .zip(&u)
-            .map(|(&g, &u)| {
-                if act_mode == 1 {
-                    let p = g.max(0.0);
-                    p * p * u
-                } else {
-                    g / (1.0 + (-g).exp()) * u
-                }
-            })
-            .collect();
-        assert_rows_close(
-            &got,
-            &want,
-            n_out,
-            &format!(
-                "case {case} ({layout:?} {n_out}x{n_in}, {n} rows, act {act_mode}, fused {fused})"
-            ),
-        );
+        for kind in decode_kinds(&gpu) {
+            let got = probe::mv_glu(&gpu, &gate, &up, &x, &nw, 1e-5, act_mode, kind).unwrap();
+            let (xq, s) = norm_quant_ref(&x, &nw);
+            let mut g = vec![0f32; n * n_out];
+            let mut u = vec![0f32; n * n_out];
+            gate.matmul_on(Isa::Scalar, &xq, &s, &mut g, &pool)
+                .unwrap()
+                .unwrap();
+            up.matmul_on(Isa::Scalar, &xq, &s, &mut u, &pool)
+                .unwrap()
+                .unwrap();
+            let want: Vec<f32> = g
+                .iter()
+                .zip(&u)
+                .map(|(&g, &u)| {
+                    if act_mode == 1 {
+                        let p = g.max(0.0);
+                        p * p * u
+                    } else {
+                        g / (1.0 + (-g).exp()) * u
+                    }
+                })
+                .collect();
+            assert_rows_close(
+                &got,
+                &want,
+                n_out,
+                &format!(
+                    "case {case} ({layout:?} {n_out}x{n_in}, {n} rows, act {act_mode}, {kind:?})"
+                ),
+            );
+        }
     }
 }
 

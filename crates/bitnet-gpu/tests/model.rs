@@ -208,6 +208,7 @@ fn tiny_golden_model_matches_the_cpu() {
     );
     for (decode, what) in [
         (DecodeKernels::Rows, "tiny, row decode kernels"),
+        (DecodeKernels::Mv, "tiny, team decode kernels"),
         (DecodeKernels::Fused, "tiny, fused decode kernels"),
     ] {
         let opts = GpuOptions {
@@ -215,6 +216,16 @@ fn tiny_golden_model_matches_the_cpu() {
             ..GpuOptions::default()
         };
         compare(&m, opts, GpuKv::F16, &PROMPT, what);
+    }
+    // The lane kernels, asked for by name: only a CPU device has them.
+    let lanes = GpuOptions {
+        decode: DecodeKernels::Lanes,
+        ..GpuOptions::default()
+    };
+    match GpuModel::new(&m, lanes) {
+        Ok(_) => compare(&m, lanes, GpuKv::F16, &PROMPT, "tiny, lane decode kernels"),
+        Err(GpuError::Unsupported(why)) => eprintln!("lane decode kernels not tested: {why}"),
+        Err(e) => panic!("tiny, lane decode kernels: {e}"),
     }
     greedy(&m, &PROMPT, "tiny");
 }
@@ -244,7 +255,7 @@ fn medium_synth_matches_the_cpu_in_i2s_and_tq2() {
             STEPS,
             &format!("medium {layout:?}"),
         );
-        for decode in [DecodeKernels::Rows, DecodeKernels::Fused] {
+        for decode in [DecodeKernels::Rows, DecodeKernels::Mv, DecodeKernels::Fused] {
             let opts = GpuOptions {
                 decode,
                 ..GpuOptions::default()
@@ -666,7 +677,7 @@ fn llama_falcon3_and_1bitllm_goldens_match_bitnet_cpp_and_the_cpu() {
             }
         }
         let prompt = &golden_prompts(dir)[0].0;
-        for decode in [DecodeKernels::Rows, DecodeKernels::Fused] {
+        for decode in [DecodeKernels::Rows, DecodeKernels::Mv, DecodeKernels::Fused] {
             let opts = GpuOptions {
                 decode,
                 ..GpuOptions::default()

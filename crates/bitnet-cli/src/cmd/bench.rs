@@ -377,6 +377,17 @@ fn run_engine(a: &Args) -> Result<()> {
     if let Some(g) = engine.gpu() {
         let copy = g.copy_probe()?;
         let best_tg = best_tg_gbs.unwrap_or(0.0);
+        // Weights a prompt token reads against a decode token, by the kernels' geometry (a
+        // prompt runs in calls of up to n_batch tokens).
+        let decode_reads = g.weight_reads(1) as f64;
+        let prompt_reads: Vec<(usize, f64)> = prompts
+            .iter()
+            .filter(|&&np| np > 0)
+            .map(|&np| {
+                let call = np.min(engine.options().n_batch.max(1));
+                (np, g.weight_reads(call) as f64 / call as f64)
+            })
+            .collect();
         if a.json {
             println!(
                 "{}",
@@ -386,9 +397,23 @@ fn run_engine(a: &Args) -> Result<()> {
                     "bytes_per_token": step_bytes,
                     "copy_gb_s": copy,
                     "tg_weights_gb_s": best_tg_gbs,
+                    "decode_weight_reads": decode_reads,
+                    "prompt_weight_reads_per_token": prompt_reads
+                        .iter()
+                        .map(|&(np, b)| json!({"n_prompt": np, "bytes": b}))
+                        .collect::<Vec<_>>(),
                 })
             );
         } else {
+            for &(np, b) in &prompt_reads {
+                println!(
+                    "prompt pp{np}: {:.1} MB of weights read per token = 1/{:.0} of a decode \
+                     token's {:.2} GB",
+                    b / 1e6,
+                    decode_reads / b.max(1.0),
+                    decode_reads / 1e9
+                );
+            }
             println!(
                 "decode: {} dispatches and {:.2} GB of weights per token; device copy {copy:.0} GB/s \
                  (read + write), best tg {best_tg:.1} GB/s = {:.1} % of it",

@@ -1,0 +1,68 @@
+// mv_glu.wgsl for adapters that run invocations as SIMD lanes (mv_rows_common.wgsl): the
+// same bindings and modes, each thread four rows of the gate and the same four of the up
+// projection (4·WG rows a workgroup).
+@group(0) @binding(2) var<storage, read> wg_: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> sg: array<f32>;
+@group(0) @binding(4) var<storage, read> wu: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read> su: array<f32>;
+@group(0) @binding(8) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let r0 = rows_of(wg.x, lid.x);
+    let vw = dims.vwords;
+    let rr = vec4<u32>(row_clamped(r0), row_clamped(r0 + 1u), row_clamped(r0 + 2u), row_clamped(r0 + 3u));
+    let b = rr * vw;
+    let nb = dims.n_in / 256u;
+    let xv = dims.n_in / 16u;
+    let gt = group_tokens();
+    for (var t0 = 0u; t0 < step.n_tok; t0 += gt) {
+        let nt = min(gt, step.n_tok - t0);
+        prologue(t0, nt, lid.x);
+        for (var ti = 0u; ti < nt; ti++) {
+            var gi = vec4<i32>(0);
+            var ui = vec4<i32>(0);
+            var gf = vec4<f32>(0.0);
+            var uf = vec4<f32>(0.0);
+            if r0 < dims.n_out {
+                for (var j = 0u; j < vw; j++) {
+                    let xo = ti * xv + (j / 2u) * 8u + (j % 2u);
+                    let dg = dot_rows4(wg_[b.x + j], wg_[b.y + j], wg_[b.z + j], wg_[b.w + j], xo);
+                    let du = dot_rows4(wu[b.x + j], wu[b.y + j], wu[b.z + j], wu[b.w + j], xo);
+                    if dims.mode == 0u {
+                        gi += dg;
+                        ui += du;
+                    } else {
+                        let s = rr * nb + vec4<u32>(j / 4u);
+                        let ones = vec4<i32>(ones_rows(xo));
+                        gf += vec4<f32>(dg - ones) * vec4<f32>(sg[s.x], sg[s.y], sg[s.z], sg[s.w]);
+                        uf += vec4<f32>(du - ones) * vec4<f32>(su[s.x], su[s.y], su[s.z], su[s.w]);
+                    }
+                }
+            }
+            for (var i = 0u; i < 4u; i++) {
+                let r = r0 + i;
+                if r < dims.n_out {
+                    var g: f32;
+                    var u: f32;
+                    if dims.mode == 0u {
+                        g = (f32(gi[i] - tok_sum[ti]) / tok_s[ti]) * sg[0];
+                        u = (f32(ui[i] - tok_sum[ti]) / tok_s[ti]) * su[0];
+                    } else {
+                        g = gf[i] / tok_s[ti];
+                        u = uf[i] / tok_s[ti];
+                    }
+                    var a: f32;
+                    if dims.op == 1u {
+                        let p = max(g, 0.0);
+                        a = (p * p) * u;
+                    } else {
+                        a = (g / (1.0 + exp(-g))) * u;
+                    }
+                    y[(t0 + ti) * dims.n_out + r] = a;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+}

@@ -1,0 +1,78 @@
+// mv.wgsl for adapters that run invocations as SIMD lanes (mv_rows_common.wgsl): the same
+// bindings, segments and modes, each thread four output rows (4·WG rows a workgroup).
+@group(0) @binding(2) var<storage, read> wt: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> sc: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y0: array<f32>;
+@group(0) @binding(7) var<storage, read_write> y1: array<f32>;
+@group(0) @binding(8) var<storage, read_write> y2: array<f32>;
+
+fn store(t: u32, r: u32, v: f32) {
+    if r < dims.seg1 {
+        let o = t * dims.seg1 + r;
+        if dims.op == 1u {
+            y0[o] = y0[o] + v;
+        } else {
+            y0[o] = v;
+        }
+    } else if r < dims.seg2 {
+        y1[t * (dims.seg2 - dims.seg1) + r - dims.seg1] = v;
+    } else {
+        y2[t * (dims.n_out - dims.seg2) + r - dims.seg2] = v;
+    }
+}
+
+fn seg_scale(r: u32) -> f32 {
+    return sc[select(select(2u, 1u, r < dims.seg2), 0u, r < dims.seg1)];
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let r0 = rows_of(wg.x, lid.x);
+    let vw = dims.vwords;
+    let b0 = row_clamped(r0) * vw;
+    let b1 = row_clamped(r0 + 1u) * vw;
+    let b2 = row_clamped(r0 + 2u) * vw;
+    let b3 = row_clamped(r0 + 3u) * vw;
+    let nb = dims.n_in / 256u;
+    let xv = dims.n_in / 16u;
+    let gt = group_tokens();
+    for (var t0 = 0u; t0 < step.n_tok; t0 += gt) {
+        let nt = min(gt, step.n_tok - t0);
+        prologue(t0, nt, lid.x);
+        for (var ti = 0u; ti < nt; ti++) {
+            var acc = vec4<i32>(0);
+            var accf = vec4<f32>(0.0);
+            if r0 < dims.n_out {
+                for (var j = 0u; j < vw; j++) {
+                    let xo = ti * xv + (j / 2u) * 8u + (j % 2u);
+                    let d = dot_rows4(wt[b0 + j], wt[b1 + j], wt[b2 + j], wt[b3 + j], xo);
+                    if dims.mode == 0u {
+                        acc += d;
+                    } else {
+                        let blk = j / 4u;
+                        let scale = vec4<f32>(
+                            sc[(b0 / vw) * nb + blk],
+                            sc[(b1 / vw) * nb + blk],
+                            sc[(b2 / vw) * nb + blk],
+                            sc[(b3 / vw) * nb + blk],
+                        );
+                        accf += vec4<f32>(d - vec4<i32>(ones_rows(xo))) * scale;
+                    }
+                }
+            }
+            for (var i = 0u; i < 4u; i++) {
+                let r = r0 + i;
+                if r < dims.n_out {
+                    var v: f32;
+                    if dims.mode == 0u {
+                        v = (f32(acc[i] - tok_sum[ti]) / tok_s[ti]) * seg_scale(r);
+                    } else {
+                        v = accf[i] / tok_s[ti];
+                    }
+                    store(t0 + ti, r, v);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+}
