@@ -1091,7 +1091,10 @@ impl GpuModel {
             let mats = [
                 (e.saturating_mul(e + 2 * kv), !l.q.gemm.is_empty()),
                 (e.saturating_mul(e), !l.o.gemm.is_empty()),
-                (e.saturating_mul(ff).saturating_mul(2), !l.glu.gemm.is_empty()),
+                (
+                    e.saturating_mul(ff).saturating_mul(2),
+                    !l.glu.gemm.is_empty(),
+                ),
                 (e.saturating_mul(ff), !l.down.gemm.is_empty()),
             ];
             for (weights, gemm) in mats {
