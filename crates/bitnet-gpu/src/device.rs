@@ -521,11 +521,13 @@ pub(crate) struct Kernels {
     pub norm_quant: wgpu::ComputePipeline,
     pub rmsnorm: wgpu::ComputePipeline,
     pub ternary: wgpu::ComputePipeline,
-    pub rope: wgpu::ComputePipeline,
+    /// RoPE on the new rows' Q and K, and their K and V stored into the cache: for an f16
+    /// cache and an f32 one.
+    pub rope_f16: wgpu::ComputePipeline,
+    pub rope_f32: wgpu::ComputePipeline,
     pub attention_f32: wgpu::ComputePipeline,
     pub attention_f16: wgpu::ComputePipeline,
     pub attention_merge: wgpu::ComputePipeline,
-    pub kv_store_f16: wgpu::ComputePipeline,
     pub ternary_glu: wgpu::ComputePipeline,
     pub gemm: wgpu::ComputePipeline,
     pub head: wgpu::ComputePipeline,
@@ -576,6 +578,8 @@ const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 const SPLIT: &str = include_str!("shaders/attention_split.wgsl");
 /// RMSNorm's bindings and row scale, shared by the two norm kernels.
 const NORM: &str = include_str!("shaders/norm_common.wgsl");
+/// RoPE and the cache store; a prelude in front of it says how the cache is written.
+const ROPE: &str = include_str!("shaders/rope.wgsl");
 /// The top-k kernels' shared selection.
 const TOPK: &str = include_str!("shaders/topk_select.wgsl");
 
@@ -668,7 +672,14 @@ impl Kernels {
                 &format!("{NORM}\n{}", include_str!("shaders/rmsnorm.wgsl")),
             ),
             ternary: make("ternary", include_str!("shaders/ternary.wgsl")),
-            rope: make("rope", include_str!("shaders/rope.wgsl")),
+            rope_f16: make(
+                "rope_f16",
+                &format!("{}\n{ROPE}", include_str!("shaders/rope_store_f16.wgsl")),
+            ),
+            rope_f32: make(
+                "rope_f32",
+                &format!("{}\n{ROPE}", include_str!("shaders/rope_store_f32.wgsl")),
+            ),
             attention_f32: make(
                 "attention_f32",
                 &format!(
@@ -687,7 +698,6 @@ impl Kernels {
                 "attention_merge",
                 &format!("{split}\n{}", include_str!("shaders/attention_merge.wgsl")),
             ),
-            kv_store_f16: make("kv_store_f16", include_str!("shaders/kv_store_f16.wgsl")),
             ternary_glu: make("ternary_glu", include_str!("shaders/ternary_glu.wgsl")),
             gemm: make("gemm", include_str!("shaders/gemm.wgsl")),
             head: make("head", include_str!("shaders/head.wgsl")),

@@ -243,6 +243,8 @@ pub struct GpuModel {
     bytes: u64,
     /// Dispatches of the last submission.
     dispatches: std::sync::atomic::AtomicU32,
+    /// Submissions of the last call.
+    submits: std::sync::atomic::AtomicU32,
     /// Kernel timing, when on.
     prof: std::sync::Mutex<Option<ProfState>>,
 }
@@ -273,9 +275,8 @@ pub struct GpuCache {
     attn: Vec<wgpu::BindGroup>,
     /// The merge of a split attention call's chunk states (one for every layer).
     merge: wgpu::BindGroup,
-    /// f16: the kernel that stores each block's new K and V rows.
-    store: Vec<wgpu::BindGroup>,
-    rope: wgpu::BindGroup,
+    /// Per block: RoPE on the new rows' Q and K, and their K and V into the cache.
+    rope: Vec<wgpu::BindGroup>,
     len: usize,
     n_ctx: usize,
     bytes: u64,
@@ -702,9 +703,20 @@ impl GpuModel {
         );
         let ctx = self.gpu.uniform("ctx", &[u32_of(n_ctx, "n_ctx")?, 0, 0, 0]);
         let a = &self.act;
-        let rope = self
-            .gpu
-            .bind(&kp.rope, &[&self.step, &rope_dims, &a.q, &a.k, &tb, &ctx]);
+        let rope_kernel = match ty {
+            GpuKv::F16 => &kp.rope_f16,
+            GpuKv::F32 => &kp.rope_f32,
+        };
+        let rope = (0..c.n_layer)
+            .map(|il| {
+                self.gpu.bind(
+                    rope_kernel,
+                    &[
+                        &self.step, &rope_dims, &a.q, &a.k, &tb, &ctx, &a.v, &k[il], &v[il],
+                    ],
+                )
+            })
+            .collect();
         #[allow(clippy::cast_precision_loss)] // head sizes are small integers
         let scale = 1.0f32 / (c.head_dim as f32).sqrt();
         let attn_dims = self.gpu.uniform(
@@ -738,27 +750,10 @@ impl GpuModel {
         let merge = self
             .gpu
             .bind(&kp.attention_merge, &[&self.step, &attn_dims, &part, &a.o]);
-        let store = match ty {
-            GpuKv::F32 => Vec::new(),
-            GpuKv::F16 => {
-                let dims = self
-                    .gpu
-                    .uniform("dims kv store", &[u32_of(kv, "n_embd_kv")?, 0, 0, 0]);
-                (0..c.n_layer)
-                    .map(|il| {
-                        self.gpu.bind(
-                            &kp.kv_store_f16,
-                            &[&self.step, &dims, &a.k, &a.v, &k[il], &v[il]],
-                        )
-                    })
-                    .collect()
-            }
-        };
         self.gpu.wait()?;
         Ok(GpuCache {
             bytes: per * 2 * bytes_of(c.n_layer)? + tb.size() + part.size(),
             ty,
-            store,
             k,
             v,
             attn,
@@ -943,6 +938,7 @@ impl GpuModel {
             self.max_batch
         };
         let n_chunks = tokens.len().div_ceil(per_call);
+        self.submits.store(0, std::sync::atomic::Ordering::Relaxed);
         let mut best = None;
         for (i, chunk) in tokens.chunks(per_call).enumerate() {
             let last = i + 1 == n_chunks;
@@ -985,6 +981,8 @@ impl GpuModel {
                 let size = bytes_of(TOP_CANDIDATES * 8)?;
                 enc.copy_buffer_to_buffer(&self.act.top, 0, &self.act.top_staging, 0, size);
                 self.gpu.queue.submit([enc.finish()]);
+                self.submits
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let b = self.gpu.map_read_async(&self.act.top_staging, size).await?;
                 // (id, logit bits) pairs, carried as f32 bit patterns.
                 out.extend(
@@ -995,6 +993,8 @@ impl GpuModel {
                 let size = bytes_of(ARGMAX_GROUPS * 8)?;
                 enc.copy_buffer_to_buffer(&self.act.best, 0, &self.act.best_staging, 0, size);
                 self.gpu.queue.submit([enc.finish()]);
+                self.submits
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let b = self
                     .gpu
                     .map_read_async(&self.act.best_staging, size)
@@ -1004,6 +1004,8 @@ impl GpuModel {
                 let size = bytes_of(mul(mul(out_rows, nv, "logits")?, 4, "logits")?)?;
                 enc.copy_buffer_to_buffer(&self.act.logits, 0, &self.act.logits_staging, 0, size);
                 self.gpu.queue.submit([enc.finish()]);
+                self.submits
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let b = self
                     .gpu
                     .map_read_async(&self.act.logits_staging, size)
@@ -1014,6 +1016,8 @@ impl GpuModel {
                 );
             } else {
                 self.gpu.queue.submit([enc.finish()]);
+                self.submits
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.gpu.wait()?;
             }
             if let Some(p) = prof.as_mut().filter(|_| n_queries > 0) {
@@ -1111,6 +1115,11 @@ impl GpuModel {
         total.saturating_add(head)
     }
 
+    /// Submissions the last forward call made (one per call of up to `max_batch` tokens).
+    pub fn last_submits(&self) -> u32 {
+        self.submits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Dispatches the last submission recorded.
     pub fn last_dispatches(&self) -> u32 {
         self.dispatches.load(std::sync::atomic::Ordering::Relaxed)
@@ -1197,7 +1206,6 @@ impl GpuModel {
         let a = &self.act;
         let n = tokens.len();
         let n32 = u32_of(n, "tokens")?;
-        let kv = c.n_embd_kv();
 
         // 1. h = E[token]: copy each token's stored row, then widen.
         let src = self.embd.as_ref().unwrap_or(&self.head);
@@ -1233,8 +1241,6 @@ impl GpuModel {
         };
         let heads = u32_of(c.n_head, "n_head")?;
         let rope_heads = u32_of(c.n_head + c.n_head_kv, "n_head")?;
-        let kv_bytes = bytes_of(mul(n, kv, "kv")? * 4)?;
-        let kv_at = bytes_of(mul(cache.len, kv, "kv")? * 4)?;
         // A decode step's positions in chunks (attention_split.wgsl).
         let split = attn_split(n, cache.len + n)?;
         for (il, l) in self.layers.iter().enumerate() {
@@ -1258,16 +1264,17 @@ impl GpuModel {
                 lin(rec, "ternary k", &l.k)?;
                 lin(rec, "ternary v", &l.v)?;
             }
-            // 3. RoPE on Q and K
-            rec.dispatch("rope", &kp.rope, &cache.rope, [n32, rope_heads, 1]);
-            // The new K and V rows into the cache (f16: rounded by one kernel).
-            if let Some(store) = cache.store.get(il) {
-                rec.dispatch("kv_store_f16", &kp.kv_store_f16, store, [n32, 1, 1]);
-            }
-            if cache.ty == GpuKv::F32 {
-                rec.copy(&a.k, 0, &cache.k[il], kv_at, kv_bytes);
-                rec.copy(&a.v, 0, &cache.v[il], kv_at, kv_bytes);
-            }
+            // 3. RoPE on Q and K, and the new K and V rows into the cache (f16: rounded), in
+            // one kernel.
+            let rope_kernel = match cache.ty {
+                GpuKv::F16 => &kp.rope_f16,
+                GpuKv::F32 => &kp.rope_f32,
+            };
+            let rope = cache
+                .rope
+                .get(il)
+                .ok_or(GpuError::Overflow("block index"))?;
+            rec.dispatch("rope+store", rope_kernel, rope, [n32, rope_heads, 1]);
             // 4. O = Attn(Q, K, V)
             let attention = match cache.ty {
                 GpuKv::F16 => &kp.attention_f16,
@@ -2087,6 +2094,7 @@ impl GpuBuilder {
             topk_groups: u32_of(topk_groups, "n_vocab")?,
             bytes,
             dispatches: std::sync::atomic::AtomicU32::new(0),
+            submits: std::sync::atomic::AtomicU32::new(0),
             prof: std::sync::Mutex::new(None),
             gpu,
         })

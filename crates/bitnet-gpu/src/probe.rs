@@ -412,8 +412,17 @@ pub struct RopeProbe {
     pub style: bitnet_model::RopeStyle,
 }
 
-/// RoPE in place on `n` rows of Q and K at positions `pos0..`: returns (q, k).
-pub fn rope(gpu: &Gpu, s: RopeProbe, q: &[f32], k: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+/// RoPE in place on `n` rows of Q and K at positions `pos0..`, and K and V stored into a
+/// cache of `f16` (else f32) elements at those positions, in one kernel: returns q, k, and
+/// the cache's rows of K and V at those positions (widened to f32).
+pub fn rope(
+    gpu: &Gpu,
+    s: RopeProbe,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    f16: bool,
+) -> Result<RopeOut> {
     let n_ctx = s.pos0 + s.n;
     let half = s.n_rot / 2;
     let mut table = vec![0f32; n_ctx * half * 2];
@@ -441,18 +450,47 @@ pub fn rope(gpu: &Gpu, s: RopeProbe, q: &[f32], k: &[f32]) -> Result<(Vec<f32>, 
     let qb = gpu.upload("q", bytemuck::cast_slice(q))?;
     let kb = gpu.upload("k", bytemuck::cast_slice(k))?;
     let tb = gpu.upload("table", bytemuck::cast_slice(&table))?;
-    let bind = gpu.bind(&gpu.k.rope, &[&step, &dims, &qb, &kb, &tb, &ctx]);
-    run(
-        gpu,
-        &gpu.k.rope,
-        &bind,
-        n32(s.n)?,
-        n32(s.n_head + s.n_head_kv)?,
-    )?;
-    Ok((
-        le_f32(&gpu.read(&qb, u64::from(n32(q.len() * 4)?))?),
-        le_f32(&gpu.read(&kb, u64::from(n32(k.len() * 4)?))?),
-    ))
+    let vb = gpu.upload("v", bytemuck::cast_slice(v))?;
+    let kv = s.n_head_kv * s.head_dim;
+    let elem = if f16 { 2 } else { 4 };
+    let kc = rw(gpu, "cache k", n_ctx * kv * elem)?;
+    let vc = rw(gpu, "cache v", n_ctx * kv * elem)?;
+    let kernel = if f16 {
+        &gpu.k.rope_f16
+    } else {
+        &gpu.k.rope_f32
+    };
+    let bind = gpu.bind(kernel, &[&step, &dims, &qb, &kb, &tb, &ctx, &vb, &kc, &vc]);
+    run(gpu, kernel, &bind, n32(s.n)?, n32(s.n_head + s.n_head_kv)?)?;
+    // The cache rows at pos0.., widened.
+    let rows = |b: &wgpu::Buffer| -> Result<Vec<f32>> {
+        let all = gpu.read(b, u64::from(n32(n_ctx * kv * elem)?))?;
+        let at = &all[s.pos0 * kv * elem..];
+        Ok(if f16 {
+            at.chunks_exact(2)
+                .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+                .collect()
+        } else {
+            le_f32(at)
+        })
+    };
+    Ok(RopeOut {
+        q: le_f32(&gpu.read(&qb, u64::from(n32(q.len() * 4)?))?),
+        k: le_f32(&gpu.read(&kb, u64::from(n32(k.len() * 4)?))?),
+        cache_k: rows(&kc)?,
+        cache_v: rows(&vc)?,
+    })
+}
+
+/// What [`rope`] returns.
+#[derive(Debug)]
+pub struct RopeOut {
+    /// Q and K rotated in place.
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    /// The cache's K and V rows at the call's positions.
+    pub cache_k: Vec<f32>,
+    pub cache_v: Vec<f32>,
 }
 
 /// The LM head over an F16 or F32 row matrix, split into buffers of at most `chunk_bytes`:

@@ -449,7 +449,12 @@ fn rope_matches_the_cpu() {
             let k: Vec<f32> = (0..n * n_head_kv * head_dim)
                 .map(|_| rng.random_range(-3.0..3.0f32))
                 .collect();
-            let (gq, gk) = probe::rope(&gpu, s, &q, &k).unwrap();
+            let v: Vec<f32> = (0..n * n_head_kv * head_dim)
+                .map(|_| rng.random_range(-3.0..3.0f32))
+                .collect();
+            let f16 = rng.random_range(0..2) == 0;
+            let out = probe::rope(&gpu, s, &q, &k, &v, f16).unwrap();
+            let (gq, gk) = (&out.q, &out.k);
             let (mut wq, mut wk) = (q.clone(), k.clone());
             for t in 0..n {
                 let r = rope_row(pos0 + t, n_rot, 500_000.0);
@@ -466,6 +471,27 @@ fn rope_matches_the_cpu() {
             for (g, w) in gq.iter().zip(&wq).chain(gk.iter().zip(&wk)) {
                 // The same table; a GPU may fuse the multiply-add.
                 assert!((g - w).abs() <= 1e-5, "{s:?}: {g} vs {w}");
+            }
+            // The cache holds the rotated K and the V rows: as they are (f32), or rounded to
+            // f16 (within one f16 step of the CPU cache's round-to-nearest-even).
+            assert_eq!(out.cache_k.len(), wk.len());
+            assert_eq!(out.cache_v.len(), v.len());
+            let pairs = out
+                .cache_k
+                .iter()
+                .zip(gk.iter())
+                .chain(out.cache_v.iter().zip(&v));
+            for (i, (&c, &w)) in pairs.enumerate() {
+                let (want, tol) = if f16 {
+                    let h = half::f16::from_f32(w).to_f32();
+                    (h, h.abs() / 1024.0)
+                } else {
+                    (w, 0.0)
+                };
+                assert!(
+                    (c - want).abs() <= tol,
+                    "{s:?} f16 {f16}: cache element {i}: {c} vs {want}"
+                );
             }
         }
     }

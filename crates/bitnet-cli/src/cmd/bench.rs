@@ -289,6 +289,7 @@ fn run_engine(a: &Args) -> Result<()> {
     let mut session = engine.new_session(n_ctx)?;
     // The GPU's dispatches per decode token, and kernel profiles of the tg tests.
     let mut dispatches = None;
+    let mut submits = None;
     let mut profiles = Vec::new();
     let mut best_tg_gbs: Option<f64> = None;
     for &depth in &a.depth {
@@ -331,6 +332,7 @@ fn run_engine(a: &Args) -> Result<()> {
             }
             if let Some(g) = engine.gpu() {
                 dispatches = Some(g.last_dispatches());
+                submits = Some(g.last_submits());
                 if a.profile {
                     session.truncate(depth);
                     let mut next = engine.eval_greedy(&mut session, &tokens(1, n_vocab, 2))?;
@@ -394,6 +396,7 @@ fn run_engine(a: &Args) -> Result<()> {
                 json!({
                     "device": engine.device_name(),
                     "dispatches_per_token": dispatches,
+                    "submits_per_token": submits,
                     "bytes_per_token": step_bytes,
                     "copy_gb_s": copy,
                     "tg_weights_gb_s": best_tg_gbs,
@@ -415,9 +418,10 @@ fn run_engine(a: &Args) -> Result<()> {
                 );
             }
             println!(
-                "decode: {} dispatches and {:.2} GB of weights per token; device copy {copy:.0} GB/s \
-                 (read + write), best tg {best_tg:.1} GB/s = {:.1} % of it",
+                "decode: {} dispatches, {} submissions and {:.2} GB of weights per token; device \
+                 copy {copy:.0} GB/s (read + write), best tg {best_tg:.1} GB/s = {:.1} % of it",
                 dispatches.map_or_else(|| "?".into(), |d| d.to_string()),
+                submits.map_or_else(|| "?".into(), |d| d.to_string()),
                 step_bytes / 1e9,
                 100.0 * best_tg / copy.max(1e-9),
             );

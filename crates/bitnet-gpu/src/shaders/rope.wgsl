@@ -1,6 +1,9 @@
 // RoPE in place on the Q and K rows: NeoX (dim i pairs with i + n_rot/2) or, with `normal`,
 // llama.cpp's mode 0 (dim 2i pairs with 2i + 1); dims past n_rot pass. cos/sin come from the
 // table the CPU builds (the same values as its forward pass; both styles use angle i).
+// In the same dispatch, each KV head's workgroup then stores its rotated K head and its V head
+// into the cache at position pos0 + t, through `store_head` of the prelude in front of this
+// file (rope_store_f16.wgsl rounds to f16, rope_store_f32.wgsl copies).
 struct Dims {
     n_head: u32,
     n_head_kv: u32,
@@ -19,6 +22,7 @@ struct Dims {
 // [pos][half] cos, then [pos][half] sin after n_ctx·half values
 @group(0) @binding(4) var<storage, read> table: array<f32>;
 @group(0) @binding(5) var<uniform> ctx: vec4<u32>;
+@group(0) @binding(6) var<storage, read> v: array<f32>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -50,5 +54,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             k[o + i0] = x0 * c - x1 * s;
             k[o + i1] = x0 * s + x1 * c;
         }
+    }
+    if hh >= dims.n_head {
+        // The head's rotated K (written above by other threads of this workgroup) and its V.
+        storageBarrier();
+        let kv = dims.n_head_kv * dims.head_dim;
+        let src = t * kv + (hh - dims.n_head) * dims.head_dim;
+        store_head(pos * kv + (hh - dims.n_head) * dims.head_dim, src, lid.x);
     }
 }
