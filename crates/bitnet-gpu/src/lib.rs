@@ -12,17 +12,22 @@
 //! logits it asks for (or 512 bytes for greedy). docs/BACKENDS.md says how it fits the engine.
 #![deny(unsafe_code)]
 
+mod builder;
+mod cache;
 mod device;
 mod error;
+mod kernels;
 mod model;
 #[doc(hidden)]
 pub mod probe;
 mod rec;
+mod upload;
 
+pub use builder::GpuBuilder;
+pub use cache::{GpuCache, GpuKv};
 pub use device::{adapters, block, AdapterInfo, Gpu};
 pub use error::{GpuError, Result};
-pub use model::{
-    check_architecture, DecodeKernels, GpuBuilder, GpuCache, GpuKv, GpuModel, GpuOptions,
-    GpuOutputs, MvKind, RowsSpec, TOP_CANDIDATES,
-};
+pub use kernels::{MvKind, TOP_CANDIDATES};
+pub use model::{check_architecture, DecodeKernels, GpuModel, GpuOptions, GpuOutputs};
 pub use rec::KernelTime;
+pub use upload::RowsSpec;

@@ -22,8 +22,11 @@ pub fn gpu_tests_enabled() -> bool {
     );
 }
 
-use crate::device::{attn_part_len, attn_split, Gpu};
-use crate::model::{upload_glu, upload_matrix, MvKind};
+use crate::device::Gpu;
+use crate::kernels::{
+    attn_part_len, attn_split, MvKind, ARGMAX_GROUPS, GEMM_ROWS, GEMM_TOKENS, TERNARY_TOKENS,
+};
+use crate::upload::{upload_glu, upload_matrix};
 use crate::{GpuError, Result};
 
 fn le_f32(b: &[u8]) -> Vec<f32> {
@@ -82,7 +85,7 @@ pub fn ternary(gpu: &Gpu, w: &TernaryMatrix<'_>, xq: &[i8], scales: &[f32]) -> R
     let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
     let out = rw(gpu, "out", n * w.n_out() * 4)?;
     let (m, _) = upload_matrix(gpu, w, &step, &xqb, &xsb, &out, 0, false)?;
-    let tiles = n32(n.div_ceil(crate::model::TERNARY_TOKENS))?;
+    let tiles = n32(n.div_ceil(TERNARY_TOKENS))?;
     run(gpu, &gpu.k.ternary, m.bind(), n32(w.n_out())?, tiles)?;
     Ok(le_f32(&gpu.read(&out, u64::from(n32(n * w.n_out() * 4)?))?))
 }
@@ -103,7 +106,7 @@ pub fn gemm(
     let xqb = gpu.upload("xq", &packed)?;
     let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
     let out = gpu.upload("out", bytemuck::cast_slice(y0))?;
-    let c = crate::model::upload_codes(gpu, w, 0)?;
+    let c = crate::upload::upload_codes(gpu, w, 0)?;
     let dims = gpu.uniform(
         "dims",
         &[n32(w.n_in())?, n32(w.n_out())?, n32(w.n_in() / 16)?, op],
@@ -116,8 +119,8 @@ pub fn gemm(
         gpu,
         &gpu.k.gemm,
         &bind,
-        n32(w.n_out().div_ceil(crate::model::GEMM_ROWS))?,
-        n32(n.div_ceil(crate::model::GEMM_TOKENS))?,
+        n32(w.n_out().div_ceil(GEMM_ROWS))?,
+        n32(n.div_ceil(GEMM_TOKENS))?,
     )?;
     Ok(le_f32(&gpu.read(&out, u64::from(n32(n * w.n_out() * 4)?))?))
 }
@@ -138,7 +141,7 @@ pub fn glu(
     let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
     let out = rw(gpu, "out", n * gate.n_out() * 4)?;
     let (m, _, _) = upload_glu(gpu, gate, up, &step, &xqb, &xsb, &out, act, 0, None)?;
-    let tiles = n32(n.div_ceil(crate::model::TERNARY_TOKENS))?;
+    let tiles = n32(n.div_ceil(TERNARY_TOKENS))?;
     run(gpu, &gpu.k.ternary_glu, m.bind(), n32(gate.n_out())?, tiles)?;
     Ok(le_f32(
         &gpu.read(&out, u64::from(n32(n * gate.n_out() * 4)?))?,
@@ -192,7 +195,7 @@ pub fn mv(
     }
     let refs: Vec<&wgpu::Buffer> = outs.iter().collect();
     let seg =
-        crate::model::upload_segmented(gpu, mats, &step, &xq, &xs, &refs, 0, add_to.is_some())?;
+        crate::upload::upload_segmented(gpu, mats, &step, &xq, &xs, &refs, 0, add_to.is_some())?;
     let spare = [rw(gpu, "spare", 4)?, rw(gpu, "spare", 4)?];
     let pick = |i: usize| refs.get(i).copied().unwrap_or(&spare[i.min(2) - 1]);
     let input = if kind.normed() {
@@ -512,8 +515,8 @@ pub fn head(
             gpu.info.name
         )));
     }
-    let ty = crate::model::ty_of(m, "head")?;
-    let ch = crate::model::upload_chunks(gpu, m, chunk_bytes, "head")?;
+    let ty = crate::upload::ty_of(m, "head")?;
+    let ch = crate::upload::upload_chunks(gpu, m, chunk_bytes, "head")?;
     let nv = m.rows();
     let step = gpu.uniform("step", &[n32(rows)?, 0, 0, n32(rows)?]);
     let hb = gpu.upload("hn", bytemuck::cast_slice(hn))?;
@@ -539,8 +542,8 @@ pub fn embed(
     ids: &[u32],
     chunk_bytes: u64,
 ) -> Result<Vec<f32>> {
-    let ty = crate::model::ty_of(m, "embedding")?;
-    let ch = crate::model::upload_chunks(gpu, m, chunk_bytes, "embedding")?;
+    let ty = crate::upload::ty_of(m, "embedding")?;
+    let ch = crate::upload::upload_chunks(gpu, m, chunk_bytes, "embedding")?;
     let n = ids.len();
     let e = m.cols();
     let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
@@ -573,7 +576,7 @@ pub fn argmax(gpu: &Gpu, logits: &[f32]) -> Result<u32> {
     let step = gpu.uniform("step", &[1, 0, 0, 1]);
     let dims = gpu.uniform("dims", &[n32(logits.len())?, 0, 0, 0]);
     let lb = gpu.upload("logits", bytemuck::cast_slice(logits))?;
-    let groups = crate::model::ARGMAX_GROUPS;
+    let groups = ARGMAX_GROUPS;
     let best = rw(gpu, "best", groups * 8)?;
     let bind = gpu.bind(&gpu.k.argmax, &[&step, &dims, &lb, &best]);
     run(gpu, &gpu.k.argmax, &bind, n32(groups)?, 1)?;
