@@ -181,6 +181,7 @@ impl GpuModel {
         let act_mode = match c.activation {
             Activation::Relu2 => 1,
             Activation::Silu => 2,
+            // check_architecture refused it above.
             Activation::Gelu => {
                 return Err(GpuError::Unsupported(
                     "GELU on the GPU: run the model on the CPU".into(),

@@ -4,7 +4,7 @@
 //! geometry kernels.rs's.
 
 use bitnet_model::numerics::{rope_back_for, rope_row};
-use bitnet_model::{Config, Outputs, RopeStyle};
+use bitnet_model::{Activation, Config, Outputs, RopeStyle};
 
 use crate::cache::{GpuCache, GpuKv};
 use crate::device::Gpu;
@@ -165,19 +165,58 @@ pub(crate) struct ProfState {
 /// The kernels build the `bitnet*` block (sub-norms, NEOX RoPE) and the ternary `llama` block
 /// (no sub-norms, normal RoPE); the embedding models' blocks (input norms, Q/K norms,
 /// post-norms, a head size apart from n_embd / n_head) are refused before a device is opened,
-/// so `--device auto` can fall back to the CPU.
+/// so `--device auto` can fall back to the CPU. Every field of [`Config`] is named here, so a
+/// new architecture feature does not build until this says whether the GPU runs it.
 pub fn check_architecture(c: &Config) -> Result<()> {
-    if c.norm_in
-        || c.qk_norm
-        || c.post_norms
-        || c.embd_scale.is_some()
-        || c.q_prescale
-        || c.n_embd_q() != c.n_embd
-    {
+    let Config {
+        arch,
+        // Shapes: checked against the kernels' limits when the model is built.
+        n_vocab: _,
+        n_ctx_train: _,
+        n_embd: _,
+        n_layer: _,
+        n_ff: _,
+        n_head: _,
+        n_head_kv: _,
+        n_rot: _,
+        head_dim: _,
+        rms_eps: _,
+        rope_freq_base: _,
+        activation,
+        // Both pairings (rope.wgsl's `normal`), with or without sub-norms (norm_common.wgsl's
+        // `plain`).
+        rope_style: _,
+        sub_norms: _,
+        norm_in,
+        qk_norm,
+        post_norms,
+        embd_scale,
+        q_prescale,
+        // Pooling is the embedding path's, which the GPU does not run.
+        pooling: _,
+    } = c;
+    let mut missing = Vec::new();
+    for (have, what) in [
+        (*norm_in, "input norms per projection"),
+        (*qk_norm, "Q/K norms"),
+        (*post_norms, "post-norms"),
+        (embd_scale.is_some(), "scaled embeddings"),
+        (*q_prescale, "pre-scaled Q"),
+        (
+            c.n_embd_q() != c.n_embd,
+            "a head size apart from n_embd / n_head",
+        ),
+        (*activation == Activation::Gelu, "GELU"),
+    ] {
+        if have {
+            missing.push(what);
+        }
+    }
+    if !missing.is_empty() {
         return Err(GpuError::Unsupported(format!(
-            "architecture '{}' on the GPU (the GPU runs the `bitnet*` and ternary `llama` \
-             blocks): run it on the CPU",
-            c.arch
+            "architecture '{arch}' on the GPU ({}; the GPU runs the `bitnet*` and ternary \
+             `llama` blocks): run it on the CPU",
+            missing.join(", ")
         )));
     }
     Ok(())

@@ -694,14 +694,24 @@ fn llama_falcon3_and_1bitllm_goldens_match_bitnet_cpp_and_the_cpu() {
 /// device is opened (so `--device auto` falls back to the CPU).
 #[test]
 fn embedding_architectures_are_refused_before_a_device_is_opened() {
-    for (file, arch) in [
-        ("embed/qwen3-converted.gguf", "'qwen3'"),
-        ("embed/gemma3-converted.gguf", "'gemma3'"),
+    for (file, arch, features) in [
+        ("embed/qwen3-converted.gguf", "'qwen3'", &["Q/K norms"][..]),
+        (
+            "embed/gemma3-converted.gguf",
+            "'gemma3'",
+            &["Q/K norms", "post-norms", "GELU"][..],
+        ),
     ] {
         let f = GgufFile::open(&bitnet_testdata::golden(file), &Limits::default()).unwrap();
         let m = Model::load(&f).unwrap();
         match GpuModel::new(&m, GpuOptions::default()) {
-            Err(GpuError::Unsupported(msg)) => assert!(msg.contains(arch), "{msg}"),
+            // The message names the architecture and each feature the GPU lacks.
+            Err(GpuError::Unsupported(msg)) => {
+                assert!(msg.contains(arch), "{msg}");
+                for f in features {
+                    assert!(msg.contains(f), "{msg} does not name {f}");
+                }
+            }
             Err(e) => panic!("expected Unsupported, got {e}"),
             Ok(_) => panic!("{file} was uploaded to the GPU"),
         }
