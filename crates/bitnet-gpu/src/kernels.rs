@@ -27,9 +27,14 @@ pub(crate) const GEMM_TOKENS: usize = 64;
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
 /// Workgroups of the greedy arg-max (`GROUPS` in argmax.wgsl), one (index, value) pair each.
 pub(crate) const ARGMAX_GROUPS: usize = 64;
-/// LM-head rows per workgroup (`RPW` in head.wgsl; head_lanes.wgsl takes
-/// `LANES_ROWS`).
+/// LM-head rows per workgroup (`RPW` in head.wgsl; head_lanes.wgsl takes `LANES_ROWS`).
 pub(crate) const HEAD_ROWS: usize = 4;
+/// Threads a workgroup of the lane decode kernels (`WG` in mv_rows.wgsl), four output rows
+/// each.
+pub(crate) const LANES_WG: usize = 64;
+/// Output rows a workgroup of the lane decode kernels computes.
+pub(crate) const LANES_ROWS: usize = 4 * LANES_WG;
+
 /// Rows a call may have for attention to split its positions into chunks over workgroups
 /// (attention_split.wgsl): a decode step.
 pub(crate) const ATTN_SPLIT_TOKENS: usize = 4;
@@ -56,6 +61,7 @@ pub(crate) fn attn_part_len(n_head: usize, head_dim: usize) -> Result<usize> {
         .and_then(|x| x.checked_mul(head_dim + 2))
         .ok_or(GpuError::Overflow("attention chunks"))
 }
+
 /// Which decode kernels a model's blocks are bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MvKind {
@@ -125,23 +131,6 @@ pub(crate) struct Kernels {
     /// head.wgsl in the same manner (head_lanes.wgsl), for the same adapters.
     pub head_lanes: Option<wgpu::ComputePipeline>,
 }
-
-impl Kernels {
-    /// The LM head kernel the model runs on this adapter, and the head rows a workgroup of
-    /// it computes; `lanes` false asks for head.wgsl where both exist.
-    pub(crate) fn head(&self, lanes: bool) -> (&wgpu::ComputePipeline, usize) {
-        match (&self.head_lanes, lanes) {
-            (Some(p), true) => (p, LANES_ROWS),
-            _ => (&self.head, HEAD_ROWS),
-        }
-    }
-}
-
-/// Threads a workgroup of the lane decode kernels (`WG` in mv_rows.wgsl), four output rows
-/// each.
-pub(crate) const LANES_WG: usize = 64;
-/// Output rows a workgroup of the lane decode kernels computes.
-pub(crate) const LANES_ROWS: usize = 4 * LANES_WG;
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
 /// The attention kernel's body; a prelude in front of it says how the cache is read.
@@ -316,16 +305,28 @@ impl Kernels {
             mv_rows,
         }
     }
+
+    /// The LM head kernel the model runs on this adapter, and the head rows a workgroup of
+    /// it computes; `lanes` false asks for head.wgsl where both exist.
+    pub(crate) fn head(&self, lanes: bool) -> (&wgpu::ComputePipeline, usize) {
+        match (&self.head_lanes, lanes) {
+            (Some(p), true) => (p, LANES_ROWS),
+            _ => (&self.head, HEAD_ROWS),
+        }
+    }
 }
 
+/// A size in bytes as the device's u64.
 pub(crate) fn bytes_of(n: usize) -> Result<u64> {
     u64::try_from(n).map_err(|_| GpuError::Overflow("buffer size"))
 }
 
+/// A count as a kernel's u32 (a dispatch size, a uniform), or the overflow of `what`.
 pub(crate) fn u32_of(n: usize, what: &'static str) -> Result<u32> {
     u32::try_from(n).map_err(|_| GpuError::Overflow(what))
 }
 
+/// `a · b`, or the overflow of `what`.
 pub(crate) fn mul(a: usize, b: usize, what: &'static str) -> Result<usize> {
     a.checked_mul(b).ok_or(GpuError::Overflow(what))
 }

@@ -169,8 +169,8 @@ fn quantize_rows(
 
 /// The decode kernel `kind` (mv.wgsl or mv_rows.wgsl) over `mats` read as one (Q, K, V),
 /// each matrix's `Lin` of `RMS(x, nw)` for the `x.len() / n_in` rows: the kernel norms and
-/// quantizes them in its prologue, or (`MvKind::Quant`) norm_quant.wgsl does first. With `add_to` (one matrix), `add_to + Lin`.
-/// Each matrix's output, `[rows][n_out]`.
+/// quantizes them in its prologue, or (`MvKind::Quant`) norm_quant.wgsl does first. With
+/// `add_to` (one matrix), `add_to + Lin`. Each matrix's output, `[rows][n_out]`.
 pub fn mv(
     gpu: &Gpu,
     mats: &[&TernaryMatrix<'_>],
@@ -222,9 +222,9 @@ pub fn mv(
         .collect()
 }
 
-/// The decode FFN kernel mv_glu.wgsl: `act(Lin(gate, f)) · Lin(up, f)`, f = RMS(x, nw)
-/// quantized in its prologue or (`MvKind::Quant`) by norm_quant.wgsl first (`act`: 1 ReLU²,
-/// 2 SiLU).
+/// The decode FFN kernel `kind` (mv_glu.wgsl or mv_glu_rows.wgsl):
+/// `act(Lin(gate, f)) · Lin(up, f)`, f = RMS(x, nw) quantized in its prologue or
+/// (`MvKind::Quant`) by norm_quant.wgsl first (`act`: 1 ReLU², 2 SiLU).
 #[allow(clippy::too_many_arguments)]
 pub fn mv_glu(
     gpu: &Gpu,
