@@ -141,9 +141,12 @@ const SPLIT: &str = include_str!("shaders/attention_split.wgsl");
 const NORM: &str = include_str!("shaders/norm_common.wgsl");
 /// RoPE and the cache store; a prelude in front of it says how the cache is written.
 const ROPE: &str = include_str!("shaders/rope.wgsl");
+/// The LM head kernels' shape and bindings.
+const HEAD: &str = include_str!("shaders/head_common.wgsl");
 /// The top-k kernels' shared selection.
 const TOPK: &str = include_str!("shaders/topk_select.wgsl");
 
+const MV_OUT: &str = include_str!("shaders/mv_out.wgsl");
 const MV: &str = include_str!("shaders/mv.wgsl");
 const MV_GLU: &str = include_str!("shaders/mv_glu.wgsl");
 const MV_IN_NORM: &str = include_str!("shaders/mv_in_norm.wgsl");
@@ -208,6 +211,8 @@ impl Kernels {
                 include_str!("shaders/mv_common.wgsl")
             )
         });
+        // The matrix bodies with their bindings and output rows in front.
+        let (mv_body, mv_lanes_body) = (format!("{MV_OUT}\n{MV}"), format!("{MV_OUT}\n{MV_LANES}"));
         let make = |name: &str, body: &str| {
             let src = format!("{COMMON}\n{body}");
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -261,7 +266,10 @@ impl Kernels {
             ),
             ternary_glu: make("ternary_glu", include_str!("shaders/ternary_glu.wgsl")),
             gemm: make("gemm", include_str!("shaders/gemm.wgsl")),
-            head: make("head", include_str!("shaders/head.wgsl")),
+            head: make(
+                "head",
+                &format!("{HEAD}\n{}", include_str!("shaders/head.wgsl")),
+            ),
             argmax: make(
                 "argmax",
                 &format!(
@@ -281,26 +289,34 @@ impl Kernels {
             ),
             mv: mv_prelude
                 .as_ref()
-                .map(|p| make("mv", &mv_source(p, MV_IN_NORM, MV, "4", "5"))),
+                .map(|p| make("mv", &mv_source(p, MV_IN_NORM, &mv_body, "4", "5"))),
             mv_glu: mv_prelude
                 .as_ref()
                 .map(|p| make("mv_glu", &mv_source(p, MV_IN_NORM, MV_GLU, "6", "7"))),
             mv_q: mv_prelude
                 .as_ref()
-                .map(|p| make("mv_q", &mv_source(p, MV_IN_Q, MV, "4", "5"))),
+                .map(|p| make("mv_q", &mv_source(p, MV_IN_Q, &mv_body, "4", "5"))),
             mv_glu_q: mv_prelude
                 .as_ref()
                 .map(|p| make("mv_glu_q", &mv_source(p, MV_IN_Q, MV_GLU, "6", "7"))),
-            mv_lanes: lanes_prelude
-                .as_ref()
-                .map(|p| make("mv_lanes", &mv_source(p, MV_IN_NORM, MV_LANES, "4", "5"))),
+            mv_lanes: lanes_prelude.as_ref().map(|p| {
+                make(
+                    "mv_lanes",
+                    &mv_source(p, MV_IN_NORM, &mv_lanes_body, "4", "5"),
+                )
+            }),
             mv_glu_lanes: lanes_prelude.as_ref().map(|p| {
                 make(
                     "mv_glu_lanes",
                     &mv_source(p, MV_IN_NORM, MV_GLU_LANES, "6", "7"),
                 )
             }),
-            head_lanes: lanes.then(|| make("head_lanes", include_str!("shaders/head_lanes.wgsl"))),
+            head_lanes: lanes.then(|| {
+                make(
+                    "head_lanes",
+                    &format!("{HEAD}\n{}", include_str!("shaders/head_lanes.wgsl")),
+                )
+            }),
             mv_words: usize::try_from(mv_words).unwrap_or(0),
             mv_rows,
         }

@@ -5,27 +5,7 @@
 // matrices with the same input (Q, K and V): rows below seg1 go to y0, below seg2 to y1, the
 // rest to y2, each segment with its own I2_S tensor scale sc[segment] (mode 0), or the rows'
 // TQ2_0 block scales (mode 1). op 1: y0 += Lin (the O and down projections add into the
-// residual stream).
-@group(0) @binding(2) var<storage, read> wt: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> sc: array<f32>;
-@group(0) @binding(6) var<storage, read_write> y0: array<f32>;
-@group(0) @binding(7) var<storage, read_write> y1: array<f32>;
-@group(0) @binding(8) var<storage, read_write> y2: array<f32>;
-
-fn store(t: u32, r: u32, v: f32) {
-    if r < dims.seg1 {
-        let o = t * dims.seg1 + r;
-        if dims.op == 1u {
-            y0[o] = y0[o] + v;
-        } else {
-            y0[o] = v;
-        }
-    } else if r < dims.seg2 {
-        y1[t * (dims.seg2 - dims.seg1) + r - dims.seg1] = v;
-    } else {
-        y2[t * (dims.n_out - dims.seg2) + r - dims.seg2] = v;
-    }
-}
+// residual stream). Its bindings and `store` are mv_out.wgsl's.
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {

@@ -52,14 +52,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                         g = gf[i] / tok_s[ti];
                         u = uf[i] / tok_s[ti];
                     }
-                    var a: f32;
-                    if dims.op == 1u {
-                        let p = max(g, 0.0);
-                        a = (p * p) * u;
-                    } else {
-                        a = (g / (1.0 + exp(-g))) * u;
-                    }
-                    y[(t0 + ti) * dims.n_out + r] = a;
+                    y[(t0 + ti) * dims.n_out + r] = glu_act(g, u);
                 }
             }
         }

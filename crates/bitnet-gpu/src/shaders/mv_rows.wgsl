@@ -1,25 +1,6 @@
 // mv.wgsl for adapters that run invocations as SIMD lanes (mv_rows_common.wgsl): the same
-// bindings, segments and modes, each thread four output rows (4·WG rows a workgroup).
-@group(0) @binding(2) var<storage, read> wt: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> sc: array<f32>;
-@group(0) @binding(6) var<storage, read_write> y0: array<f32>;
-@group(0) @binding(7) var<storage, read_write> y1: array<f32>;
-@group(0) @binding(8) var<storage, read_write> y2: array<f32>;
-
-fn store(t: u32, r: u32, v: f32) {
-    if r < dims.seg1 {
-        let o = t * dims.seg1 + r;
-        if dims.op == 1u {
-            y0[o] = y0[o] + v;
-        } else {
-            y0[o] = v;
-        }
-    } else if r < dims.seg2 {
-        y1[t * (dims.seg2 - dims.seg1) + r - dims.seg1] = v;
-    } else {
-        y2[t * (dims.n_out - dims.seg2) + r - dims.seg2] = v;
-    }
-}
+// bindings, segments and modes (mv_out.wgsl), each thread four output rows (4·WG rows a
+// workgroup).
 
 fn seg_scale(r: u32) -> f32 {
     return sc[select(select(2u, 1u, r < dims.seg2), 0u, r < dims.seg1)];
