@@ -102,6 +102,14 @@ pub(crate) struct MvLayer {
     pub(crate) down: MvBind,
 }
 
+impl MvLayer {
+    /// Whether a call of `n` tokens runs on these kernels: a decode step (up to MV_TOKENS),
+    /// and on the lane kernels any call shorter than the prompt GEMM takes.
+    pub(crate) fn takes(&self, n: usize) -> bool {
+        n <= MV_TOKENS || (self.kind == MvKind::Lanes && n < GEMM_MIN_TOKENS)
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Activations {
     /// Embedding rows as stored ([max_batch][row_bytes]).
@@ -495,8 +503,8 @@ impl GpuModel {
     /// Bytes of weights a call of `n` tokens that wants the last row's logits reads from
     /// device memory, by the kernels' geometry: each matrix's codes (2 bits a weight) once
     /// per workgroup column of tokens (a prompt GEMM tile of 64, a row-kernel group of 4; the
-    /// team decode kernels once per call of up to 4, the lane kernels once per token) and the
-    /// LM head once.
+    /// team decode kernels once per call of up to 4, the lane kernels, which also take
+    /// prompts shorter than the GEMM's, once per token) and the LM head once.
     pub fn weight_reads(&self, n: usize) -> u64 {
         let c = &self.config;
         let w = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
@@ -518,8 +526,8 @@ impl GpuModel {
             ];
             for (weights, gemm) in mats {
                 let reads = match &l.mv {
-                    Some(m) if n <= MV_TOKENS && m.kind == MvKind::Lanes => n,
-                    Some(_) if n <= MV_TOKENS => 1,
+                    Some(m) if m.takes(n) && m.kind == MvKind::Lanes => n,
+                    Some(m) if m.takes(n) => 1,
                     _ if n >= GEMM_MIN_TOKENS && gemm => n.div_ceil(GEMM_TOKENS),
                     _ => n.div_ceil(TERNARY_TOKENS),
                 };
@@ -663,7 +671,9 @@ impl GpuModel {
                 continue;
             }
             // A decode step's kernels: Q, K and V in one (fused: the norms in their prologues).
-            let mv = l.mv.as_ref().filter(|_| n <= MV_TOKENS).and_then(|m| {
+            // The lane kernels also take a prompt too short for the GEMM: on their adapters a
+            // pass per token beats the row kernel's workgroup per output row.
+            let mv = l.mv.as_ref().filter(|m| m.takes(n)).and_then(|m| {
                 let (k, g, _) = m.kind.pipelines(kp)?;
                 Some(((m, k), g))
             });
