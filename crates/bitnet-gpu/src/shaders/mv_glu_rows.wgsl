@@ -11,7 +11,7 @@
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r0 = rows_of(wg.x, lid.x);
     let vw = dims.vwords;
-    let rr = vec4<u32>(row_clamped(r0), row_clamped(r0 + 1u), row_clamped(r0 + 2u), row_clamped(r0 + 3u));
+    let rr = rows_read(r0);
     let b = rr * vw;
     let nb = dims.n_in / 256u;
     let xv = dims.n_in / 16u;

@@ -10,10 +10,8 @@ fn seg_scale(r: u32) -> f32 {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r0 = rows_of(wg.x, lid.x);
     let vw = dims.vwords;
-    let b0 = row_clamped(r0) * vw;
-    let b1 = row_clamped(r0 + 1u) * vw;
-    let b2 = row_clamped(r0 + 2u) * vw;
-    let b3 = row_clamped(r0 + 3u) * vw;
+    let rr = rows_read(r0);
+    let b = rr * vw;
     let nb = dims.n_in / 256u;
     let xv = dims.n_in / 16u;
     let gt = group_tokens();
@@ -26,17 +24,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if r0 < dims.n_out {
                 for (var j = 0u; j < vw; j++) {
                     let xo = ti * xv + (j / 2u) * 8u + (j % 2u);
-                    let d = dot_rows4(wt[b0 + j], wt[b1 + j], wt[b2 + j], wt[b3 + j], xo);
+                    let d = dot_rows4(wt[b.x + j], wt[b.y + j], wt[b.z + j], wt[b.w + j], xo);
                     if dims.mode == 0u {
                         acc += d;
                     } else {
-                        let blk = j / 4u;
-                        let scale = vec4<f32>(
-                            sc[(b0 / vw) * nb + blk],
-                            sc[(b1 / vw) * nb + blk],
-                            sc[(b2 / vw) * nb + blk],
-                            sc[(b3 / vw) * nb + blk],
-                        );
+                        let s = rr * nb + vec4<u32>(j / 4u);
+                        let scale = vec4<f32>(sc[s.x], sc[s.y], sc[s.z], sc[s.w]);
                         accf += vec4<f32>(d - vec4<i32>(ones_rows(xo))) * scale;
                     }
                 }

@@ -60,6 +60,6 @@ fn rows_of(wg: u32, lid: u32) -> u32 {
     return (wg * WG + lid) * 4u;
 }
 
-fn row_clamped(r: u32) -> u32 {
-    return min(r, dims.n_out - 1u);
+fn rows_read(r0: u32) -> vec4<u32> {
+    return min(r0 + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(dims.n_out - 1u));
 }
