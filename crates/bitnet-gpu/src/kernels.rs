@@ -107,7 +107,13 @@ pub(crate) struct Kernels {
     pub attention_f16: wgpu::ComputePipeline,
     pub attention_merge: wgpu::ComputePipeline,
     pub ternary_glu: wgpu::ComputePipeline,
+    /// The prompt GEMM with its tiles in workgroup memory (gemm.wgsl).
     pub gemm: wgpu::ComputePipeline,
+    /// The prompt GEMM for adapters that run invocations as SIMD lanes (gemm_lanes.wgsl);
+    /// compiled for such adapters only.
+    pub gemm_lanes: Option<wgpu::ComputePipeline>,
+    /// The lane GEMM is the one the model runs (its bind groups are made for it).
+    pub gemm_lanes_default: bool,
     pub head: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
     pub embed: wgpu::ComputePipeline,
@@ -266,6 +272,9 @@ impl Kernels {
             ),
             ternary_glu: make("ternary_glu", include_str!("shaders/ternary_glu.wgsl")),
             gemm: make("gemm", include_str!("shaders/gemm.wgsl")),
+            gemm_lanes: lanes.then(|| make("gemm_lanes", include_str!("shaders/gemm_lanes.wgsl"))),
+            // BITNET_GPU_GEMM=tiles measures gemm.wgsl on a lane adapter.
+            gemm_lanes_default: lanes && std::env::var("BITNET_GPU_GEMM").as_deref() != Ok("tiles"),
             head: make(
                 "head",
                 &format!("{HEAD}\n{}", include_str!("shaders/head.wgsl")),
@@ -320,6 +329,20 @@ impl Kernels {
             mv_words: usize::try_from(mv_words).unwrap_or(0),
             mv_rows,
         }
+    }
+
+    /// The prompt GEMM the model runs on this adapter; `lanes` false asks for gemm.wgsl
+    /// where both exist.
+    pub(crate) fn gemm(&self, lanes: bool) -> &wgpu::ComputePipeline {
+        match (&self.gemm_lanes, lanes) {
+            (Some(p), true) => p,
+            _ => &self.gemm,
+        }
+    }
+
+    /// The prompt GEMM the model's bind groups are made for.
+    pub(crate) fn model_gemm(&self) -> &wgpu::ComputePipeline {
+        self.gemm(self.gemm_lanes_default)
     }
 
     /// The LM head kernel the model runs on this adapter, and the head rows a workgroup of

@@ -650,7 +650,7 @@ impl GpuModel {
             if n >= GEMM_MIN_TOKENS && !m.gemm.is_empty() {
                 let rows = u32_of(m.n_out.div_ceil(GEMM_ROWS), "rows")?;
                 for b in &m.gemm {
-                    rec.dispatch(name, &kp.gemm, b, [rows, gemm_tiles, 1]);
+                    rec.dispatch(name, kp.model_gemm(), b, [rows, gemm_tiles, 1]);
                 }
             } else {
                 rec.dispatch(

@@ -91,7 +91,8 @@ pub fn ternary(gpu: &Gpu, w: &TernaryMatrix<'_>, xq: &[i8], scales: &[f32]) -> R
 }
 
 /// The prompt GEMM (gemm.wgsl, I2_S) over `y0` (`[rows][n_out]`): `op` 0 `Lin(W, x)`,
-/// 1 `y0 + Lin`, 2 `ReLU²(y0)·Lin`, 3 `SiLU(y0)·Lin`.
+/// 1 `y0 + Lin`, 2 `ReLU²(y0)·Lin`, 3 `SiLU(y0)·Lin`; `lanes`: gemm_lanes.wgsl where the
+/// adapter has it.
 pub fn gemm(
     gpu: &Gpu,
     w: &TernaryMatrix<'_>,
@@ -99,7 +100,15 @@ pub fn gemm(
     scales: &[f32],
     y0: &[f32],
     op: u32,
+    lanes: bool,
 ) -> Result<Vec<f32>> {
+    if lanes && gpu.k.gemm_lanes.is_none() {
+        return Err(GpuError::Unsupported(format!(
+            "the lane kernels on {} (not a CPU device)",
+            gpu.info.name
+        )));
+    }
+    let kernel = gpu.k.gemm(lanes);
     let n = scales.len();
     let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
     let packed: Vec<u8> = xq.iter().map(|&q| q.to_le_bytes()[0]).collect();
@@ -112,12 +121,12 @@ pub fn gemm(
         &[n32(w.n_in())?, n32(w.n_out())?, n32(w.n_in() / 16)?, op],
     );
     let bind = gpu.bind(
-        &gpu.k.gemm,
+        kernel,
         &[&step, &dims, &c.codes, &c.scales, &xqb, &xsb, &out],
     );
     run(
         gpu,
-        &gpu.k.gemm,
+        kernel,
         &bind,
         n32(w.n_out().div_ceil(GEMM_ROWS))?,
         n32(n.div_ceil(GEMM_TOKENS))?,

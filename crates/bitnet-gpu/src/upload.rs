@@ -247,7 +247,7 @@ pub(crate) fn upload_segmented(
         let bind = bind_over(&gpu.k.ternary, &dims);
         let gemm = if md == 0 {
             vec![bind_over(
-                &gpu.k.gemm,
+                gpu.k.model_gemm(),
                 &gemm_dims(gpu, m, u32::from(accumulate))?,
             )]
         } else {
@@ -380,7 +380,7 @@ pub(crate) fn upload_matrix(
     let gemm = if c.mode == 0 {
         let dims = gemm_dims(gpu, m, u32::from(accumulate))?;
         vec![gpu.bind(
-            &gpu.k.gemm,
+            gpu.k.model_gemm(),
             &[step, &dims, &c.codes, &c.scales, xq, xs, out],
         )]
     } else {
@@ -466,8 +466,14 @@ pub(crate) fn upload_glu(
         let gd = gemm_dims(gpu, gate, 0)?;
         let ud = gemm_dims(gpu, up, act + 1)?;
         vec![
-            gpu.bind(&gpu.k.gemm, &[step, &gd, &g.codes, &g.scales, xq, xs, out]),
-            gpu.bind(&gpu.k.gemm, &[step, &ud, &u.codes, &u.scales, xq, xs, out]),
+            gpu.bind(
+                gpu.k.model_gemm(),
+                &[step, &gd, &g.codes, &g.scales, xq, xs, out],
+            ),
+            gpu.bind(
+                gpu.k.model_gemm(),
+                &[step, &ud, &u.codes, &u.scales, xq, xs, out],
+            ),
         ]
     } else {
         Vec::new()

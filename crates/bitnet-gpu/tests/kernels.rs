@@ -828,14 +828,57 @@ fn prompt_gemm_matches_the_scalar_kernel_and_its_epilogues() {
                 _ => y / (1.0 + (-y).exp()) * v,
             })
             .collect();
-        let got = probe::gemm(&gpu, &m, &xq, &s, &y0, op).unwrap();
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            // The same integers and float steps as the scalar kernel (exp may round apart).
-            let tol = 2e-6 * w.abs().max(1e-3);
-            assert!(
-                (g - w).abs() <= tol,
-                "case {case} ({n_out}x{n_in}, {n} rows, op {op}): [{i}] gpu {g} cpu {w}"
+        for lanes in gemm_kinds(&gpu, case) {
+            let got = probe::gemm(&gpu, &m, &xq, &s, &y0, op, lanes).unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                // The same integers and float steps as the scalar kernel (exp may round apart).
+                let tol = 2e-6 * w.abs().max(1e-3);
+                assert!(
+                    (g - w).abs() <= tol,
+                    "case {case} ({n_out}x{n_in}, {n} rows, op {op}, lanes {lanes}): [{i}] gpu {g} cpu {w}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn prompt_gemm_holds_the_largest_sums() {
+    // Every code +1 and every activation 127: the largest code·(x + 128) sums a block can
+    // have (gemm_lanes.wgsl keeps two rows' in 16-bit halves); one token at −128 (x + 128 = 0).
+    let Some(gpu) = common::open() else { return };
+    let pool = Pool::new(1);
+    let (n_out, n_in, n) = (66, 384, 21);
+    let mut bytes = vec![0xAAu8; n_out * n_in / 4];
+    bytes.extend_from_slice(&0.5f32.to_le_bytes());
+    bytes.extend_from_slice(&[0; 28]);
+    let m = TernaryMatrix::new(TernaryLayout::I2S, n_out, n_in, &bytes, None).unwrap();
+    let mut xq = vec![127i8; n * n_in];
+    xq[n_in..2 * n_in].fill(-128);
+    let s = vec![1.0f32; n];
+    let mut want = vec![0f32; n * n_out];
+    m.matmul_on(Isa::Scalar, &xq, &s, &mut want, &pool)
+        .unwrap()
+        .unwrap();
+    assert_eq!(want[0], 0.5 * 127.0 * 384.0, "the scalar kernel's sum");
+    for lanes in gemm_kinds(&gpu, 0) {
+        let got = probe::gemm(&gpu, &m, &xq, &s, &vec![0f32; n * n_out], 0, lanes).unwrap();
+        assert_eq!(got, want, "lanes {lanes}");
+    }
+}
+
+/// The prompt GEMMs to test on this adapter: gemm.wgsl, and gemm_lanes.wgsl where it has
+/// the lane kernels (said once, at case 0, where it has not).
+fn gemm_kinds(gpu: &bitnet_gpu::Gpu, case: usize) -> Vec<bool> {
+    if gpu.lane_kernels() {
+        vec![false, true]
+    } else {
+        if case == 0 {
+            eprintln!(
+                "gemm_lanes.wgsl not tested: {} is not a CPU device",
+                gpu.info().name
             );
         }
+        vec![false]
     }
 }
