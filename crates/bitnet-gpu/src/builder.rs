@@ -396,9 +396,19 @@ impl GpuBuilder {
         )?;
         let mat_bytes = b + qkv.bytes + os.bytes + ds.bytes;
         let spare = [&self.spare[0], &self.spare[1]];
+        // The lane kernels also take RoPE and the cache store into the QKV kernel's epilogue
+        // where every head is whole in groups of four rows and every pair of it rotates.
+        let c = &self.config;
+        let qkv_rope = match mv_kind {
+            Some(MvKind::Lanes) if c.n_rot == c.head_dim && c.head_dim.is_multiple_of(4) => {
+                Some(qkv.qkv_rope(gpu, (h, &w_attn), q, eps)?)
+            }
+            _ => None,
+        };
         let mv = match (mv_kind, glu_mv) {
             (Some(kind), Some(glu)) => Some(MvLayer {
                 kind,
+                qkv_rope,
                 qkv: qkv.bind_mv(
                     gpu,
                     step,

@@ -20,6 +20,9 @@ pub struct GpuCache {
     pub(crate) merge: wgpu::BindGroup,
     /// Per block: RoPE on the new rows' Q and K, and their K and V into the cache.
     pub(crate) rope: Vec<wgpu::BindGroup>,
+    /// Per block: the lane QKV kernel with RoPE and the store in its epilogue
+    /// (mv_out_rope.wgsl), where the model's blocks have it; else empty.
+    pub(crate) qkv_rope: Vec<wgpu::BindGroup>,
     pub(crate) len: usize,
     pub(crate) n_ctx: usize,
     pub(crate) bytes: u64,

@@ -44,9 +44,10 @@ pub(crate) const ATTN_CHUNK: usize = 64;
 pub(crate) const ATTN_MAX_SPLIT: usize = 64;
 
 /// Workgroups per (head, row) that attention runs for a call of `n` rows over `n_kv` positions
-/// (attention_split.wgsl's `n_split()`); more than one needs the merge kernel after it.
-pub(crate) fn attn_split(n: usize, n_kv: usize) -> Result<u32> {
-    let split = if n <= ATTN_SPLIT_TOKENS {
+/// (attention_split.wgsl's `n_split()`) where calls of at most `split_tokens` rows split
+/// (ATTN_SPLIT_TOKENS, or 0 for never); more than one needs the merge kernel after it.
+pub(crate) fn attn_split(n: usize, n_kv: usize, split_tokens: usize) -> Result<u32> {
+    let split = if n <= split_tokens {
         n_kv.div_ceil(ATTN_CHUNK).min(ATTN_MAX_SPLIT)
     } else {
         1
@@ -134,6 +135,10 @@ pub(crate) struct Kernels {
     /// their prologue (mv_rows.wgsl, mv_glu_rows.wgsl); compiled for such adapters only.
     pub mv_lanes: Option<wgpu::ComputePipeline>,
     pub mv_glu_lanes: Option<wgpu::ComputePipeline>,
+    /// mv_rows.wgsl over Q, K and V with RoPE and the cache store in its epilogue
+    /// (mv_out_rope.wgsl), for an f16 cache and an f32 one.
+    pub mv_qkv_lanes_f16: Option<wgpu::ComputePipeline>,
+    pub mv_qkv_lanes_f32: Option<wgpu::ComputePipeline>,
     /// head.wgsl in the same manner (head_lanes.wgsl), for the same adapters.
     pub head_lanes: Option<wgpu::ComputePipeline>,
 }
@@ -160,6 +165,7 @@ const MV_IN_Q: &str = include_str!("shaders/mv_in_q.wgsl");
 const MV_ROWS_COMMON: &str = include_str!("shaders/mv_rows_common.wgsl");
 const MV_LANES: &str = include_str!("shaders/mv_rows.wgsl");
 const MV_GLU_LANES: &str = include_str!("shaders/mv_glu_rows.wgsl");
+const MV_OUT_ROPE: &str = include_str!("shaders/mv_out_rope.wgsl");
 
 /// A decode kernel's source: its constants and shared code, how its input comes in (at
 /// bindings `b0` and `b1`), its body.
@@ -180,7 +186,7 @@ impl Kernels {
     /// lane decode kernels.
     pub(crate) fn new(device: &wgpu::Device, storage: u32, lanes: bool) -> Self {
         let split = format!(
-            "const SPLIT_TOKENS: u32 = {ATTN_SPLIT_TOKENS}u;\nconst CHUNK: u32 = {ATTN_CHUNK}u;\n\
+            "const CHUNK: u32 = {ATTN_CHUNK}u;\n\
              const MAX_SPLIT: u32 = {ATTN_MAX_SPLIT}u;\n{SPLIT}"
         );
         // The decode kernels' constants: their activation words fill what workgroup memory
@@ -318,6 +324,26 @@ impl Kernels {
                 make(
                     "mv_glu_lanes",
                     &mv_source(p, MV_IN_NORM, MV_GLU_LANES, "6", "7"),
+                )
+            }),
+            mv_qkv_lanes_f16: lanes_prelude.as_ref().map(|p| {
+                let body = format!(
+                    "{}\n{MV_OUT_ROPE}\n{MV_LANES}",
+                    include_str!("shaders/mv_store_f16.wgsl")
+                );
+                make(
+                    "mv_qkv_lanes_f16",
+                    &mv_source(p, MV_IN_NORM, &body, "4", "5"),
+                )
+            }),
+            mv_qkv_lanes_f32: lanes_prelude.as_ref().map(|p| {
+                let body = format!(
+                    "{}\n{MV_OUT_ROPE}\n{MV_LANES}",
+                    include_str!("shaders/mv_store_f32.wgsl")
+                );
+                make(
+                    "mv_qkv_lanes_f32",
+                    &mv_source(p, MV_IN_NORM, &body, "4", "5"),
                 )
             }),
             head_lanes: lanes.then(|| {

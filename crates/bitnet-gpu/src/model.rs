@@ -9,11 +9,11 @@ use bitnet_model::{Activation, Config, Outputs, RopeStyle};
 use crate::cache::{GpuCache, GpuKv};
 use crate::device::Gpu;
 use crate::kernels::{
-    attn_part_len, attn_split, bytes_of, mul, u32_of, MvKind, ARGMAX_GROUPS, GEMM_MIN_TOKENS,
-    GEMM_ROWS, GEMM_TOKENS, MV_TOKENS, TERNARY_TOKENS, TOP_CANDIDATES,
+    attn_part_len, attn_split, bytes_of, mul, u32_of, MvKind, ARGMAX_GROUPS, ATTN_SPLIT_TOKENS,
+    GEMM_MIN_TOKENS, GEMM_ROWS, GEMM_TOKENS, MV_TOKENS, TERNARY_TOKENS, TOP_CANDIDATES,
 };
 use crate::rec::{KernelTime, Profile, Rec, PROFILE_QUERIES};
-use crate::upload::{Chunks, GpuMatrix, MvBind};
+use crate::upload::{Chunks, GpuMatrix, MvBind, QkvRope};
 use crate::{GpuError, Result};
 
 /// What a forward call reads back.
@@ -97,6 +97,9 @@ pub(crate) struct MvLayer {
     /// first).
     pub(crate) kind: MvKind,
     pub(crate) qkv: MvBind,
+    /// The lane kernels' QKV with RoPE and the cache store, where the shape allows it (a
+    /// cache binds it with its own buffers).
+    pub(crate) qkv_rope: Option<QkvRope>,
     pub(crate) o: MvBind,
     pub(crate) glu: MvBind,
     pub(crate) down: MvBind,
@@ -615,6 +618,21 @@ impl GpuModel {
         v
     }
 
+    /// Rows a call may have for attention to split its positions over workgroups: a decode
+    /// step's, except on the lane kernels, whose adapters' cores the heads alone outnumber
+    /// (and a merge would cost a dispatch a block).
+    fn attn_split_tokens(&self) -> usize {
+        let lanes = self
+            .layers
+            .iter()
+            .any(|l| l.mv.as_ref().is_some_and(|m| m.kind == MvKind::Lanes));
+        if lanes {
+            0
+        } else {
+            ATTN_SPLIT_TOKENS
+        }
+    }
+
     /// Record one call of `tokens` (≤ max_batch).
     fn record(
         &self,
@@ -665,7 +683,7 @@ impl GpuModel {
         let heads = u32_of(c.n_head, "n_head")?;
         let rope_heads = u32_of(c.n_head + c.n_head_kv, "n_head")?;
         // A decode step's positions in chunks (attention_split.wgsl).
-        let split = attn_split(n, cache.len + n)?;
+        let split = attn_split(n, cache.len + n, self.attn_split_tokens())?;
         for (il, l) in self.layers.iter().enumerate() {
             if self.skip.get(il).copied().unwrap_or(false) {
                 continue;
@@ -678,7 +696,18 @@ impl GpuModel {
                 Some(((m, k), g))
             });
             // 1.–2. a = RMS(h); Q, K, V = Lin(W, a)
-            if let Some(((m, mv_k), _)) = mv {
+            // 3. (the lane kernels) RoPE and the cache store in the same kernel.
+            let fused_rope = mv.and_then(|((m, _), _)| {
+                let p = m.qkv_rope.as_ref()?;
+                let pipeline = match cache.ty {
+                    GpuKv::F16 => kp.mv_qkv_lanes_f16.as_ref(),
+                    GpuKv::F32 => kp.mv_qkv_lanes_f32.as_ref(),
+                }?;
+                Some((pipeline, cache.qkv_rope.get(il)?, p.groups))
+            });
+            if let Some((pipeline, bind, groups)) = fused_rope {
+                rec.dispatch("mv qkv+rope+store", pipeline, bind, [groups, 1, 1]);
+            } else if let Some(((m, mv_k), _)) = mv {
                 if !m.kind.normed() {
                     rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_attn, [n32, 1, 1]);
                 }
@@ -699,7 +728,9 @@ impl GpuModel {
                 .rope
                 .get(il)
                 .ok_or(GpuError::Overflow("block index"))?;
-            rec.dispatch("rope+store", rope_kernel, rope, [n32, rope_heads, 1]);
+            if fused_rope.is_none() {
+                rec.dispatch("rope+store", rope_kernel, rope, [n32, rope_heads, 1]);
+            }
             // 4. O = Attn(Q, K, V)
             let attention = match cache.ty {
                 GpuKv::F16 => &kp.attention_f16,
@@ -836,6 +867,47 @@ impl GpuModel {
                 )
             })
             .collect();
+        // The lane QKV kernels with RoPE and the store in their epilogue, where the blocks
+        // have them (all or none).
+        let qkv_rope_kernel = match ty {
+            GpuKv::F16 => kp.mv_qkv_lanes_f16.as_ref(),
+            GpuKv::F32 => kp.mv_qkv_lanes_f32.as_ref(),
+        };
+        let rope_lanes = self.gpu.uniform(
+            "rope qkv",
+            &[
+                u32_of(c.head_dim, "head_dim")?,
+                u32_of(half, "n_rot")?,
+                u32::from(c.rope_style == RopeStyle::Norm),
+                u32_of(n_ctx, "n_ctx")?,
+            ],
+        );
+        let mut qkv_rope = Vec::new();
+        for (il, l) in self.layers.iter().enumerate() {
+            let (Some(p), Some(kernel)) = (
+                l.mv.as_ref().and_then(|m| m.qkv_rope.as_ref()),
+                qkv_rope_kernel,
+            ) else {
+                qkv_rope.clear();
+                break;
+            };
+            qkv_rope.push(self.gpu.bind(
+                kernel,
+                &[
+                    &self.step,
+                    &p.dims,
+                    &p.codes,
+                    &p.scales,
+                    &p.x,
+                    &p.nw,
+                    &p.q,
+                    &k[il],
+                    &v[il],
+                    &tb,
+                    &rope_lanes,
+                ],
+            ));
+        }
         #[allow(clippy::cast_precision_loss)] // head sizes are small integers
         let scale = 1.0f32 / (c.head_dim as f32).sqrt();
         let attn_dims = self.gpu.uniform(
@@ -845,6 +917,10 @@ impl GpuModel {
                 u32_of(c.n_head_kv, "n_head_kv")?,
                 u32_of(c.head_dim, "head_dim")?,
                 scale.to_bits(),
+                u32_of(self.attn_split_tokens(), "tokens")?,
+                0,
+                0,
+                0,
             ],
         );
         let pipeline = match ty {
@@ -878,6 +954,7 @@ impl GpuModel {
             attn,
             merge,
             rope,
+            qkv_rope,
             len: 0,
             n_ctx,
         })

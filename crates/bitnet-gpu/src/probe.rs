@@ -24,7 +24,8 @@ pub fn gpu_tests_enabled() -> bool {
 
 use crate::device::Gpu;
 use crate::kernels::{
-    attn_part_len, attn_split, MvKind, ARGMAX_GROUPS, GEMM_ROWS, GEMM_TOKENS, TERNARY_TOKENS,
+    attn_part_len, attn_split, MvKind, ARGMAX_GROUPS, ATTN_SPLIT_TOKENS, GEMM_ROWS, GEMM_TOKENS,
+    TERNARY_TOKENS,
 };
 use crate::upload::{upload_glu, upload_matrix};
 use crate::{GpuError, Result};
@@ -313,6 +314,9 @@ pub struct AttnProbe {
     pub pos0: usize,
     /// Query rows.
     pub n: usize,
+    /// A call of at most 4 rows splits its positions over workgroups (false: the lane
+    /// kernels' adapters, where it never does).
+    pub split: bool,
 }
 
 /// The attention kernel: `q` is `n × n_head × head_dim`, `k`/`v` hold `pos0 + n` rows of
@@ -327,6 +331,7 @@ pub fn attention(
     f16: bool,
 ) -> Result<Vec<f32>> {
     let step = gpu.uniform("step", &[n32(s.n)?, n32(s.pos0)?, 0, 0]);
+    let split_tokens = if s.split { ATTN_SPLIT_TOKENS } else { 0 };
     #[allow(clippy::cast_precision_loss)] // head sizes are small integers
     let scale = 1.0f32 / (s.head_dim as f32).sqrt();
     let dims = gpu.uniform(
@@ -336,6 +341,10 @@ pub fn attention(
             n32(s.n_head_kv)?,
             n32(s.head_dim)?,
             scale.to_bits(),
+            n32(split_tokens)?,
+            0,
+            0,
+            0,
         ],
     );
     let qb = gpu.upload("q", bytemuck::cast_slice(q))?;
@@ -360,7 +369,7 @@ pub fn attention(
     let out = rw(gpu, "o", q.len() * 4)?;
     let part = rw(gpu, "part", attn_part_len(s.n_head, s.head_dim)? * 4)?;
     let bind = gpu.bind(pipeline, &[&step, &dims, &qb, &kb, &vb, &out, &part]);
-    let split = attn_split(s.n, s.pos0 + s.n)?;
+    let split = attn_split(s.n, s.pos0 + s.n, split_tokens)?;
     run3(gpu, pipeline, &bind, n32(s.n_head)?, n32(s.n)?, split)?;
     if split > 1 {
         let merge = &gpu.k.attention_merge;

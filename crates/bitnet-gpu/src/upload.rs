@@ -5,7 +5,7 @@
 use bitnet_kernels::{RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 
 use crate::device::Gpu;
-use crate::kernels::{bytes_of, mul, u32_of, MvKind, HEAD_ROWS};
+use crate::kernels::{bytes_of, mul, u32_of, MvKind, HEAD_ROWS, LANES_ROWS};
 use crate::{GpuError, Result};
 
 /// One ternary projection on the device.
@@ -176,6 +176,20 @@ pub(crate) struct Segmented {
     pub(crate) bytes: u64,
 }
 
+/// The buffers of one block's lane QKV kernel with RoPE and the cache store
+/// (mv_out_rope.wgsl) that do not depend on the cache; a cache binds them with its own.
+#[derive(Debug)]
+pub(crate) struct QkvRope {
+    pub(crate) dims: wgpu::Buffer,
+    pub(crate) codes: wgpu::Buffer,
+    pub(crate) scales: wgpu::Buffer,
+    pub(crate) x: wgpu::Buffer,
+    pub(crate) nw: wgpu::Buffer,
+    pub(crate) q: wgpu::Buffer,
+    /// Workgroups of a call.
+    pub(crate) groups: u32,
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn upload_segmented(
     gpu: &Gpu,
@@ -272,19 +286,9 @@ pub(crate) fn upload_segmented(
 }
 
 impl Segmented {
-    /// Bind mv.wgsl over these rows: input rows `x` normed by `nw`, outputs `outs` (one a
-    /// matrix; the spare ones are never written), `op` 1 to add into `outs[0]`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn bind_mv(
-        &self,
-        gpu: &Gpu,
-        step: &wgpu::Buffer,
-        (x, nw): (&wgpu::Buffer, &wgpu::Buffer),
-        outs: [&wgpu::Buffer; 3],
-        op: u32,
-        eps: u32,
-        kind: MvKind,
-    ) -> Result<(wgpu::BindGroup, u32)> {
+    /// The decode kernels' shape, modes and segments (mv_common.wgsl's `Dims`) and the rows
+    /// of all segments.
+    fn mv_dims(&self, gpu: &Gpu, op: u32, eps: u32) -> Result<(wgpu::Buffer, usize)> {
         let n_out: usize = self.rows.iter().sum();
         let seg1 = self.rows.first().copied().unwrap_or(n_out);
         let seg2 = seg1 + self.rows.get(1).copied().unwrap_or(0);
@@ -302,6 +306,44 @@ impl Segmented {
                 u32_of(seg2, "rows")?,
             ],
         );
+        Ok((dims, n_out))
+    }
+
+    /// What the lane QKV kernel with RoPE and the cache store (mv_out_rope.wgsl) binds
+    /// besides the cache: Q, K and V over input `x` normed with weights `nw`, Q into `q`.
+    pub(crate) fn qkv_rope(
+        &self,
+        gpu: &Gpu,
+        (x, nw): (&wgpu::Buffer, &wgpu::Buffer),
+        q: &wgpu::Buffer,
+        eps: u32,
+    ) -> Result<QkvRope> {
+        let (dims, n_out) = self.mv_dims(gpu, 0, eps)?;
+        Ok(QkvRope {
+            dims,
+            codes: self.codes.clone(),
+            scales: self.mv_scales.clone(),
+            x: x.clone(),
+            nw: nw.clone(),
+            q: q.clone(),
+            groups: u32_of(n_out.div_ceil(LANES_ROWS), "rows")?,
+        })
+    }
+
+    /// Bind mv.wgsl over these rows: input rows `x` normed by `nw`, outputs `outs` (one a
+    /// matrix; the spare ones are never written), `op` 1 to add into `outs[0]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn bind_mv(
+        &self,
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        (x, nw): (&wgpu::Buffer, &wgpu::Buffer),
+        outs: [&wgpu::Buffer; 3],
+        op: u32,
+        eps: u32,
+        kind: MvKind,
+    ) -> Result<(wgpu::BindGroup, u32)> {
+        let (dims, n_out) = self.mv_dims(gpu, op, eps)?;
         let (pipeline, _, rows) = kind
             .pipelines(&gpu.k)
             .ok_or_else(|| GpuError::Unsupported("the decode kernels on this adapter".into()))?;

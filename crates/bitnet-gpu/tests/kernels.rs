@@ -298,12 +298,13 @@ fn attention_matches_the_reference() {
             (4149, 1),
             (5, 70),
         ] {
-            let s = AttnProbe {
+            let mut s = AttnProbe {
                 n_head,
                 n_head_kv,
                 head_dim,
                 pos0,
                 n,
+                split: true,
             };
             let rows = pos0 + n;
             let q: Vec<f32> = (0..n * n_head * head_dim)
@@ -318,7 +319,9 @@ fn attention_matches_the_reference() {
             let round = |x: &[f32]| -> Vec<f32> {
                 x.iter().map(|&e| half::f16::from_f32(e).to_f32()).collect()
             };
-            for f16 in [false, true] {
+            // Every call, and the same calls unsplit (the lane kernels' adapters).
+            for (f16, split) in [(false, true), (true, true), (false, false), (true, false)] {
+                s.split = split;
                 let got = probe::attention(&gpu, s, &q, &k, &v, f16).unwrap();
                 // The f16 cache holds K and V rounded to f16 (as the CPU's does).
                 let want = if f16 {

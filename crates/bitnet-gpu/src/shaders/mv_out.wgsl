@@ -21,3 +21,17 @@ fn store(t: u32, r: u32, v: f32) {
         y2[t * (dims.n_out - dims.seg2) + r - dims.seg2] = v;
     }
 }
+
+// mv_rows.wgsl's rows: thread lid of workgroup wg takes four consecutive rows, and stores
+// those below n_out.
+fn thread_rows(wg: u32, lid: u32) -> vec4<u32> {
+    return (wg * WG + lid) * 4u + vec4<u32>(0u, 1u, 2u, 3u);
+}
+
+fn emit(t: u32, rows: vec4<u32>, v: vec4<f32>) {
+    for (var i = 0u; i < 4u; i++) {
+        if rows[i] < dims.n_out {
+            store(t, rows[i], v[i]);
+        }
+    }
+}

@@ -1,6 +1,8 @@
 // mv.wgsl for adapters that run invocations as SIMD lanes (mv_rows_common.wgsl): the same
 // bindings, segments and modes (mv_out.wgsl), each thread four output rows (4·WG rows a
-// workgroup).
+// workgroup). The output file in front of this one says which rows a thread takes
+// (`thread_rows`) and where they go (`emit`): mv_out.wgsl four consecutive rows stored as
+// they are, mv_out_rope.wgsl Q, K and V with RoPE and the cache store.
 
 fn seg_scale(r: u32) -> f32 {
     return sc[select(select(2u, 1u, r < dims.seg2), 0u, r < dims.seg1)];
@@ -8,9 +10,9 @@ fn seg_scale(r: u32) -> f32 {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let r0 = rows_of(wg.x, lid.x);
+    let rows = thread_rows(wg.x, lid.x);
     let vw = dims.vwords;
-    let rr = rows_read(r0);
+    let rr = min(rows, vec4<u32>(dims.n_out - 1u));
     let b = rr * vw;
     let nb = dims.n_in / 256u;
     let xv = dims.n_in / 16u;
@@ -21,7 +23,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         for (var ti = 0u; ti < nt; ti++) {
             var acc = vec4<i32>(0);
             var accf = vec4<f32>(0.0);
-            if r0 < dims.n_out {
+            if rows.x < dims.n_out {
                 for (var j = 0u; j < vw; j++) {
                     let xo = ti * xv + (j / 2u) * 8u + (j % 2u);
                     let d = dot_rows4(wt[b.x + j], wt[b.y + j], wt[b.z + j], wt[b.w + j], xo);
@@ -34,18 +36,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
                     }
                 }
             }
+            var v: vec4<f32>;
             for (var i = 0u; i < 4u; i++) {
-                let r = r0 + i;
-                if r < dims.n_out {
-                    var v: f32;
-                    if dims.mode == 0u {
-                        v = (f32(acc[i] - tok_sum[ti]) / tok_s[ti]) * seg_scale(r);
-                    } else {
-                        v = accf[i] / tok_s[ti];
-                    }
-                    store(t0 + ti, r, v);
+                if dims.mode == 0u {
+                    v[i] = (f32(acc[i] - tok_sum[ti]) / tok_s[ti]) * seg_scale(rr[i]);
+                } else {
+                    v[i] = accf[i] / tok_s[ti];
                 }
             }
+            emit(t0 + ti, rows, v);
         }
         workgroupBarrier();
     }
