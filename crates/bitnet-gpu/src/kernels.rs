@@ -152,6 +152,8 @@ const SPLIT: &str = include_str!("shaders/attention_split.wgsl");
 const NORM: &str = include_str!("shaders/norm_common.wgsl");
 /// RoPE and the cache store; a prelude in front of it says how the cache is written.
 const ROPE: &str = include_str!("shaders/rope.wgsl");
+/// The prompt GEMMs' shape, bindings and epilogue.
+const GEMM: &str = include_str!("shaders/gemm_common.wgsl");
 /// The LM head kernels' shape and bindings.
 const HEAD: &str = include_str!("shaders/head_common.wgsl");
 /// The top-k kernels' shared selection.
@@ -277,8 +279,16 @@ impl Kernels {
                 &format!("{split}\n{}", include_str!("shaders/attention_merge.wgsl")),
             ),
             ternary_glu: make("ternary_glu", include_str!("shaders/ternary_glu.wgsl")),
-            gemm: make("gemm", include_str!("shaders/gemm.wgsl")),
-            gemm_lanes: lanes.then(|| make("gemm_lanes", include_str!("shaders/gemm_lanes.wgsl"))),
+            gemm: make(
+                "gemm",
+                &format!("{GEMM}\n{}", include_str!("shaders/gemm.wgsl")),
+            ),
+            gemm_lanes: lanes.then(|| {
+                make(
+                    "gemm_lanes",
+                    &format!("{GEMM}\n{}", include_str!("shaders/gemm_lanes.wgsl")),
+                )
+            }),
             // BITNET_GPU_GEMM=tiles measures gemm.wgsl on a lane adapter.
             gemm_lanes_default: lanes && std::env::var("BITNET_GPU_GEMM").as_deref() != Ok("tiles"),
             head: make(

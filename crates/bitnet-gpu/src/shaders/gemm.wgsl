@@ -3,26 +3,7 @@
 // workgroup memory, so each code word read from memory serves BN tokens and each activation
 // word BM rows. I2_S codes (ternary.wgsl's order and value code − 1; one tensor scale β):
 // T = Σ code·x − Σ x in i32, y = (T / s)·β. Thread (tr, tc) of 16 × 16 holds rows tr + 16i and
-// tokens tc + 16j (i, j < 4). op 0: y = v; 1: y += v (the O and down projections); 2 and 3:
-// y = act(y)·v with act ReLU² or SiLU (the up projection over the gate's output).
-struct Dims {
-    n_in: u32,
-    n_out: u32,
-    // u32 words of codes per row (n_in / 16)
-    words: u32,
-    op: u32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> dims: Dims;
-@group(0) @binding(2) var<storage, read> wt: array<u32>;
-@group(0) @binding(3) var<storage, read> sc: array<f32>;
-@group(0) @binding(4) var<storage, read> xq: array<u32>;
-@group(0) @binding(5) var<storage, read> xs: array<f32>;
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
-
-const BM: u32 = 64u;
-const BN: u32 = 64u;
+// tokens tc + 16j (i, j < 4). Shape, bindings and epilogue: gemm_common.wgsl.
 // activation words of a token in one block, padded so that 16 tokens fall in 16 banks
 const AS: u32 = 33u;
 var<workgroup> cs: array<u32, 512>;
@@ -116,19 +97,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if r >= dims.n_out {
                 continue;
             }
-            let v = (f32(col[i] - sx) / s) * beta;
-            let o = t * dims.n_out + r;
-            if dims.op == 0u {
-                y[o] = v;
-            } else if dims.op == 1u {
-                y[o] = y[o] + v;
-            } else if dims.op == 2u {
-                let p = max(y[o], 0.0);
-                y[o] = (p * p) * v;
-            } else {
-                let g = y[o];
-                y[o] = (g / (1.0 + exp(-g))) * v;
-            }
+            put(t * dims.n_out + r, (f32(col[i] - sx) / s) * beta);
         }
     }
 }

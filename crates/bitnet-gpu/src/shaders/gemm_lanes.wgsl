@@ -1,6 +1,6 @@
 // Lin(W, x) for a prompt on adapters that run a workgroup's invocations as the lanes of a
 // CPU's SIMD registers (lavapipe, SwiftShader): gemm.wgsl's bindings, tile (BM = 64 output
-// rows × BN = 64 token rows a workgroup) and epilogues, with no workgroup memory, barriers
+// rows × BN = 64 token rows a workgroup) and epilogues (gemm_common.wgsl), with no workgroup memory, barriers
 // or packed int8 dots (these drivers run each as many scalar steps).
 //
 // Thread (rg, tg) of 8 × 16 holds rows 8rg + i (i < 8) and tokens 4tg + j (j < 4); the eight
@@ -12,24 +12,6 @@
 // C = Σ code and X = Σ (x + 128) over the row:
 //   T = Σ (code − 1)·x = S − 128·C − X + 128·n_in,   y = (T / s)·β,
 // the same integer as gemm.wgsl's, so the outputs are identical.
-struct Dims {
-    n_in: u32,
-    n_out: u32,
-    // u32 words of codes per row (n_in / 16)
-    words: u32,
-    op: u32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> dims: Dims;
-@group(0) @binding(2) var<storage, read> wt: array<u32>;
-@group(0) @binding(3) var<storage, read> sc: array<f32>;
-@group(0) @binding(4) var<storage, read> xq: array<u32>;
-@group(0) @binding(5) var<storage, read> xs: array<f32>;
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
-
-const BM: u32 = 64u;
-const BN: u32 = 64u;
 
 // The code sums of four code words (a 2-bit code is its low bit plus twice its high bit).
 fn code_sum(c: vec4<u32>) -> vec4<u32> {
@@ -154,19 +136,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             if i % 2u == 1u {
                 ti = od[i / 2u];
             }
-            let v = (f32(ti) / s) * beta;
-            let o = t * dims.n_out + r;
-            if dims.op == 0u {
-                y[o] = v;
-            } else if dims.op == 1u {
-                y[o] = y[o] + v;
-            } else if dims.op == 2u {
-                let p = max(y[o], 0.0);
-                y[o] = (p * p) * v;
-            } else {
-                let g = y[o];
-                y[o] = (g / (1.0 + exp(-g))) * v;
-            }
+            put(t * dims.n_out + r, (f32(ti) / s) * beta);
         }
     }
 }
