@@ -162,6 +162,7 @@ const TOPK: &str = include_str!("shaders/topk_select.wgsl");
 const MV_OUT: &str = include_str!("shaders/mv_out.wgsl");
 const MV: &str = include_str!("shaders/mv.wgsl");
 const MV_GLU: &str = include_str!("shaders/mv_glu.wgsl");
+const MV_GLU_OUT: &str = include_str!("shaders/mv_glu_out.wgsl");
 const MV_IN_NORM: &str = include_str!("shaders/mv_in_norm.wgsl");
 const MV_IN_Q: &str = include_str!("shaders/mv_in_q.wgsl");
 const MV_ROWS_COMMON: &str = include_str!("shaders/mv_rows_common.wgsl");
@@ -227,6 +228,10 @@ impl Kernels {
         });
         // The matrix bodies with their bindings and output rows in front.
         let (mv_body, mv_lanes_body) = (format!("{MV_OUT}\n{MV}"), format!("{MV_OUT}\n{MV_LANES}"));
+        let (glu_body, glu_lanes_body) = (
+            format!("{MV_GLU_OUT}\n{MV_GLU}"),
+            format!("{MV_GLU_OUT}\n{MV_GLU_LANES}"),
+        );
         let make = |name: &str, body: &str| {
             let src = format!("{COMMON}\n{body}");
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -317,13 +322,13 @@ impl Kernels {
                 .map(|p| make("mv", &mv_source(p, MV_IN_NORM, &mv_body, "4", "5"))),
             mv_glu: mv_prelude
                 .as_ref()
-                .map(|p| make("mv_glu", &mv_source(p, MV_IN_NORM, MV_GLU, "6", "7"))),
+                .map(|p| make("mv_glu", &mv_source(p, MV_IN_NORM, &glu_body, "6", "7"))),
             mv_q: mv_prelude
                 .as_ref()
                 .map(|p| make("mv_q", &mv_source(p, MV_IN_Q, &mv_body, "4", "5"))),
             mv_glu_q: mv_prelude
                 .as_ref()
-                .map(|p| make("mv_glu_q", &mv_source(p, MV_IN_Q, MV_GLU, "6", "7"))),
+                .map(|p| make("mv_glu_q", &mv_source(p, MV_IN_Q, &glu_body, "6", "7"))),
             mv_lanes: lanes_prelude.as_ref().map(|p| {
                 make(
                     "mv_lanes",
@@ -333,7 +338,7 @@ impl Kernels {
             mv_glu_lanes: lanes_prelude.as_ref().map(|p| {
                 make(
                     "mv_glu_lanes",
-                    &mv_source(p, MV_IN_NORM, MV_GLU_LANES, "6", "7"),
+                    &mv_source(p, MV_IN_NORM, &glu_lanes_body, "6", "7"),
                 )
             }),
             mv_qkv_lanes_f16: lanes_prelude.as_ref().map(|p| {

@@ -378,6 +378,23 @@ pub(crate) fn gemm_dims(gpu: &Gpu, m: &TernaryMatrix<'_>, op: u32) -> Result<wgp
     ))
 }
 
+/// The model's prompt GEMM over matrix `m` (codes `c`) with `op`, between the quantized
+/// activations `xq`, `xs` and `out`.
+fn bind_gemm(
+    gpu: &Gpu,
+    m: &TernaryMatrix<'_>,
+    c: &Codes,
+    op: u32,
+    step: &wgpu::Buffer,
+    (xq, xs, out): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+) -> Result<wgpu::BindGroup> {
+    let dims = gemm_dims(gpu, m, op)?;
+    Ok(gpu.bind(
+        gpu.k.model_gemm(),
+        &[step, &dims, &c.codes, &c.scales, xq, xs, out],
+    ))
+}
+
 pub(crate) fn ternary_dims(
     gpu: &Gpu,
     m: &TernaryMatrix<'_>,
@@ -420,11 +437,14 @@ pub(crate) fn upload_matrix(
         &[step, &dims, &c.codes, &c.scales, xq, xs, out],
     );
     let gemm = if c.mode == 0 {
-        let dims = gemm_dims(gpu, m, u32::from(accumulate))?;
-        vec![gpu.bind(
-            gpu.k.model_gemm(),
-            &[step, &dims, &c.codes, &c.scales, xq, xs, out],
-        )]
+        vec![bind_gemm(
+            gpu,
+            m,
+            &c,
+            u32::from(accumulate),
+            step,
+            (xq, xs, out),
+        )?]
     } else {
         Vec::new()
     };
@@ -505,17 +525,9 @@ pub(crate) fn upload_glu(
     };
     // The prompt GEMM: the gate into `out`, then the up projection times act(out).
     let gemm = if g.mode == 0 {
-        let gd = gemm_dims(gpu, gate, 0)?;
-        let ud = gemm_dims(gpu, up, act + 1)?;
         vec![
-            gpu.bind(
-                gpu.k.model_gemm(),
-                &[step, &gd, &g.codes, &g.scales, xq, xs, out],
-            ),
-            gpu.bind(
-                gpu.k.model_gemm(),
-                &[step, &ud, &u.codes, &u.scales, xq, xs, out],
-            ),
+            bind_gemm(gpu, gate, &g, 0, step, (xq, xs, out))?,
+            bind_gemm(gpu, up, &u, act + 1, step, (xq, xs, out))?,
         ]
     } else {
         Vec::new()

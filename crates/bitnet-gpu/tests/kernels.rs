@@ -62,6 +62,37 @@ fn activations(rng: &mut ChaCha8Rng, n: usize, k: usize) -> (Vec<i8>, Vec<f32>) 
     (xq, s)
 }
 
+/// The model's step 8 (docs/MODEL.md) as the CPU forward pass computes it: act(Lin(gate, x))
+/// · Lin(up, x) through the scalar kernel, act 1 ReLU², else SiLU.
+fn glu_ref(
+    gate: &TernaryMatrix<'_>,
+    up: &TernaryMatrix<'_>,
+    xq: &[i8],
+    s: &[f32],
+    act: u32,
+    pool: &Pool,
+) -> Vec<f32> {
+    let len = s.len() * gate.n_out();
+    let (mut g, mut u) = (vec![0f32; len], vec![0f32; len]);
+    gate.matmul_on(Isa::Scalar, xq, s, &mut g, pool)
+        .unwrap()
+        .unwrap();
+    up.matmul_on(Isa::Scalar, xq, s, &mut u, pool)
+        .unwrap()
+        .unwrap();
+    g.iter()
+        .zip(&u)
+        .map(|(&g, &u)| {
+            if act == 1 {
+                let r = g.max(0.0);
+                (r * r) * u
+            } else {
+                (g / (1.0 + (-g).exp())) * u
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn ternary_matches_the_scalar_kernel() {
     let Some(gpu) = common::open() else { return };
@@ -131,26 +162,7 @@ fn fused_gate_up_matches_two_scalar_matmuls_and_the_activation() {
         gate.check_codes();
         up.check_codes();
         let (xq, s) = activations(&mut rng, n, n_in);
-        let (mut g, mut u) = (vec![0f32; n * n_out], vec![0f32; n * n_out]);
-        gate.matmul_on(Isa::Scalar, &xq, &s, &mut g, &pool)
-            .unwrap()
-            .unwrap();
-        up.matmul_on(Isa::Scalar, &xq, &s, &mut u, &pool)
-            .unwrap()
-            .unwrap();
-        // The model's step 8 (docs/MODEL.md), as the CPU forward pass computes it.
-        let want: Vec<f32> = g
-            .iter()
-            .zip(&u)
-            .map(|(&g, &u)| {
-                if act == 1 {
-                    let r = g.max(0.0);
-                    (r * r) * u
-                } else {
-                    (g / (1.0 + (-g).exp())) * u
-                }
-            })
-            .collect();
+        let want = glu_ref(&gate, &up, &xq, &s, act, &pool);
         let got = probe::glu(&gpu, &gate, &up, &xq, &s, act).unwrap();
         for (i, (x, w)) in got.iter().zip(&want).enumerate() {
             let tol = if tq2 { 5e-5 } else { 1e-5 } * w.abs().max(1e-3);
@@ -764,26 +776,7 @@ fn decode_gate_up_kernel_matches_the_scalar_kernels_and_the_activation() {
         for kind in decode_kinds(&gpu) {
             let got = probe::mv_glu(&gpu, &gate, &up, &x, &nw, 1e-5, act_mode, kind).unwrap();
             let (xq, s) = norm_quant_ref(&x, &nw);
-            let mut g = vec![0f32; n * n_out];
-            let mut u = vec![0f32; n * n_out];
-            gate.matmul_on(Isa::Scalar, &xq, &s, &mut g, &pool)
-                .unwrap()
-                .unwrap();
-            up.matmul_on(Isa::Scalar, &xq, &s, &mut u, &pool)
-                .unwrap()
-                .unwrap();
-            let want: Vec<f32> = g
-                .iter()
-                .zip(&u)
-                .map(|(&g, &u)| {
-                    if act_mode == 1 {
-                        let p = g.max(0.0);
-                        p * p * u
-                    } else {
-                        g / (1.0 + (-g).exp()) * u
-                    }
-                })
-                .collect();
+            let want = glu_ref(&gate, &up, &xq, &s, act_mode, &pool);
             assert_rows_close(
                 &got,
                 &want,

@@ -35,15 +35,6 @@ var<workgroup> redi: array<vec4<i32>, WG>;
 var<workgroup> tok_s: array<f32, TT>;
 var<workgroup> tok_sum: array<i32, TT>;
 
-// act(g)·u of the gate+up kernels: dims.op 1 ReLU², 2 SiLU.
-fn glu_act(g: f32, u: f32) -> f32 {
-    if dims.op == 1u {
-        let p = max(g, 0.0);
-        return (p * p) * u;
-    }
-    return (g / (1.0 + exp(-g))) * u;
-}
-
 // Tokens one group holds.
 fn group_tokens() -> u32 {
     return max(1u, min(TT, XQ / (dims.n_in / 4u)));

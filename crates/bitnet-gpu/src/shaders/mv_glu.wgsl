@@ -1,11 +1,6 @@
 // The FFN's gate and up projections and the activation for a decode step, as mv.wgsl reads
 // one matrix: g = act(Lin(W_gate, f)) · Lin(W_up, f), f the int8 rows staged by the
-// prologue (bindings 6 and 7); act 1 ReLU², 2 SiLU (dims.op).
-@group(0) @binding(2) var<storage, read> wg_: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> sg: array<f32>;
-@group(0) @binding(4) var<storage, read> wu: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read> su: array<f32>;
-@group(0) @binding(8) var<storage, read_write> y: array<f32>;
+// prologue (bindings 6 and 7); bindings and act: mv_glu_out.wgsl.
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -63,16 +58,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         }
         if lane == 0u && r < dims.n_out {
             for (var ti = 0u; ti < nt; ti++) {
-                var g: f32;
-                var u: f32;
-                if dims.mode == 0u {
-                    g = (f32(sgi[ti] - tok_sum[ti]) / tok_s[ti]) * sg[0];
-                    u = (f32(sui[ti] - tok_sum[ti]) / tok_s[ti]) * su[0];
-                } else {
-                    g = sgf[ti] / tok_s[ti];
-                    u = suf[ti] / tok_s[ti];
-                }
-                y[(t0 + ti) * dims.n_out + r] = glu_act(g, u);
+                y[(t0 + ti) * dims.n_out + r] = glu_out(sgi[ti], sui[ti], sgf[ti], suf[ti], ti);
             }
         }
         workgroupBarrier();

@@ -1,17 +1,12 @@
 // mv_glu.wgsl for adapters that run invocations as SIMD lanes (mv_rows_common.wgsl): the
 // same bindings and modes, each thread four rows of the gate and the same four of the up
 // projection (4·WG rows a workgroup).
-@group(0) @binding(2) var<storage, read> wg_: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read> sg: array<f32>;
-@group(0) @binding(4) var<storage, read> wu: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read> su: array<f32>;
-@group(0) @binding(8) var<storage, read_write> y: array<f32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r0 = rows_of(wg.x, lid.x);
     let vw = dims.vwords;
-    let rr = rows_read(r0);
+    let rr = rows_read(r0 + vec4<u32>(0u, 1u, 2u, 3u));
     let b = rr * vw;
     let nb = dims.n_in / 256u;
     let xv = dims.n_in / 16u;
@@ -43,16 +38,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             for (var i = 0u; i < 4u; i++) {
                 let r = r0 + i;
                 if r < dims.n_out {
-                    var g: f32;
-                    var u: f32;
-                    if dims.mode == 0u {
-                        g = (f32(gi[i] - tok_sum[ti]) / tok_s[ti]) * sg[0];
-                        u = (f32(ui[i] - tok_sum[ti]) / tok_s[ti]) * su[0];
-                    } else {
-                        g = gf[i] / tok_s[ti];
-                        u = uf[i] / tok_s[ti];
-                    }
-                    y[(t0 + ti) * dims.n_out + r] = glu_act(g, u);
+                    y[(t0 + ti) * dims.n_out + r] = glu_out(gi[i], ui[i], gf[i], uf[i], ti);
                 }
             }
         }

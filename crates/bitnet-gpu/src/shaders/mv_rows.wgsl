@@ -12,7 +12,7 @@ fn seg_scale(r: u32) -> f32 {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let rows = thread_rows(wg.x, lid.x);
     let vw = dims.vwords;
-    let rr = min(rows, vec4<u32>(dims.n_out - 1u));
+    let rr = rows_read(rows);
     let b = rr * vw;
     let nb = dims.n_in / 256u;
     let xv = dims.n_in / 16u;

@@ -69,12 +69,12 @@ fn ones_rows(xo: u32) -> i32 {
     return hsum(d);
 }
 
-// The first of the thread's four rows, and the rows it reads (clamped to the last row, so
-// every load is in bounds; only rows below n_out are stored).
+// The first of the thread's four rows, and the rows it reads: `rows` clamped to the last row, so
+// every load is in bounds (only rows below n_out are stored).
 fn rows_of(wg: u32, lid: u32) -> u32 {
     return (wg * WG + lid) * 4u;
 }
 
-fn rows_read(r0: u32) -> vec4<u32> {
-    return min(r0 + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(dims.n_out - 1u));
+fn rows_read(rows: vec4<u32>) -> vec4<u32> {
+    return min(rows, vec4<u32>(dims.n_out - 1u));
 }
