@@ -5,8 +5,8 @@ use bitnet_model::{Activation, Config, Layer, Model};
 
 use crate::device::Gpu;
 use crate::kernels::{
-    bytes_of, mul, u32_of, MvKind, ARGMAX_GROUPS, MAX_HEAD_DIM, MV_MAX_IN, TOPK_CHUNK, TOPK_GROUPS,
-    TOP_CANDIDATES,
+    bytes_of, mul, step_words, u32_of, MvKind, ARGMAX_GROUPS, MAX_HEAD_DIM, MV_MAX_IN, TOPK_CHUNK,
+    TOPK_GROUPS, TOP_CANDIDATES,
 };
 use crate::model::{
     check_architecture, Activations, DecodeKernels, GpuLayer, GpuModel, GpuOptions, MvLayer,
@@ -134,7 +134,8 @@ impl GpuModel {
         let xs = buf("xs", f32s(max_batch)?)?;
         let hn = buf("hn", f32s(out_cap * e)?)?;
         let logits = buf("logits", f32s(mul(out_cap, nv, "logits")?)?)?;
-        let best = buf("best", bytes_of(ARGMAX_GROUPS * 8)?)?;
+        // An arg-max row for each sequence of a batched step.
+        let best = buf("best", bytes_of(mul(out_cap, ARGMAX_GROUPS * 8, "rows")?)?)?;
         let top_bytes = bytes_of(TOP_CANDIDATES * 8)?;
         let top = buf("top", top_bytes)?;
         let topk_chunk = nv.div_ceil(TOPK_GROUPS).next_multiple_of(256).max(256);
@@ -159,9 +160,12 @@ impl GpuModel {
             })
         };
         let logits_staging = staging("logits staging", f32s(mul(out_cap, nv, "logits")?)?);
-        let best_staging = staging("best staging", bytes_of(ARGMAX_GROUPS * 8)?);
+        let best_staging = staging(
+            "best staging",
+            bytes_of(mul(out_cap, ARGMAX_GROUPS * 8, "rows")?)?,
+        );
         let top_staging = staging("top staging", top_bytes);
-        let step = gpu.uniform("step", &[0, 0, 0, 0]);
+        let step = gpu.uniform("step", &step_words(0, 0, 0, 0, 0));
 
         let kp = &gpu.k;
         let eps = c.rms_eps.to_bits();

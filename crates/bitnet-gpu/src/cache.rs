@@ -23,6 +23,9 @@ pub struct GpuCache {
     /// Per block: the lane QKV kernel with RoPE and the store in its epilogue
     /// (mv_out_rope.wgsl), where the model's blocks have it; else empty.
     pub(crate) qkv_rope: Vec<wgpu::BindGroup>,
+    /// The call parameters its kernels read (common.wgsl's `Step`): the model's for a call
+    /// into this cache alone; its one row, position and activation row in a batched step.
+    pub(crate) step: wgpu::Buffer,
     pub(crate) len: usize,
     pub(crate) n_ctx: usize,
     pub(crate) bytes: u64,

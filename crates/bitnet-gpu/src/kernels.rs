@@ -386,14 +386,28 @@ impl Kernels {
         self.gemm(self.gemm_lanes_default)
     }
 
-    /// The LM head kernel the model runs on this adapter, and the head rows a workgroup of
-    /// it computes; `lanes` false asks for head.wgsl where both exist.
-    pub(crate) fn head(&self, lanes: bool) -> (&wgpu::ComputePipeline, usize) {
+    /// The LM head kernel the model runs on this adapter, the head rows a workgroup of it
+    /// computes and the output rows (hidden states) it takes; `lanes` false asks for
+    /// head.wgsl where both exist.
+    pub(crate) fn head(&self, lanes: bool) -> (&wgpu::ComputePipeline, usize, usize) {
         match (&self.head_lanes, lanes) {
-            (Some(p), true) => (p, LANES_ROWS),
-            _ => (&self.head, HEAD_ROWS),
+            (Some(p), true) => (p, LANES_ROWS, 4),
+            _ => (&self.head, HEAD_ROWS, 1),
         }
     }
+}
+
+/// The words of common.wgsl's `Step`: rows in the call, the first one's position, the rows
+/// whose logits are wanted, and the call's first activation row (a cache's kernels in a
+/// batched step).
+pub(crate) fn step_words(
+    n_tok: u32,
+    pos0: u32,
+    out_first: u32,
+    out_rows: u32,
+    row0: u32,
+) -> [u32; 8] {
+    [n_tok, pos0, out_first, out_rows, row0, 0, 0, 0]
 }
 
 /// A size in bytes as the device's u64.

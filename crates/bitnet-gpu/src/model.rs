@@ -9,8 +9,9 @@ use bitnet_model::{Activation, Config, Outputs, RopeStyle};
 use crate::cache::{GpuCache, GpuKv};
 use crate::device::Gpu;
 use crate::kernels::{
-    attn_part_len, attn_split, bytes_of, mul, u32_of, MvKind, ARGMAX_GROUPS, ATTN_SPLIT_TOKENS,
-    GEMM_MIN_TOKENS, GEMM_ROWS, GEMM_TOKENS, MV_TOKENS, TERNARY_TOKENS, TOP_CANDIDATES,
+    attn_part_len, attn_split, bytes_of, mul, step_words, u32_of, MvKind, ARGMAX_GROUPS,
+    ATTN_SPLIT_TOKENS, GEMM_MIN_TOKENS, GEMM_ROWS, GEMM_TOKENS, MV_TOKENS, TERNARY_TOKENS,
+    TOP_CANDIDATES,
 };
 use crate::rec::{KernelTime, Profile, Rec, PROFILE_QUERIES};
 use crate::upload::{Chunks, GpuMatrix, MvBind, QkvRope};
@@ -320,6 +321,117 @@ impl GpuModel {
         )
     }
 
+    /// One decode step of several sequences in one pass: `tokens[i]` joins `caches[i]` at
+    /// that cache's next position. The matrices and the LM head read their weights once for
+    /// all of them; RoPE, the cache store and attention run per sequence over its own cache.
+    /// Returns each sequence's logits, `[sequence][n_vocab]`, as [`GpuModel::forward`] of its
+    /// token with [`Outputs::Last`] gives them (the same values within the kernels'
+    /// rounding: the matrices may take another kernel for several rows).
+    pub fn forward_batch(&self, tokens: &[u32], caches: &mut [&mut GpuCache]) -> Result<Vec<f32>> {
+        crate::device::block(self.forward_batch_async(tokens, caches))?
+    }
+
+    /// [`GpuModel::forward_batch`], for callers that must not block.
+    pub async fn forward_batch_async(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut GpuCache],
+    ) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.run_batch(tokens, caches, GpuOutputs::Logits(Outputs::Last), &mut out)
+            .await?;
+        Ok(out)
+    }
+
+    /// [`GpuModel::forward_batch`] that returns only each sequence's arg-max (as
+    /// [`GpuModel::forward_greedy`]), reading back 8 bytes per argmax workgroup and sequence.
+    pub fn forward_batch_greedy(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut GpuCache],
+    ) -> Result<Vec<u32>> {
+        crate::device::block(self.forward_batch_greedy_async(tokens, caches))?
+    }
+
+    /// [`GpuModel::forward_batch_greedy`], for callers that must not block.
+    pub async fn forward_batch_greedy_async(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut GpuCache],
+    ) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        let best = self
+            .run_batch(tokens, caches, GpuOutputs::Greedy, &mut out)
+            .await?;
+        best.into_iter()
+            .map(|b| {
+                (b != u32::MAX).then_some(b).ok_or(GpuError::Readback(
+                    "no logit to take the maximum of".to_string(),
+                ))
+            })
+            .collect()
+    }
+
+    /// A batched decode step (see [`GpuModel::forward_batch`]) in submissions of up to as
+    /// many sequences as the logits buffer holds rows.
+    #[allow(clippy::await_holding_lock)]
+    async fn run_batch(
+        &self,
+        tokens: &[u32],
+        caches: &mut [&mut GpuCache],
+        want: GpuOutputs,
+        out: &mut Vec<f32>,
+    ) -> Result<Vec<u32>> {
+        let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        let c = &self.config;
+        if tokens.is_empty() || tokens.len() != caches.len() {
+            return Err(GpuError::Shape {
+                what: "batched step (one token a cache)",
+                expected: caches.len().max(1),
+                got: tokens.len(),
+            });
+        }
+        if let Some(&id) = tokens
+            .iter()
+            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= c.n_vocab))
+        {
+            return Err(GpuError::TokenOutOfRange {
+                id,
+                n_vocab: c.n_vocab,
+            });
+        }
+        if let Some(full) = caches.iter().find(|k| k.len >= k.n_ctx) {
+            return Err(GpuError::ContextFull {
+                need: full.len + 1,
+                n_ctx: full.n_ctx,
+            });
+        }
+        let per_call = self.max_batch.min(self.out_cap).max(1);
+        self.submits.store(0, std::sync::atomic::Ordering::Relaxed);
+        let mut best = Vec::with_capacity(tokens.len());
+        for (chunk, group) in tokens.chunks(per_call).zip(caches.chunks_mut(per_call)) {
+            let n = u32_of(chunk.len(), "tokens")?;
+            self.gpu.queue.write_buffer(
+                &self.step,
+                0,
+                bytemuck::cast_slice(&step_words(n, 0, 0, n, 0)),
+            );
+            // Each cache's kernels: its one row, at its position, from activation row i.
+            for (i, cache) in group.iter().enumerate() {
+                let words = step_words(1, u32_of(cache.len, "position")?, 0, 0, u32_of(i, "rows")?);
+                self.gpu
+                    .queue
+                    .write_buffer(&cache.step, 0, bytemuck::cast_slice(&words));
+            }
+            let refs: Vec<&GpuCache> = group.iter().map(|k| &**k).collect();
+            best.extend(self.submit(chunk, &refs, chunk.len(), want, out).await?);
+            for cache in group.iter_mut() {
+                cache.len += 1;
+            }
+        }
+        Ok(best)
+    }
+
     // The guards make one caller at a time use the device, across its read-back: natively
     // the future runs to completion on the calling thread; a page's one thread never
     // interleaves two calls (the web model refuses a second while one runs).
@@ -378,94 +490,120 @@ impl GpuModel {
                 }
                 _ => (0, 0),
             };
-            self.gpu.queue.write_buffer(
-                &self.step,
+            let words = step_words(
+                u32_of(n, "tokens")?,
+                u32_of(cache.len, "position")?,
+                u32_of(out_first, "rows")?,
+                u32_of(out_rows, "rows")?,
                 0,
-                bytemuck::cast_slice(&[
-                    u32_of(n, "tokens")?,
-                    u32_of(cache.len, "position")?,
-                    u32_of(out_first, "rows")?,
-                    u32_of(out_rows, "rows")?,
-                ]),
             );
-            let mut enc = self.gpu.device.create_command_encoder(&Default::default());
-            let mut prof = self.prof.lock().unwrap_or_else(|e| e.into_inner());
-            let names = {
-                let mut rec = Rec::new(&mut enc, prof.as_ref().map(|p| &p.set));
-                self.record(&mut rec, chunk, cache, out_rows, want)?;
-                self.dispatches
-                    .store(rec.count, std::sync::atomic::Ordering::Relaxed);
-                std::mem::take(&mut rec.names)
-            };
-            let n_queries = u32_of(2 * names.len(), "queries")?;
-            if let Some(p) = prof.as_ref().filter(|_| n_queries > 0) {
-                enc.resolve_query_set(&p.set, 0..n_queries, &p.resolve, 0);
-                enc.copy_buffer_to_buffer(&p.resolve, 0, &p.staging, 0, u64::from(n_queries) * 8);
-            }
-            let nv = c.n_vocab;
-            if out_rows > 0 && want == GpuOutputs::Top {
-                let size = bytes_of(TOP_CANDIDATES * 8)?;
-                enc.copy_buffer_to_buffer(&self.act.top, 0, &self.act.top_staging, 0, size);
-                self.gpu.queue.submit([enc.finish()]);
-                self.submits
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let b = self.gpu.map_read_async(&self.act.top_staging, size).await?;
-                // (id, logit bits) pairs, carried as f32 bit patterns.
-                out.extend(
-                    b.chunks_exact(4)
-                        .map(|w| f32::from_bits(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))),
-                );
-            } else if out_rows > 0 && want == GpuOutputs::Greedy {
-                let size = bytes_of(ARGMAX_GROUPS * 8)?;
-                enc.copy_buffer_to_buffer(&self.act.best, 0, &self.act.best_staging, 0, size);
-                self.gpu.queue.submit([enc.finish()]);
-                self.submits
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let b = self
-                    .gpu
-                    .map_read_async(&self.act.best_staging, size)
-                    .await?;
-                best = Some(best_of_groups(&b)?);
-            } else if out_rows > 0 {
-                let size = bytes_of(mul(mul(out_rows, nv, "logits")?, 4, "logits")?)?;
-                enc.copy_buffer_to_buffer(&self.act.logits, 0, &self.act.logits_staging, 0, size);
-                self.gpu.queue.submit([enc.finish()]);
-                self.submits
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let b = self
-                    .gpu
-                    .map_read_async(&self.act.logits_staging, size)
-                    .await?;
-                out.extend(
-                    b.chunks_exact(4)
-                        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])),
-                );
-            } else {
-                self.gpu.queue.submit([enc.finish()]);
-                self.submits
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.gpu.wait()?;
-            }
-            if let Some(p) = prof.as_mut().filter(|_| n_queries > 0) {
-                let b = self
-                    .gpu
-                    .map_read_async(&p.staging, u64::from(n_queries) * 8)
-                    .await?;
-                let period = f64::from(self.gpu.queue.get_timestamp_period());
-                let at = |i: usize| {
-                    let w = &b[8 * i..8 * i + 8];
-                    u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])
-                };
-                for (i, name) in names.iter().enumerate() {
-                    #[allow(clippy::cast_precision_loss)] // tick counts of one kernel
-                    let ns = at(2 * i + 1).saturating_sub(at(2 * i)) as f64 * period;
-                    let e = p.acc.totals.entry(name).or_insert((0.0, 0));
-                    e.0 += ns;
-                    e.1 += 1;
-                }
-                p.acc.tokens += u64::try_from(n).unwrap_or(0);
+            self.gpu
+                .queue
+                .write_buffer(&self.step, 0, bytemuck::cast_slice(&words));
+            self.gpu
+                .queue
+                .write_buffer(&cache.step, 0, bytemuck::cast_slice(&words));
+            let picks = self.submit(chunk, &[&*cache], out_rows, want, out).await?;
+            if let Some(&b) = picks.first() {
+                best = Some(b);
             }
             cache.len += n;
+        }
+        Ok(best)
+    }
+
+    /// Record `tokens` over `caches` (see [`GpuModel::record`]), submit them once and read
+    /// back what `want` asks of the `out_rows` output rows: logits into `out`, top-k pairs
+    /// into `out` as bit patterns, or each row's arg-max as the result.
+    #[allow(clippy::await_holding_lock)]
+    async fn submit(
+        &self,
+        tokens: &[u32],
+        caches: &[&GpuCache],
+        out_rows: usize,
+        want: GpuOutputs,
+        out: &mut Vec<f32>,
+    ) -> Result<Vec<u32>> {
+        let c = &self.config;
+        let mut best = Vec::new();
+        let mut enc = self.gpu.device.create_command_encoder(&Default::default());
+        let mut prof = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+        let names = {
+            let mut rec = Rec::new(&mut enc, prof.as_ref().map(|p| &p.set));
+            self.record(&mut rec, tokens, caches, out_rows, want)?;
+            self.dispatches
+                .store(rec.count, std::sync::atomic::Ordering::Relaxed);
+            std::mem::take(&mut rec.names)
+        };
+        let n_queries = u32_of(2 * names.len(), "queries")?;
+        if let Some(p) = prof.as_ref().filter(|_| n_queries > 0) {
+            enc.resolve_query_set(&p.set, 0..n_queries, &p.resolve, 0);
+            enc.copy_buffer_to_buffer(&p.resolve, 0, &p.staging, 0, u64::from(n_queries) * 8);
+        }
+        let nv = c.n_vocab;
+        if out_rows > 0 && want == GpuOutputs::Top {
+            let size = bytes_of(TOP_CANDIDATES * 8)?;
+            enc.copy_buffer_to_buffer(&self.act.top, 0, &self.act.top_staging, 0, size);
+            self.gpu.queue.submit([enc.finish()]);
+            self.submits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let b = self.gpu.map_read_async(&self.act.top_staging, size).await?;
+            // (id, logit bits) pairs, carried as f32 bit patterns.
+            out.extend(
+                b.chunks_exact(4)
+                    .map(|w| f32::from_bits(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))),
+            );
+        } else if out_rows > 0 && want == GpuOutputs::Greedy {
+            let size = bytes_of(mul(out_rows, ARGMAX_GROUPS * 8, "rows")?)?;
+            enc.copy_buffer_to_buffer(&self.act.best, 0, &self.act.best_staging, 0, size);
+            self.gpu.queue.submit([enc.finish()]);
+            self.submits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let b = self
+                .gpu
+                .map_read_async(&self.act.best_staging, size)
+                .await?;
+            for row in b.chunks(ARGMAX_GROUPS * 8) {
+                best.push(best_of_groups(row)?);
+            }
+        } else if out_rows > 0 {
+            let size = bytes_of(mul(mul(out_rows, nv, "logits")?, 4, "logits")?)?;
+            enc.copy_buffer_to_buffer(&self.act.logits, 0, &self.act.logits_staging, 0, size);
+            self.gpu.queue.submit([enc.finish()]);
+            self.submits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let b = self
+                .gpu
+                .map_read_async(&self.act.logits_staging, size)
+                .await?;
+            out.extend(
+                b.chunks_exact(4)
+                    .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            );
+        } else {
+            self.gpu.queue.submit([enc.finish()]);
+            self.submits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.gpu.wait()?;
+        }
+        if let Some(p) = prof.as_mut().filter(|_| n_queries > 0) {
+            let b = self
+                .gpu
+                .map_read_async(&p.staging, u64::from(n_queries) * 8)
+                .await?;
+            let period = f64::from(self.gpu.queue.get_timestamp_period());
+            let at = |i: usize| {
+                let w = &b[8 * i..8 * i + 8];
+                u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])
+            };
+            for (i, name) in names.iter().enumerate() {
+                #[allow(clippy::cast_precision_loss)] // tick counts of one kernel
+                let ns = at(2 * i + 1).saturating_sub(at(2 * i)) as f64 * period;
+                let e = p.acc.totals.entry(name).or_insert((0.0, 0));
+                e.0 += ns;
+                e.1 += 1;
+            }
+            p.acc.tokens += u64::try_from(tokens.len()).unwrap_or(0);
         }
         Ok(best)
     }
@@ -633,12 +771,14 @@ impl GpuModel {
         }
     }
 
-    /// Record one call of `tokens` (≤ max_batch).
+    /// Record one call of `tokens` (≤ max_batch): into one cache (`caches` of one), or a
+    /// batched decode step, token i into `caches[i]` (its RoPE, store and attention
+    /// dispatched over its own cache, at activation row i).
     fn record(
         &self,
         rec: &mut Rec<'_>,
         tokens: &[u32],
-        cache: &GpuCache,
+        caches: &[&GpuCache],
         out_rows: usize,
         want: GpuOutputs,
     ) -> Result<()> {
@@ -682,8 +822,15 @@ impl GpuModel {
         };
         let heads = u32_of(c.n_head, "n_head")?;
         let rope_heads = u32_of(c.n_head + c.n_head_kv, "n_head")?;
+        // Each cache's rows: all of the call's, or one of a batched step's.
+        let batched = caches.len() > 1;
+        let rows_each = if batched { 1 } else { n };
+        let rows32 = u32_of(rows_each, "tokens")?;
         // A decode step's positions in chunks (attention_split.wgsl).
-        let split = attn_split(n, cache.len + n, self.attn_split_tokens())?;
+        let splits = caches
+            .iter()
+            .map(|cache| attn_split(rows_each, cache.len + rows_each, self.attn_split_tokens()))
+            .collect::<Result<Vec<u32>>>()?;
         for (il, l) in self.layers.iter().enumerate() {
             if self.skip.get(il).copied().unwrap_or(false) {
                 continue;
@@ -696,9 +843,10 @@ impl GpuModel {
                 Some(((m, k), g))
             });
             // 1.–2. a = RMS(h); Q, K, V = Lin(W, a)
-            // 3. (the lane kernels) RoPE and the cache store in the same kernel.
-            let fused_rope = mv.and_then(|((m, _), _)| {
+            // 3. (the lane kernels, one cache) RoPE and the cache store in the same kernel.
+            let fused_rope = mv.filter(|_| !batched).and_then(|((m, _), _)| {
                 let p = m.qkv_rope.as_ref()?;
+                let cache = caches.first()?;
                 let pipeline = match cache.ty {
                     GpuKv::F16 => kp.mv_qkv_lanes_f16.as_ref(),
                     GpuKv::F32 => kp.mv_qkv_lanes_f32.as_ref(),
@@ -718,32 +866,38 @@ impl GpuModel {
                 lin(rec, "ternary k", &l.k)?;
                 lin(rec, "ternary v", &l.v)?;
             }
-            // 3. RoPE on Q and K, and the new K and V rows into the cache (f16: rounded), in
-            // one kernel.
-            let rope_kernel = match cache.ty {
-                GpuKv::F16 => &kp.rope_f16,
-                GpuKv::F32 => &kp.rope_f32,
-            };
-            let rope = cache
-                .rope
-                .get(il)
-                .ok_or(GpuError::Overflow("block index"))?;
-            if fused_rope.is_none() {
-                rec.dispatch("rope+store", rope_kernel, rope, [n32, rope_heads, 1]);
-            }
-            // 4. O = Attn(Q, K, V)
-            let attention = match cache.ty {
-                GpuKv::F16 => &kp.attention_f16,
-                GpuKv::F32 => &kp.attention_f32,
-            };
-            rec.dispatch("attention", attention, &cache.attn[il], [heads, n32, split]);
-            if split > 1 {
-                rec.dispatch(
-                    "attention_merge",
-                    &kp.attention_merge,
-                    &cache.merge,
-                    [heads, n32, 1],
-                );
+            for (cache, &split) in caches.iter().zip(&splits) {
+                // 3. RoPE on Q and K, and the new K and V rows into the cache (f16: rounded),
+                // in one kernel.
+                let rope_kernel = match cache.ty {
+                    GpuKv::F16 => &kp.rope_f16,
+                    GpuKv::F32 => &kp.rope_f32,
+                };
+                let rope = cache
+                    .rope
+                    .get(il)
+                    .ok_or(GpuError::Overflow("block index"))?;
+                if fused_rope.is_none() {
+                    rec.dispatch("rope+store", rope_kernel, rope, [rows32, rope_heads, 1]);
+                }
+                // 4. O = Attn(Q, K, V)
+                let attention = match cache.ty {
+                    GpuKv::F16 => &kp.attention_f16,
+                    GpuKv::F32 => &kp.attention_f32,
+                };
+                let attn = cache
+                    .attn
+                    .get(il)
+                    .ok_or(GpuError::Overflow("block index"))?;
+                rec.dispatch("attention", attention, attn, [heads, rows32, split]);
+                if split > 1 {
+                    rec.dispatch(
+                        "attention_merge",
+                        &kp.attention_merge,
+                        &cache.merge,
+                        [heads, rows32, 1],
+                    );
+                }
             }
             if let Some(((m, mv_k), mv_glu)) = mv {
                 // 5.–10. as below (fused: the norms in the kernels' prologues).
@@ -782,15 +936,16 @@ impl GpuModel {
         if out_rows > 0 {
             let rows = u32_of(out_rows, "rows")?;
             rec.dispatch("rmsnorm", &kp.rmsnorm, &self.final_norm, [rows, 1, 1]);
-            let (head, head_rows) = kp.head(true);
+            let (head, head_rows, head_outs) = kp.head(true);
+            let out_groups = u32_of(out_rows.div_ceil(head_outs), "rows")?;
             for (chunk_rows, bind) in &self.head_binds {
                 let groups = u32_of(chunk_rows.div_ceil(head_rows), "head rows")?;
-                rec.dispatch("head", head, bind, [groups, rows, 1]);
+                rec.dispatch("head", head, bind, [groups, out_groups, 1]);
             }
             match want {
                 GpuOutputs::Greedy => {
                     let groups = u32_of(ARGMAX_GROUPS, "groups")?;
-                    rec.dispatch("argmax", &kp.argmax, &self.argmax_bind, [groups, 1, 1]);
+                    rec.dispatch("argmax", &kp.argmax, &self.argmax_bind, [groups, rows, 1]);
                 }
                 GpuOutputs::Top => {
                     rec.dispatch(
@@ -838,6 +993,9 @@ impl GpuModel {
             .gpu
             .upload("rope table", bytemuck::cast_slice(&table))?;
         let kp = &self.gpu.k;
+        // The cache's own call parameters (its kernels' rows and positions in a batched
+        // step; the model's in any other call).
+        let step = self.gpu.uniform("cache step", &step_words(0, 0, 0, 0, 0));
         let rope_dims = self.gpu.uniform(
             "dims rope",
             &[
@@ -862,7 +1020,7 @@ impl GpuModel {
                 self.gpu.bind(
                     rope_kernel,
                     &[
-                        &self.step, &rope_dims, &a.q, &a.k, &tb, &ctx, &a.v, &k[il], &v[il],
+                        &step, &rope_dims, &a.q, &a.k, &tb, &ctx, &a.v, &k[il], &v[il],
                     ],
                 )
             })
@@ -894,7 +1052,7 @@ impl GpuModel {
             qkv_rope.push(self.gpu.bind(
                 kernel,
                 &[
-                    &self.step,
+                    &step,
                     &p.dims,
                     &p.codes,
                     &p.scales,
@@ -938,13 +1096,13 @@ impl GpuModel {
             .map(|il| {
                 self.gpu.bind(
                     pipeline,
-                    &[&self.step, &attn_dims, &a.q, &k[il], &v[il], &a.o, &part],
+                    &[&step, &attn_dims, &a.q, &k[il], &v[il], &a.o, &part],
                 )
             })
             .collect();
         let merge = self
             .gpu
-            .bind(&kp.attention_merge, &[&self.step, &attn_dims, &part, &a.o]);
+            .bind(&kp.attention_merge, &[&step, &attn_dims, &part, &a.o]);
         self.gpu.wait()?;
         Ok(GpuCache {
             bytes: per * 2 * bytes_of(c.n_layer)? + tb.size() + part.size(),
@@ -955,6 +1113,7 @@ impl GpuModel {
             merge,
             rope,
             qkv_rope,
+            step,
             len: 0,
             n_ctx,
         })

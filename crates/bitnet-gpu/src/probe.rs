@@ -24,8 +24,8 @@ pub fn gpu_tests_enabled() -> bool {
 
 use crate::device::Gpu;
 use crate::kernels::{
-    attn_part_len, attn_split, MvKind, ARGMAX_GROUPS, ATTN_SPLIT_TOKENS, GEMM_ROWS, GEMM_TOKENS,
-    TERNARY_TOKENS,
+    attn_part_len, attn_split, step_words, MvKind, ARGMAX_GROUPS, ATTN_SPLIT_TOKENS, GEMM_ROWS,
+    GEMM_TOKENS, TERNARY_TOKENS,
 };
 use crate::upload::{upload_glu, upload_matrix};
 use crate::{GpuError, Result};
@@ -80,7 +80,7 @@ fn run3(
 /// The ternary kernel: `Lin(W, x)` for `scales.len()` int8 rows `xq` (`n × w.n_in()`).
 pub fn ternary(gpu: &Gpu, w: &TernaryMatrix<'_>, xq: &[i8], scales: &[f32]) -> Result<Vec<f32>> {
     let n = scales.len();
-    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let packed: Vec<u8> = xq.iter().map(|&q| q.to_le_bytes()[0]).collect();
     let xqb = gpu.upload("xq", &packed)?;
     let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
@@ -111,7 +111,7 @@ pub fn gemm(
     }
     let kernel = gpu.k.gemm(lanes);
     let n = scales.len();
-    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let packed: Vec<u8> = xq.iter().map(|&q| q.to_le_bytes()[0]).collect();
     let xqb = gpu.upload("xq", &packed)?;
     let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
@@ -145,7 +145,7 @@ pub fn glu(
     act: u32,
 ) -> Result<Vec<f32>> {
     let n = scales.len();
-    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let packed: Vec<u8> = xq.iter().map(|&q| q.to_le_bytes()[0]).collect();
     let xqb = gpu.upload("xq", &packed)?;
     let xsb = gpu.upload("xs", bytemuck::cast_slice(scales))?;
@@ -192,7 +192,7 @@ pub fn mv(
 ) -> Result<Vec<Vec<f32>>> {
     let n_in = nw.len();
     let n = x.len() / n_in.max(1);
-    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let nwb = gpu.upload("nw", bytemuck::cast_slice(nw))?;
     let (xq, xs) = quantize_rows(gpu, &step, &xb, &nwb, n, n_in, eps)?;
@@ -248,7 +248,7 @@ pub fn mv_glu(
 ) -> Result<Vec<f32>> {
     let n_in = nw.len();
     let n = x.len() / n_in.max(1);
-    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let nwb = gpu.upload("nw", bytemuck::cast_slice(nw))?;
     let (xq, xs) = quantize_rows(gpu, &step, &xb, &nwb, n, n_in, eps)?;
@@ -291,7 +291,7 @@ pub fn mv_glu(
 pub fn norm_quant(gpu: &Gpu, x: &[f32], w: &[f32], eps: f32) -> Result<(Vec<i8>, Vec<f32>)> {
     let width = w.len();
     let n = x.len() / width.max(1);
-    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let wb = gpu.upload("w", bytemuck::cast_slice(w))?;
     let (xq, xs) = quantize_rows(gpu, &step, &xb, &wb, n, width, eps)?;
@@ -317,6 +317,9 @@ pub struct AttnProbe {
     /// A call of at most 4 rows splits its positions over workgroups (false: the lane
     /// kernels' adapters, where it never does).
     pub split: bool,
+    /// Rows of other sequences in front of the call's in Q and O (a batched step's
+    /// sequence), filled with NaN.
+    pub row0: usize,
 }
 
 /// The attention kernel: `q` is `n × n_head × head_dim`, `k`/`v` hold `pos0 + n` rows of
@@ -330,7 +333,10 @@ pub fn attention(
     v: &[f32],
     f16: bool,
 ) -> Result<Vec<f32>> {
-    let step = gpu.uniform("step", &[n32(s.n)?, n32(s.pos0)?, 0, 0]);
+    let step = gpu.uniform(
+        "step",
+        &step_words(n32(s.n)?, n32(s.pos0)?, 0, 0, n32(s.row0)?),
+    );
     let split_tokens = if s.split { ATTN_SPLIT_TOKENS } else { 0 };
     #[allow(clippy::cast_precision_loss)] // head sizes are small integers
     let scale = 1.0f32 / (s.head_dim as f32).sqrt();
@@ -347,7 +353,11 @@ pub fn attention(
             0,
         ],
     );
-    let qb = gpu.upload("q", bytemuck::cast_slice(q))?;
+    let pad = s.row0 * s.n_head * s.head_dim;
+    let q: Vec<f32> = std::iter::repeat_n(f32::NAN, pad)
+        .chain(q.iter().copied())
+        .collect();
+    let qb = gpu.upload("q", bytemuck::cast_slice(&q))?;
     let halves = |x: &[f32]| -> Vec<u8> {
         x.iter()
             .flat_map(|&e| half::f16::from_f32(e).to_le_bytes())
@@ -376,7 +386,8 @@ pub fn attention(
         let bind = gpu.bind(merge, &[&step, &dims, &part, &out]);
         run(gpu, merge, &bind, n32(s.n_head)?, n32(s.n)?)?;
     }
-    Ok(le_f32(&gpu.read(&out, u64::from(n32(q.len() * 4)?))?))
+    let mut o = le_f32(&gpu.read(&out, u64::from(n32(q.len() * 4)?))?);
+    Ok(o.split_off(pad))
 }
 
 /// The two top-k passes over one row of `logits`: the [`crate::TOP_CANDIDATES`] most likely
@@ -387,7 +398,7 @@ pub fn top_k(gpu: &Gpu, logits: &[f32]) -> Result<Vec<(u32, f32)>> {
     let k = crate::TOP_CANDIDATES;
     let chunk = nv.div_ceil(256).next_multiple_of(256).max(256);
     let groups = nv.div_ceil(chunk);
-    let step = gpu.uniform("step", &[1, 0, 0, 1]);
+    let step = gpu.uniform("step", &step_words(1, 0, 0, 1, 0));
     let lb = gpu.upload("logits", bytemuck::cast_slice(logits))?;
     let cand = rw(gpu, "cand", groups * k * 8)?;
     let top = rw(gpu, "top", k * 8)?;
@@ -409,7 +420,7 @@ pub fn top_k(gpu: &Gpu, logits: &[f32]) -> Result<Vec<(u32, f32)>> {
 /// The final norm: each `w.len()`-row of `x` RMS-normed.
 pub fn rmsnorm(gpu: &Gpu, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
     let n = x.len() / w.len().max(1);
-    let step = gpu.uniform("step", &[n32(n)?, 0, 0, n32(n)?]);
+    let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, n32(n)?, 0));
     let dims = gpu.uniform("dims", &[n32(w.len())?, eps.to_bits(), 0, 0]);
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let wb = gpu.upload("w", bytemuck::cast_slice(w))?;
@@ -431,6 +442,9 @@ pub struct RopeProbe {
     pub n: usize,
     /// NeoX (`bitnet*`) or the normal pairwise form (`llama`).
     pub style: bitnet_model::RopeStyle,
+    /// Rows of other sequences in front of the call's in Q, K and V (a batched step's
+    /// sequence), filled with NaN: left as they are and never stored.
+    pub row0: usize,
 }
 
 /// RoPE in place on `n` rows of Q and K at positions `pos0..`, and K and V stored into a
@@ -453,7 +467,10 @@ pub fn rope(
         cos[p * half..(p + 1) * half].copy_from_slice(&r.cos);
         sin[p * half..(p + 1) * half].copy_from_slice(&r.sin);
     }
-    let step = gpu.uniform("step", &[n32(s.n)?, n32(s.pos0)?, 0, 0]);
+    let step = gpu.uniform(
+        "step",
+        &step_words(n32(s.n)?, n32(s.pos0)?, 0, 0, n32(s.row0)?),
+    );
     let dims = gpu.uniform(
         "dims",
         &[
@@ -468,10 +485,19 @@ pub fn rope(
         ],
     );
     let ctx = gpu.uniform("ctx", &[n32(n_ctx)?, 0, 0, 0]);
-    let qb = gpu.upload("q", bytemuck::cast_slice(q))?;
-    let kb = gpu.upload("k", bytemuck::cast_slice(k))?;
+    let padded = |x: &[f32], heads: usize| -> Vec<f32> {
+        std::iter::repeat_n(f32::NAN, s.row0 * heads * s.head_dim)
+            .chain(x.iter().copied())
+            .collect()
+    };
+    let (qp, kp) = (
+        s.row0 * s.n_head * s.head_dim,
+        s.row0 * s.n_head_kv * s.head_dim,
+    );
+    let qb = gpu.upload("q", bytemuck::cast_slice(&padded(q, s.n_head)))?;
+    let kb = gpu.upload("k", bytemuck::cast_slice(&padded(k, s.n_head_kv)))?;
     let tb = gpu.upload("table", bytemuck::cast_slice(&table))?;
-    let vb = gpu.upload("v", bytemuck::cast_slice(v))?;
+    let vb = gpu.upload("v", bytemuck::cast_slice(&padded(v, s.n_head_kv)))?;
     let kv = s.n_head_kv * s.head_dim;
     let elem = if f16 { 2 } else { 4 };
     let kc = rw(gpu, "cache k", n_ctx * kv * elem)?;
@@ -495,9 +521,22 @@ pub fn rope(
             le_f32(at)
         })
     };
+    let back = |b: &wgpu::Buffer, pad: usize, len: usize| -> Result<Vec<f32>> {
+        let mut all = le_f32(&gpu.read(b, u64::from(n32((pad + len) * 4)?))?);
+        let rest = all.split_off(pad);
+        // The other sequences' rows stay as they were.
+        if all.iter().any(|x| !x.is_nan()) {
+            return Err(GpuError::Shape {
+                what: "rows in front of the call (written)",
+                expected: 0,
+                got: all.iter().filter(|x| !x.is_nan()).count(),
+            });
+        }
+        Ok(rest)
+    };
     Ok(RopeOut {
-        q: le_f32(&gpu.read(&qb, u64::from(n32(q.len() * 4)?))?),
-        k: le_f32(&gpu.read(&kb, u64::from(n32(k.len() * 4)?))?),
+        q: back(&qb, qp, q.len())?,
+        k: back(&kb, kp, k.len())?,
         cache_k: rows(&kc)?,
         cache_v: rows(&vc)?,
     })
@@ -526,7 +565,7 @@ pub fn head(
     chunk_bytes: u64,
     lanes: bool,
 ) -> Result<Vec<f32>> {
-    let (kernel, per_group) = gpu.k.head(lanes);
+    let (kernel, per_group, rows_per_group) = gpu.k.head(lanes);
     if lanes && gpu.k.head_lanes.is_none() {
         return Err(GpuError::Unsupported(format!(
             "the lane kernels on {} (not a CPU device)",
@@ -536,7 +575,7 @@ pub fn head(
     let ty = crate::upload::ty_of(m, "head")?;
     let ch = crate::upload::upload_chunks(gpu, m, chunk_bytes, "head")?;
     let nv = m.rows();
-    let step = gpu.uniform("step", &[n32(rows)?, 0, 0, n32(rows)?]);
+    let step = gpu.uniform("step", &step_words(n32(rows)?, 0, 0, n32(rows)?, 0));
     let hb = gpu.upload("hn", bytemuck::cast_slice(hn))?;
     let out = rw(gpu, "logits", rows * nv * 4)?;
     for (ci, b) in ch.bufs.iter().enumerate() {
@@ -547,7 +586,13 @@ pub fn head(
             &[n32(m.cols())?, n32(n)?, n32(row0)?, n32(nv)?, ty, 0, 0, 0],
         );
         let bind = gpu.bind(kernel, &[&step, &dims, b, &hb, &out]);
-        run(gpu, kernel, &bind, n32(n.div_ceil(per_group))?, n32(rows)?)?;
+        run(
+            gpu,
+            kernel,
+            &bind,
+            n32(n.div_ceil(per_group))?,
+            n32(rows.div_ceil(rows_per_group))?,
+        )?;
     }
     Ok(le_f32(&gpu.read(&out, u64::from(n32(rows * nv * 4)?))?))
 }
@@ -564,7 +609,7 @@ pub fn embed(
     let ch = crate::upload::upload_chunks(gpu, m, chunk_bytes, "embedding")?;
     let n = ids.len();
     let e = m.cols();
-    let step = gpu.uniform("step", &[n32(n)?, 0, 0, 0]);
+    let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let dims = gpu.uniform("dims", &[n32(e)?, ty, 0, 0]);
     let rows = rw(gpu, "rows", n * ch.row_bytes)?;
     let h = rw(gpu, "h", n * e * 4)?;
@@ -591,13 +636,24 @@ pub fn embed(
 /// The greedy argmax over one row of `logits` (a NaN or infinite logit:
 /// [`crate::GpuError::NonFiniteLogit`]).
 pub fn argmax(gpu: &Gpu, logits: &[f32]) -> Result<u32> {
-    let step = gpu.uniform("step", &[1, 0, 0, 1]);
-    let dims = gpu.uniform("dims", &[n32(logits.len())?, 0, 0, 0]);
+    argmax_rows(gpu, logits, 1)?
+        .pop()
+        .ok_or(GpuError::Overflow("argmax rows"))
+}
+
+/// The greedy argmax of each of the `rows` rows of `logits` in one dispatch, as a batched
+/// step takes its sequences' tokens.
+pub fn argmax_rows(gpu: &Gpu, logits: &[f32], rows: usize) -> Result<Vec<u32>> {
+    let nv = logits.len() / rows.max(1);
+    let step = gpu.uniform("step", &step_words(n32(rows)?, 0, 0, n32(rows)?, 0));
+    let dims = gpu.uniform("dims", &[n32(nv)?, 0, 0, 0]);
     let lb = gpu.upload("logits", bytemuck::cast_slice(logits))?;
     let groups = ARGMAX_GROUPS;
-    let best = rw(gpu, "best", groups * 8)?;
+    let best = rw(gpu, "best", rows * groups * 8)?;
     let bind = gpu.bind(&gpu.k.argmax, &[&step, &dims, &lb, &best]);
-    run(gpu, &gpu.k.argmax, &bind, n32(groups)?, 1)?;
-    let b = gpu.read(&best, u64::from(n32(groups * 8)?))?;
-    crate::model::best_of_groups(&b)
+    run(gpu, &gpu.k.argmax, &bind, n32(groups)?, n32(rows)?)?;
+    let b = gpu.read(&best, u64::from(n32(rows * groups * 8)?))?;
+    b.chunks(groups * 8)
+        .map(crate::model::best_of_groups)
+        .collect()
 }

@@ -317,6 +317,8 @@ fn attention_matches_the_reference() {
                 pos0,
                 n,
                 split: true,
+                // Q and O rows from a later row of the buffers (a batched step's sequence).
+                row0: case % 3,
             };
             let rows = pos0 + n;
             let q: Vec<f32> = (0..n * n_head * head_dim)
@@ -457,6 +459,8 @@ fn rope_matches_the_cpu() {
                 pos0,
                 n,
                 style,
+                // Q, K and V rows from a later row of the buffers (a batched step's sequence).
+                row0: rng.random_range(0..3usize),
             };
             let q: Vec<f32> = (0..n * n_head * head_dim)
                 .map(|_| rng.random_range(-3.0..3.0f32))
@@ -538,8 +542,12 @@ fn head_and_embedding_match_the_rows() {
         let m = RowMatrix::new(ty, rows, cols, Cow::Borrowed(&bytes)).unwrap();
         let row_bytes = bytes.len() / rows;
         // Chunks of 10 rows (ragged last one), and the whole matrix in one buffer.
-        for chunk in [10 * row_bytes, bytes.len()] {
-            let n = rng.random_range(1..4usize);
+        // One output row (a decode step), and batched steps' 3 and 6 (head_lanes.wgsl takes
+        // four a thread: a ragged group).
+        for (chunk, n) in [10 * row_bytes, bytes.len()]
+            .into_iter()
+            .flat_map(|c| [(c, 1usize), (c, 3), (c, 6)])
+        {
             let hn: Vec<f32> = (0..n * cols)
                 .map(|_| rng.random_range(-2.0..2.0f32))
                 .collect();
@@ -615,6 +623,26 @@ fn argmax_matches_the_sampler() {
                 &format!("n {n} case {case}"),
             );
         }
+    }
+}
+
+#[test]
+fn argmax_takes_each_row_of_a_batched_step() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    for (n, rows) in [(257usize, 2usize), (4256, 5), (128_256, 4)] {
+        let logits: Vec<f32> = (0..n * rows)
+            .map(|_| f32::from(rng.random_range(-20..20i16)) / 4.0)
+            .collect();
+        let want: Vec<u32> = logits
+            .chunks_exact(n)
+            .map(|r| bitnet_sampling::argmax(r).unwrap())
+            .collect();
+        assert_eq!(
+            probe::argmax_rows(&gpu, &logits, rows).unwrap(),
+            want,
+            "n {n} rows {rows}"
+        );
     }
 }
 

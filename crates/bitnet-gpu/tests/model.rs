@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use bitnet_gguf::{Array, GgufFile, Limits, Value};
-use bitnet_gpu::{DecodeKernels, GpuError, GpuKv, GpuModel, GpuOptions};
+use bitnet_gpu::{DecodeKernels, GpuCache, GpuError, GpuKv, GpuModel, GpuOptions};
 use bitnet_kernels::Pool;
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
 use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
@@ -271,6 +271,118 @@ fn medium_synth_matches_the_cpu_in_i2s_and_tq2() {
         }
         greedy(&m, &prompt, &format!("medium {layout:?}"));
     }
+}
+
+/// Batched decode steps: sequences at different depths (1, 13 and 70 positions: past one
+/// attention chunk, so the team kernels split and merge per sequence) step together, each
+/// row against the CPU stepping that sequence alone; the batched arg-max is the row's
+/// arg-max; every decode kernel set, both cache types, and batches of 2, 3 and 5 rows (the
+/// head's four rows a thread on the lane kernels, then a ragged group).
+fn batched_against_the_cpu(m: &Model<'_>, opts: GpuOptions, kv: GpuKv, what: &str) {
+    const STEPS: usize = 4;
+    let g = GpuModel::new(m, opts).unwrap();
+    let nv = m.config.n_vocab;
+    let pool = Pool::new(2);
+    let mut exec = fast(&pool);
+    let prompts: Vec<Vec<u32>> = [1u32, 13, 70, 5, 2]
+        .iter()
+        .map(|&len| (0..len).map(|i| (i * 409 + 7 * len) % 4256).collect())
+        .collect();
+    for b in [2usize, 3, 5] {
+        let mut cpu = Vec::new();
+        let mut gcs = Vec::new();
+        let mut next = Vec::new();
+        for p in &prompts[..b] {
+            let mut c = m
+                .new_cache(p.len() + 2 * STEPS, cpu_kv(kv), u64::MAX)
+                .unwrap();
+            let l = m.forward(p, &mut c, Outputs::Last, &mut exec).unwrap();
+            let mut gc = g.new_cache(p.len() + 2 * STEPS, kv).unwrap();
+            g.forward(p, &mut gc, Outputs::None).unwrap();
+            next.push(u32::try_from(top2(&l).0).unwrap());
+            cpu.push(c);
+            gcs.push(gc);
+        }
+        for step in 0..STEPS {
+            let mut refs: Vec<&mut GpuCache> = gcs.iter_mut().collect();
+            let got = g.forward_batch(&next, &mut refs).unwrap();
+            assert_eq!(got.len(), b * nv, "{what}");
+            for r in refs.iter_mut() {
+                r.truncate(r.len() - 1);
+            }
+            let picks = g.forward_batch_greedy(&next, &mut refs).unwrap();
+            for (i, c) in cpu.iter_mut().enumerate() {
+                let want = m.forward(&[next[i]], c, Outputs::Last, &mut exec).unwrap();
+                let row = &got[i * nv..(i + 1) * nv];
+                gate(&format!("{what} batch {b} step {step} row {i}"), &want, row);
+                assert_eq!(
+                    picks[i],
+                    bitnet_sampling::argmax(row).unwrap(),
+                    "{what} batch {b} step {step} row {i}: arg-max"
+                );
+                assert_eq!(gcs[i].len(), c.len(), "{what}");
+                next[i] = u32::try_from(top2(&want).0).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn batched_steps_match_the_cpu() {
+    if !common::have_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = medium(dir.path(), WeightLayout::I2S);
+    let f = GgufFile::open(&path, &Limits::default()).unwrap();
+    let medium = Model::load(&f).unwrap();
+    let t = tiny();
+    let tiny = Model::load(&t).unwrap();
+    for decode in [
+        DecodeKernels::Auto,
+        DecodeKernels::Rows,
+        DecodeKernels::Mv,
+        DecodeKernels::Fused,
+    ] {
+        let opts = GpuOptions {
+            decode,
+            ..GpuOptions::default()
+        };
+        batched_against_the_cpu(&medium, opts, GpuKv::F16, &format!("medium {decode:?}"));
+        batched_against_the_cpu(&tiny, opts, GpuKv::F32, &format!("tiny {decode:?} f32"));
+    }
+}
+
+#[test]
+fn batched_steps_refuse_bad_inputs() {
+    if !common::have_gpu() {
+        return;
+    }
+    let t = tiny();
+    let m = Model::load(&t).unwrap();
+    let g = GpuModel::new(&m, GpuOptions::default()).unwrap();
+    let mut a = g.new_cache(4, GpuKv::F16).unwrap();
+    let mut b = g.new_cache(1, GpuKv::F16).unwrap();
+    // One token a cache.
+    assert!(matches!(
+        g.forward_batch(&[1, 2, 3], &mut [&mut a, &mut b]),
+        Err(GpuError::Shape { .. })
+    ));
+    assert!(matches!(
+        g.forward_batch(&[], &mut []),
+        Err(GpuError::Shape { .. })
+    ));
+    // A token past the vocabulary, and a full cache: nothing joins any cache.
+    assert!(matches!(
+        g.forward_batch(&[1, 1_000_000], &mut [&mut a, &mut b]),
+        Err(GpuError::TokenOutOfRange { .. })
+    ));
+    g.forward(&[7], &mut b, Outputs::None).unwrap();
+    assert!(matches!(
+        g.forward_batch_greedy(&[1, 2], &mut [&mut a, &mut b]),
+        Err(GpuError::ContextFull { .. })
+    ));
+    assert_eq!((a.len(), b.len()), (0, 1));
 }
 
 /// Decode steps past one attention chunk split each row's positions over workgroups and

@@ -1,6 +1,6 @@
-// Greedy decoding on the device: the first index of the largest logit of row out_rows − 1,
-// in GROUPS workgroups over consecutive ranges of the row, each writing its (index, value)
-// pair; the CPU takes the best pair (the larger value, then the lower index), so a step reads
+// Greedy decoding on the device: the first index of the largest logit of each row of
+// logits (workgroup y: the row, one a batched step's sequence), in GROUPS workgroups a row
+// over consecutive ranges of it, each writing its (index, value) pair; the CPU takes the best pair (the larger value, then the lower index), so a step reads
 // back 8 · GROUPS bytes instead of the vocabulary. A NaN or infinite logit is the model's
 // error, not a candidate: its range writes (NONFINITE, the lowest such index) instead.
 struct Dims {
@@ -23,7 +23,10 @@ var<workgroup> bad: atomic<u32>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let base = (step.out_rows - 1u) * dims.n_vocab;
+    if wg.y >= step.out_rows {
+        return;
+    }
+    let base = wg.y * dims.n_vocab;
     let per = (dims.n_vocab + GROUPS - 1u) / GROUPS;
     let lo = wg.x * per;
     let hi = min(dims.n_vocab, lo + per);
@@ -56,12 +59,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     }
     if lid.x == 0u {
         let b = atomicLoad(&bad);
+        let at = 2u * (wg.y * GROUPS + wg.x);
         if b != 0u {
-            best[2u * wg.x] = NONFINITE;
-            best[2u * wg.x + 1u] = 0xffffffffu - b;
+            best[at] = NONFINITE;
+            best[at + 1u] = 0xffffffffu - b;
         } else {
-            best[2u * wg.x] = bi[0];
-            best[2u * wg.x + 1u] = bitcast<u32>(bv[0]);
+            best[at] = bi[0];
+            best[at + 1u] = bitcast<u32>(bv[0]);
         }
     }
 }

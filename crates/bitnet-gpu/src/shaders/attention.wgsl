@@ -23,7 +23,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let d = dims.head_dim;
     let kvh = h / (dims.n_head / dims.n_head_kv);
     let kv_stride = dims.n_head_kv * d;
-    let qo = (t * dims.n_head + h) * d;
+    // Q and O rows from step.row0 (a batched step's sequence); chunk states per call row.
+    let qo = ((step.row0 + t) * dims.n_head + h) * d;
     let n_pos = step.pos0 + t + 1u;
     let ns = n_split();
     var lo = 0u;

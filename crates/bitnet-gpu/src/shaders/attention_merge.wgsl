@@ -47,7 +47,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     for (var c = 0u; c < ns; c++) {
         l += lw[c];
     }
-    let qo = (t * dims.n_head + h) * d;
+    let qo = ((step.row0 + t) * dims.n_head + h) * d;
     for (var a = 0u; a < ACC; a++) {
         let i = lid.x + a * WG;
         if i < d {

@@ -7,6 +7,12 @@ struct Step {
     // first row whose logits are wanted, and how many
     out_first: u32,
     out_rows: u32,
+    // the call's first row in the activation buffers: 0, but for a cache's kernels in a
+    // batched step, the row of its sequence's token
+    row0: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 // The id the arg-max and top-k kernels give a range that held a NaN or infinite logit; its

@@ -33,6 +33,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     let tg = lid.x / 8u;
     let r0 = wg.x * BM + 8u * rg;
     let t0 = wg.y * BN + 4u * tg;
+    // A call of few tokens (a batched decode step) leaves whole SIMD registers of the tile
+    // without a token: they stop here (no barrier follows).
+    if t0 >= step.n_tok {
+        return;
+    }
     let xw = dims.n_in / 4u;
     // Word offsets of the rows (even rows in ra, odd in rb: pair p is ra[p], rb[p]) and of
     // the tokens, clamped to the last ones so every load is in bounds (only rows and tokens

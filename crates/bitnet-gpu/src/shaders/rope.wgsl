@@ -2,7 +2,7 @@
 // llama.cpp's mode 0 (dim 2i pairs with 2i + 1); dims past n_rot pass. cos/sin come from the
 // table the CPU builds (the same values as its forward pass; both styles use angle i).
 // In the same dispatch, each KV head's workgroup then stores its rotated K head and its V head
-// into the cache at position pos0 + t, through `store_head` of the prelude in front of this
+// into the cache at position pos0 + t (call row t is activation row row0 + t), through `store_head` of the prelude in front of this
 // file (rope_store_f16.wgsl rounds to f16, rope_store_f32.wgsl copies).
 struct Dims {
     n_head: u32,
@@ -42,13 +42,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             i1 = 2u * i + 1u;
         }
         if hh < dims.n_head {
-            let o = (t * dims.n_head + hh) * dims.head_dim;
+            let o = ((step.row0 + t) * dims.n_head + hh) * dims.head_dim;
             let x0 = q[o + i0];
             let x1 = q[o + i1];
             q[o + i0] = x0 * c - x1 * s;
             q[o + i1] = x0 * s + x1 * c;
         } else {
-            let o = (t * dims.n_head_kv + (hh - dims.n_head)) * dims.head_dim;
+            let o = ((step.row0 + t) * dims.n_head_kv + (hh - dims.n_head)) * dims.head_dim;
             let x0 = k[o + i0];
             let x1 = k[o + i1];
             k[o + i0] = x0 * c - x1 * s;
@@ -59,7 +59,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         // The head's rotated K (written above by other threads of this workgroup) and its V.
         storageBarrier();
         let kv = dims.n_head_kv * dims.head_dim;
-        let src = t * kv + (hh - dims.n_head) * dims.head_dim;
+        let src = (step.row0 + t) * kv + (hh - dims.n_head) * dims.head_dim;
         store_head(pos * kv + (hh - dims.n_head) * dims.head_dim, src, lid.x);
     }
 }
