@@ -423,6 +423,20 @@ fn cpu_seqs<'a>(
     Ok(seqs)
 }
 
+/// The device's refusal of a NaN or infinite logit (its arg-max and top-k) as the CPU's.
+fn non_finite_logit(e: bitnet_gpu::GpuError) -> EngineError {
+    match e {
+        bitnet_gpu::GpuError::NonFiniteLogit { index } => {
+            EngineError::Model(ModelError::NonFiniteOutput {
+                what: "a logit",
+                row: 0,
+                index: usize::try_from(index).unwrap_or(usize::MAX),
+            })
+        }
+        e => e.into(),
+    }
+}
+
 /// What picks the next token in [`Engine::generate`].
 #[derive(Debug)]
 enum Next {
@@ -915,16 +929,7 @@ impl Engine {
         };
         // The device's arg-max and top-k refuse a NaN or infinite logit as the CPU does.
         let next = next
-            .map_err(|e| match e {
-                bitnet_gpu::GpuError::NonFiniteLogit { index } => {
-                    EngineError::Model(ModelError::NonFiniteOutput {
-                        what: "a logit",
-                        row: 0,
-                        index: usize::try_from(index).unwrap_or(usize::MAX),
-                    })
-                }
-                e => e.into(),
-            })
+            .map_err(non_finite_logit)
             .inspect_err(|_| c.truncate(s.tokens.len()))?;
         s.tokens.extend_from_slice(tokens);
         Ok(next)
@@ -932,17 +937,24 @@ impl Engine {
 
     /// One forward pass over several sessions, each with its own new tokens and outputs (a
     /// server's step: some sessions prefill, others decode). On the CPU every ternary matmul
-    /// is shared ([`Model::forward_seqs`]); on the GPU the sessions run one after the other.
-    /// Returns each session's logits as [`Engine::eval`] would; tokens join their sessions.
+    /// is shared ([`Model::forward_seqs`]); on the GPU the sessions that decode one token
+    /// step together in one pass ([`bitnet_gpu::GpuModel::forward_batch`]) and the others
+    /// run one after the other. Returns each session's logits as [`Engine::eval`] would;
+    /// tokens join their sessions.
     pub fn forward_sessions(
         &self,
         work: &mut [(&mut Session, &[u32], Outputs)],
     ) -> Result<Vec<Vec<f32>>> {
         check_room(work)?;
-        if self.gpu.is_some() {
-            return work
-                .iter_mut()
-                .map(|(s, t, o)| self.eval(s, t, *o))
+        if let Some(g) = &self.gpu {
+            let none = vec![false; work.len()];
+            return self
+                .forward_sessions_gpu(g, work, &none)?
+                .into_iter()
+                .map(|p| match p {
+                    Picked::Logits(l) => Ok(l),
+                    _ => Err(EngineError::Device("a pick where logits were asked".into())),
+                })
                 .collect();
         }
         let mut scratch = self.scratch();
@@ -962,6 +974,11 @@ impl Engine {
     /// `None`, the full logits. A caller that masks or reports the logits (constrained
     /// output, log-probabilities) passes `None` itself.
     pub fn pick_for(&self, sampler: &Sampler) -> Option<Pick> {
+        // On the GPU a batched step reads back each arg-max (not the top-k).
+        if self.gpu.is_some() {
+            return (self.read_back_for(sampler, false) == ReadBack::Greedy)
+                .then_some(Pick::Greedy);
+        }
         if !self.screened() {
             return None;
         }
@@ -982,6 +999,14 @@ impl Engine {
         work: &mut [(&mut Session, &[u32], Outputs)],
         picks: &[Option<Pick>],
     ) -> Result<Vec<Picked>> {
+        if let Some(g) = &self.gpu {
+            check_room(work)?;
+            let greedy: Vec<bool> = picks
+                .iter()
+                .map(|p| matches!(p, Some(Pick::Greedy)))
+                .collect();
+            return self.forward_sessions_gpu(g, work, &greedy);
+        }
         if !self.screened() || picks.iter().all(Option::is_none) {
             let logits = self.forward_sessions(work)?;
             return Ok(logits.into_iter().map(Picked::Logits).collect());
@@ -998,6 +1023,84 @@ impl Engine {
             s.tokens.extend_from_slice(t);
         }
         Ok(picked)
+    }
+
+    /// [`Engine::forward_sessions_pick`] on the GPU: the sessions that take one token and want
+    /// its logits step together in one pass, reading back only each arg-max where every one
+    /// of them is picked greedily (`greedy[i]`); the others (prompts) run one after the other.
+    fn forward_sessions_gpu(
+        &self,
+        g: &bitnet_gpu::GpuModel,
+        work: &mut [(&mut Session, &[u32], Outputs)],
+        greedy: &[bool],
+    ) -> Result<Vec<Picked>> {
+        let steps = |w: &(&mut Session, &[u32], Outputs)| {
+            w.1.len() == 1 && w.2 == Outputs::Last && matches!(w.0.cache, Cache::Gpu(_))
+        };
+        let mut out: Vec<Option<Picked>> = Vec::with_capacity(work.len());
+        for w in work.iter_mut() {
+            out.push(if steps(w) {
+                None
+            } else {
+                Some(Picked::Logits(self.eval(w.0, w.1, w.2)?))
+            });
+        }
+        let tokens: Vec<u32> = work.iter().filter(|w| steps(w)).map(|w| w.1[0]).collect();
+        if tokens.is_empty() {
+            return Ok(out.into_iter().flatten().collect());
+        }
+        self.check_embedding_rows(&tokens)?;
+        let all_greedy = work
+            .iter()
+            .zip(greedy)
+            .filter(|(w, _)| steps(w))
+            .all(|(_, &g)| g);
+        let answer = {
+            let mut caches: Vec<&mut bitnet_gpu::GpuCache> = work
+                .iter_mut()
+                .filter_map(|w| match (&mut w.0.cache, w.1.len(), w.2) {
+                    (Cache::Gpu(c), 1, Outputs::Last) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            // One caller at a time on the device, as in `eval`.
+            let _guard = self.scratch();
+            if all_greedy {
+                g.forward_batch_greedy(&tokens, &mut caches)
+                    .map(|p| p.into_iter().map(Picked::Chosen).collect::<Vec<_>>())
+                    .map_err(non_finite_logit)
+            } else {
+                let nv = self.config().n_vocab;
+                g.forward_batch(&tokens, &mut caches)
+                    .map_err(EngineError::from)
+                    .and_then(|l| {
+                        bitnet_model::model::check_finite(&l, nv, "a logit")?;
+                        Ok(l.chunks(nv.max(1))
+                            .map(|r| Picked::Logits(r.to_vec()))
+                            .collect())
+                    })
+            }
+        };
+        let mut answer = match answer {
+            Ok(a) => a.into_iter(),
+            Err(e) => {
+                // A failed step keeps only the positions each session's tokens account for.
+                for w in work.iter_mut().filter(|w| steps(w)) {
+                    let n = w.0.tokens.len();
+                    w.0.cache.truncate(n);
+                }
+                return Err(e);
+            }
+        };
+        for (w, o) in work.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                w.0.tokens.push(w.1[0]);
+                *o = answer.next();
+            }
+        }
+        out.into_iter()
+            .map(|o| o.ok_or_else(|| EngineError::Device("a batched step lost a row".into())))
+            .collect()
     }
 
     /// The token `sampler` draws from a step's answer: from the full logits, the arg-max, or

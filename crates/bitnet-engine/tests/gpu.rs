@@ -386,3 +386,92 @@ fn overflow_inside_a_block_on_the_gpu() {
         }
     }
 }
+
+/// A server's step on the GPU (`Engine::forward_sessions_pick`): one session's prompt beside
+/// three sessions' decode tokens, which step together in one batched pass. Each decoding
+/// session's logits are the CPU engine's for that session (the bitnet-gpu gates), its greedy
+/// pick the arg-max of the batched logits, and every token joins its session.
+#[test]
+fn batched_sessions_on_the_gpu_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let path = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
+    let gpu = load(&path, &opts(Device::Gpu), &mut |_| {}).unwrap();
+    let cpu = load(&path, &opts(Device::Cpu), &mut |_| {}).unwrap();
+    let nv = cpu.config().n_vocab;
+    let prompts: [&[u32]; 4] = [&[1, 450, 3996], &[1, 17, 99, 2000, 5], &[1], &[1, 3000, 12]];
+    let mut gs: Vec<_> = (0..4).map(|_| gpu.new_session(32).unwrap()).collect();
+    let mut cs: Vec<_> = (0..4).map(|_| cpu.new_session(32).unwrap()).collect();
+    // Sessions 1..4 hold their prompts; session 0's comes in the batched step.
+    for i in 1..4 {
+        gpu.eval(&mut gs[i], prompts[i], bitnet_model::Outputs::None)
+            .unwrap();
+        cpu.eval(&mut cs[i], prompts[i], bitnet_model::Outputs::None)
+            .unwrap();
+    }
+    let mut next = [0u32, 7, 2500, 41];
+    for step in 0..3 {
+        let tokens: Vec<&[u32]> = (0..4)
+            .map(|i| {
+                if i == 0 && step == 0 {
+                    prompts[0]
+                } else {
+                    std::slice::from_ref(&next[i])
+                }
+            })
+            .collect();
+        let mut cw: Vec<_> = cs
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(s, t)| (s, *t, bitnet_model::Outputs::Last))
+            .collect();
+        let want = cpu.forward_sessions(&mut cw).unwrap();
+        drop(cw);
+        // Logits for all, then (again, from the same positions) greedy picks for all.
+        let mut gw: Vec<_> = gs
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(s, t)| (s, *t, bitnet_model::Outputs::Last))
+            .collect();
+        let got = gpu.forward_sessions(&mut gw).unwrap();
+        drop(gw);
+        for (s, t) in gs.iter_mut().zip(&tokens) {
+            let n = s.tokens().len();
+            s.truncate(n - t.len());
+        }
+        let mut gw: Vec<_> = gs
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(s, t)| (s, *t, bitnet_model::Outputs::Last))
+            .collect();
+        let picks = vec![Some(bitnet_engine::Pick::Greedy); 4];
+        let picked = gpu.forward_sessions_pick(&mut gw, &picks).unwrap();
+        drop(gw);
+        for i in 0..4 {
+            let g = bitnet_testdata::compare_logits(&got[i], &want[i], nv, 0.08);
+            assert!(
+                g.max_abs <= 0.25,
+                "step {step} session {i}: max |Δ| {}",
+                g.max_abs
+            );
+            assert!(
+                g.min_cos >= 0.995,
+                "step {step} session {i}: cosine {}",
+                g.min_cos
+            );
+            assert_eq!(g.top1_misses_above_margin, 0, "step {step} session {i}");
+            let arg = bitnet_sampling::argmax(&got[i]).unwrap();
+            match &picked[i] {
+                bitnet_engine::Picked::Chosen(id) => assert_eq!(*id, arg, "step {step} {i}"),
+                // A prompt is evaluated alone: its logits come back.
+                bitnet_engine::Picked::Logits(l) if i == 0 && step == 0 => {
+                    assert_eq!(bitnet_sampling::argmax(l), Some(arg));
+                }
+                other => panic!("step {step} session {i}: {other:?}"),
+            }
+            assert_eq!(gs[i].tokens(), cs[i].tokens(), "step {step} session {i}");
+            next[i] = bitnet_sampling::argmax(&want[i]).unwrap();
+        }
+    }
+}

@@ -25,6 +25,10 @@ pub(crate) const MV_MAX_IN: usize = 8192;
 pub(crate) const GEMM_ROWS: usize = 64;
 pub(crate) const GEMM_TOKENS: usize = 64;
 pub(crate) const GEMM_MIN_TOKENS: usize = 16;
+/// Rows from which a call takes the lane GEMM (gemm_lanes.wgsl) on the lane kernels'
+/// adapters: each weight it unpacks serves four rows, where the lane decode kernels unpack
+/// it again for every row.
+pub(crate) const LANES_GEMM_MIN_TOKENS: usize = 2;
 /// Workgroups of the greedy arg-max (`GROUPS` in argmax.wgsl), one (index, value) pair each.
 pub(crate) const ARGMAX_GROUPS: usize = 64;
 /// LM-head rows per workgroup (`RPW` in head.wgsl; head_lanes.wgsl takes `LANES_ROWS`).

@@ -10,8 +10,8 @@ use crate::cache::{GpuCache, GpuKv};
 use crate::device::Gpu;
 use crate::kernels::{
     attn_part_len, attn_split, bytes_of, mul, step_words, u32_of, MvKind, ARGMAX_GROUPS,
-    ATTN_SPLIT_TOKENS, GEMM_MIN_TOKENS, GEMM_ROWS, GEMM_TOKENS, MV_TOKENS, TERNARY_TOKENS,
-    TOP_CANDIDATES,
+    ATTN_SPLIT_TOKENS, GEMM_MIN_TOKENS, GEMM_ROWS, GEMM_TOKENS, LANES_GEMM_MIN_TOKENS, MV_TOKENS,
+    TERNARY_TOKENS, TOP_CANDIDATES,
 };
 use crate::rec::{KernelTime, Profile, Rec, PROFILE_QUERIES};
 use crate::upload::{Chunks, GpuMatrix, MvBind, QkvRope};
@@ -666,10 +666,10 @@ impl GpuModel {
                 (e.saturating_mul(ff), !l.down.gemm.is_empty()),
             ];
             for (weights, gemm) in mats {
-                let reads = match &l.mv {
-                    Some(m) if m.takes(n) && m.kind == MvKind::Lanes => n,
-                    Some(m) if m.takes(n) => 1,
-                    _ if n >= GEMM_MIN_TOKENS && gemm => n.div_ceil(GEMM_TOKENS),
+                let reads = match self.mv_for(l, n) {
+                    Some(m) if m.kind == MvKind::Lanes => n,
+                    Some(_) => 1,
+                    _ if n >= self.gemm_from() && gemm => n.div_ceil(GEMM_TOKENS),
                     _ => n.div_ceil(TERNARY_TOKENS),
                 };
                 total = total.saturating_add((weights / 4).saturating_mul(w(reads)));
@@ -771,6 +771,28 @@ impl GpuModel {
         }
     }
 
+    /// The fewest rows a call runs the prompt GEMM with, where a matrix has it: on the lane
+    /// kernels' adapters with the lane GEMM, LANES_GEMM_MIN_TOKENS (a batched step's rows
+    /// share each weight it unpacks); elsewhere GEMM_MIN_TOKENS.
+    fn gemm_from(&self) -> usize {
+        let lanes = self
+            .layers
+            .iter()
+            .any(|l| l.mv.as_ref().is_some_and(|m| m.kind == MvKind::Lanes));
+        if lanes && self.gpu.k.gemm_lanes_default {
+            LANES_GEMM_MIN_TOKENS
+        } else {
+            GEMM_MIN_TOKENS
+        }
+    }
+
+    /// The decode kernels of block `l` for a call of `n` rows, unless the prompt GEMM takes
+    /// it.
+    fn mv_for<'l>(&self, l: &'l GpuLayer, n: usize) -> Option<&'l MvLayer> {
+        let gemm = n >= self.gemm_from() && !l.q.gemm.is_empty();
+        l.mv.as_ref().filter(|m| m.takes(n) && !gemm)
+    }
+
     /// Record one call of `tokens` (≤ max_batch): into one cache (`caches` of one), or a
     /// batched decode step, token i into `caches[i]` (its RoPE, store and attention
     /// dispatched over its own cache, at activation row i).
@@ -803,9 +825,10 @@ impl GpuModel {
         rec.dispatch("embed", &kp.embed, &self.embed_bind, [n32, 1, 1]);
         let tok_tiles = u32_of(n.div_ceil(TERNARY_TOKENS), "tokens")?;
         // A prompt's I2_S matrices through the tiled GEMM, the rest through the row kernel.
+        let gemm_from = self.gemm_from();
         let gemm_tiles = u32_of(n.div_ceil(GEMM_TOKENS), "tokens")?;
         let lin = |rec: &mut Rec<'_>, name: &'static str, m: &GpuMatrix| -> Result<()> {
-            if n >= GEMM_MIN_TOKENS && !m.gemm.is_empty() {
+            if n >= gemm_from && !m.gemm.is_empty() {
                 let rows = u32_of(m.n_out.div_ceil(GEMM_ROWS), "rows")?;
                 for b in &m.gemm {
                     rec.dispatch(name, kp.model_gemm(), b, [rows, gemm_tiles, 1]);
@@ -838,7 +861,7 @@ impl GpuModel {
             // A decode step's kernels: Q, K and V in one (fused: the norms in their prologues).
             // The lane kernels also take a prompt too short for the GEMM: on their adapters a
             // pass per token beats the row kernel's workgroup per output row.
-            let mv = l.mv.as_ref().filter(|m| m.takes(n)).and_then(|m| {
+            let mv = self.mv_for(l, n).and_then(|m| {
                 let (k, g, _) = m.kind.pipelines(kp)?;
                 Some(((m, k), g))
             });
@@ -919,7 +942,7 @@ impl GpuModel {
             lin(rec, "ternary o", &l.o)?;
             // 7.–8. g = act(Lin(Wgate, f)) · Lin(Wup, f), f = RMS(h), in one kernel
             rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_ffn, [n32, 1, 1]);
-            if n >= GEMM_MIN_TOKENS && !l.glu.gemm.is_empty() {
+            if n >= gemm_from && !l.glu.gemm.is_empty() {
                 lin(rec, "ternary gate+up", &l.glu)?;
             } else {
                 rec.dispatch(

@@ -224,8 +224,11 @@ fn run_engine(a: &Args) -> Result<()> {
     if a.threads_list.as_ref().is_some_and(|l| l.len() > 1) || a.model.threads.len() > 1 {
         bail!("{what} benches one thread count (-t N)");
     }
-    if !a.batch.is_empty() {
+    if !a.batch.is_empty() && a.model.ram_budget.is_some() {
         bail!("{what} runs one sequence: drop --batch");
+    }
+    if a.batch.iter().any(|&b| b < 2) {
+        bail!("--batch takes batch sizes of at least 2 (the single-sequence test is tg)");
     }
     if !a.ubatch.is_empty() {
         bail!("{what} prefills in the engine's batches: drop --ubatch-size");
@@ -292,6 +295,10 @@ fn run_engine(a: &Args) -> Result<()> {
     let mut submits = None;
     let mut profiles = Vec::new();
     let mut best_tg_gbs: Option<f64> = None;
+    // Dispatches and submissions of a batched step, per batch size.
+    let mut batch_dispatches: Vec<(usize, u32, u32)> = Vec::new();
+    // (n_gen, batch, median tok/s) of the tg tests at depth 0 and the batched ones.
+    let mut medians: Vec<(usize, usize, f64)> = Vec::new();
     for &depth in &a.depth {
         session.reset();
         engine.eval(&mut session, &tokens(depth, n_vocab, 3), Outputs::None)?;
@@ -345,10 +352,65 @@ fn run_engine(a: &Args) -> Result<()> {
                 }
             }
             tests.push(Test::tg(ng, depth, 1, rates));
+            // Batched decode on the GPU (at depth 0, as on the CPU): B sessions step together
+            // through the engine's batched pass, each greedy, as the server's slots do.
+            for &b in a.batch.iter().filter(|_| depth == 0) {
+                let mut rates = Vec::new();
+                // With --profile, one more repetition with the kernels timed.
+                let timed = usize::from(a.profile);
+                for rep in 0..=a.repetitions + timed {
+                    let profiled = rep > a.repetitions;
+                    let mut sessions = Vec::with_capacity(b);
+                    let mut next = Vec::with_capacity(b);
+                    for i in 0..b {
+                        let mut s = engine.new_session(ng + 2)?;
+                        let seed = 2 + u64::try_from(i).unwrap_or(0);
+                        next.push(engine.eval_greedy(&mut s, &tokens(1, n_vocab, seed))?);
+                        sessions.push(s);
+                    }
+                    let picks = vec![Some(Pick::Greedy); b];
+                    if let (Some(g), true) = (engine.gpu(), profiled) {
+                        g.set_profile(true)?;
+                    }
+                    let t0 = Instant::now();
+                    for _ in 0..ng {
+                        let mut work: Vec<(&mut bitnet_engine::Session, &[u32], Outputs)> =
+                            sessions
+                                .iter_mut()
+                                .zip(next.chunks(1))
+                                .map(|(s, t)| (s, t, Outputs::Last))
+                                .collect();
+                        let picked = engine.forward_sessions_pick(&mut work, &picks)?;
+                        for (n, p) in next.iter_mut().zip(&picked) {
+                            *n = match p {
+                                Picked::Chosen(id) => *id,
+                                Picked::Logits(l) => bitnet_sampling::argmax(l).unwrap_or(0),
+                                Picked::Top(c) => c.first().map_or(0, |&(id, _)| id),
+                            };
+                        }
+                    }
+                    if let (Some(g), true) = (engine.gpu(), profiled) {
+                        profiles.push((format!("tg{ng}x{b}"), g.profile()));
+                        g.set_profile(false)?;
+                    } else if rep > 0 {
+                        rates.push((ng * b) as f64 / t0.elapsed().as_secs_f64());
+                    }
+                    if let (Some(g), 1) = (engine.gpu(), rep) {
+                        batch_dispatches.push((b, g.last_dispatches(), g.last_submits()));
+                    }
+                }
+                tests.push(Test::tg(ng, 0, b, rates));
+            }
         }
         for test in tests {
             let s = stat(test.rates.clone());
-            let gbs = (gpu && test.n_gen > 0).then(|| s.median * step_bytes / 1e9);
+            // Batched decode reads the weights once per step for several tokens: no
+            // per-token bandwidth figure; its rate against one sequence's below.
+            let gbs =
+                (gpu && test.n_gen > 0 && test.batch == 1).then(|| s.median * step_bytes / 1e9);
+            if gpu && test.n_gen > 0 && test.depth == 0 {
+                medians.push((test.n_gen, test.batch, s.median));
+            }
             if let Some(g) = gbs {
                 best_tg_gbs = Some(best_tg_gbs.map_or(g, |b: f64| b.max(g)));
             }
@@ -390,11 +452,38 @@ fn run_engine(a: &Args) -> Result<()> {
                 (np, g.weight_reads(call) as f64 / call as f64)
             })
             .collect();
+        // Each batched test against one sequence's tg of the same length: (n_gen, batch,
+        // tok/s, its ratio to tg, dispatches and submissions of a step).
+        type Batched = (usize, usize, f64, Option<f64>, Option<(u32, u32)>);
+        let batched: Vec<Batched> = medians
+            .iter()
+            .filter(|m| m.1 > 1)
+            .map(|&(ng, b, rate)| {
+                let one = medians
+                    .iter()
+                    .find(|m| m.0 == ng && m.1 == 1)
+                    .map(|m| rate / m.2.max(1e-12));
+                let d = batch_dispatches
+                    .iter()
+                    .find(|d| d.0 == b)
+                    .map(|d| (d.1, d.2));
+                (ng, b, rate, one, d)
+            })
+            .collect();
         if a.json {
             println!(
                 "{}",
                 json!({
                     "device": engine.device_name(),
+                    "batched": batched
+                        .iter()
+                        .map(|&(ng, b, rate, one, d)| json!({
+                            "n_gen": ng, "batch": b, "tok_s": rate,
+                            "vs_one_sequence": one,
+                            "dispatches_per_step": d.map(|d| d.0),
+                            "submits_per_step": d.map(|d| d.1),
+                        }))
+                        .collect::<Vec<_>>(),
                     "dispatches_per_token": dispatches,
                     "submits_per_token": submits,
                     "bytes_per_token": step_bytes,
@@ -425,6 +514,15 @@ fn run_engine(a: &Args) -> Result<()> {
                 step_bytes / 1e9,
                 100.0 * best_tg / copy.max(1e-9),
             );
+            for &(ng, b, rate, one, d) in &batched {
+                println!(
+                    "batched tg{ng}x{b}: {rate:.2} tok/s over {b} sequences = {} one sequence's \
+                     tg{ng}; {} dispatches and {} submissions a step",
+                    one.map_or_else(|| "?".into(), |x| format!("{x:.2}×")),
+                    d.map_or_else(|| "?".into(), |d| d.0.to_string()),
+                    d.map_or_else(|| "?".into(), |d| d.1.to_string()),
+                );
+            }
             for (test, prof) in &profiles {
                 let total: f64 = prof.iter().map(|k| k.us_per_token).sum();
                 println!("kernel time per token, {test} (sum {total:.1} µs):");

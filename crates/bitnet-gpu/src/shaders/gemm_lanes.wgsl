@@ -3,9 +3,9 @@
 // rows × BN = 64 token rows a workgroup) and epilogues (gemm_common.wgsl), with no workgroup memory, barriers
 // or packed int8 dots (these drivers run each as many scalar steps).
 //
-// Thread (rg, tg) of 8 × 16 holds rows 8rg + i (i < 8) and tokens 4tg + j (j < 4); the eight
-// threads of one SIMD register share their tokens, so an activation load is the same
-// address in every lane. Two rows' codes share a u32, row 8rg + 2p in the low 16 bits and
+// Thread rg of 8 holds rows 8rg + i (i < 8) and, for each group of 4 of the tile's tokens in
+// turn, tokens 4tg + j (j < 4): the eight threads, one SIMD register, share their tokens, so
+// an activation load is the same address in every lane. Two rows' codes share a u32, row 8rg + 2p in the low 16 bits and
 // 8rg + 2p + 1 in the high 16, so one multiply by a token's x + 128 (0..255) adds both rows'
 // code·(x + 128): within one block of 128 values a half sums to at most 128 · 2 · 255 < 2^16,
 // and after each block the halves move to i32 sums. With S = Σ code·(x + 128),
@@ -27,17 +27,18 @@ fn highs(a: vec4<u32>) -> vec4<i32> {
     return vec4<i32>(a >> vec4<u32>(16u));
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(8)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let rg = lid.x % 8u;
-    let tg = lid.x / 8u;
-    let r0 = wg.x * BM + 8u * rg;
-    let t0 = wg.y * BN + 4u * tg;
-    // A call of few tokens (a batched decode step) leaves whole SIMD registers of the tile
-    // without a token: they stop here (no barrier follows).
-    if t0 >= step.n_tok {
-        return;
+    let r0 = wg.x * BM + 8u * lid.x;
+    // The tile's token groups one after the other, so a token's address is the same in
+    // every lane (a loop variable, not the invocation id): one load, not one a lane.
+    for (var t0 = wg.y * BN; t0 < min(step.n_tok, wg.y * BN + BN); t0 += 4u) {
+        tile(r0, t0);
     }
+}
+
+// Rows r0 + i (i < 8) of tokens t0 + j (j < 4).
+fn tile(r0: u32, t0: u32) {
     let xw = dims.n_in / 4u;
     // Word offsets of the rows (even rows in ra, odd in rb: pair p is ra[p], rb[p]) and of
     // the tokens, clamped to the last ones so every load is in bounds (only rows and tokens
