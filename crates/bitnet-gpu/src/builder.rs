@@ -344,7 +344,7 @@ impl GpuBuilder {
         let mut norm = |w: &[f32], dims: &wgpu::Buffer, x: &wgpu::Buffer, label: &str| {
             let wb = gpu.upload(label, bytemuck::cast_slice(w))?;
             weight_bytes += wb.size();
-            let bind = gpu.bind(&kp.norm_quant, &[step, dims, x, &wb, xq, xs]);
+            let bind = gpu.bind(kp.model_norm_quant(), &[step, dims, x, &wb, xq, xs]);
             Ok::<_, GpuError>((bind, wb))
         };
         let (norm_attn, w_attn) = norm(&l.attn_norm, &self.dims_e, h, "attn_norm")?;
@@ -361,7 +361,7 @@ impl GpuBuilder {
                 }
                 (None, Some(p)) => {
                     let dims = if ff { &p.dims_ff } else { &p.dims_e };
-                    let bind = gpu.bind(&kp.norm_quant, &[step, dims, x, &p.ones, xq, xs]);
+                    let bind = gpu.bind(kp.model_norm_quant(), &[step, dims, x, &p.ones, xq, xs]);
                     Ok((bind, p.ones.clone(), NO_NORM))
                 }
                 _ => Err(missing(label)),

@@ -880,11 +880,11 @@ impl GpuModel {
                 rec.dispatch("mv qkv+rope+store", pipeline, bind, [groups, 1, 1]);
             } else if let Some(((m, mv_k), _)) = mv {
                 if !m.kind.normed() {
-                    rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_attn, [n32, 1, 1]);
+                    rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_attn, [n32, 1, 1]);
                 }
                 rec.dispatch("mv qkv", mv_k, &m.qkv.0, [m.qkv.1, 1, 1]);
             } else {
-                rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_attn, [n32, 1, 1]);
+                rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_attn, [n32, 1, 1]);
                 lin(rec, "ternary q", &l.q)?;
                 lin(rec, "ternary k", &l.k)?;
                 lin(rec, "ternary v", &l.v)?;
@@ -931,17 +931,17 @@ impl GpuModel {
                 ];
                 for (norm, name, pipeline, (bind, groups)) in steps {
                     if !m.kind.normed() {
-                        rec.dispatch("norm_quant", &kp.norm_quant, norm, [n32, 1, 1]);
+                        rec.dispatch("norm_quant", kp.model_norm_quant(), norm, [n32, 1, 1]);
                     }
                     rec.dispatch(name, pipeline, bind, [*groups, 1, 1]);
                 }
                 continue;
             }
             // 5.–6. h += Lin(Wo, RMS(O))
-            rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_sub, [n32, 1, 1]);
+            rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_sub, [n32, 1, 1]);
             lin(rec, "ternary o", &l.o)?;
             // 7.–8. g = act(Lin(Wgate, f)) · Lin(Wup, f), f = RMS(h), in one kernel
-            rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_ffn, [n32, 1, 1]);
+            rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_ffn, [n32, 1, 1]);
             if n >= gemm_from && !l.glu.gemm.is_empty() {
                 lin(rec, "ternary gate+up", &l.glu)?;
             } else {
@@ -953,7 +953,7 @@ impl GpuModel {
                 );
             }
             // 9.–10. h += Lin(Wdown, RMS(g))
-            rec.dispatch("norm_quant", &kp.norm_quant, &l.norm_ffn_sub, [n32, 1, 1]);
+            rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_ffn_sub, [n32, 1, 1]);
             lin(rec, "ternary down", &l.down)?;
         }
         if out_rows > 0 {

@@ -160,6 +160,7 @@ pub fn glu(
 
 /// `RMS(x, nw)` quantized by norm_quant.wgsl into `xq` and `xs` (for the decode kernels that
 /// take quantized rows).
+#[allow(clippy::too_many_arguments)]
 fn quantize_rows(
     gpu: &Gpu,
     step: &wgpu::Buffer,
@@ -168,12 +169,14 @@ fn quantize_rows(
     n: usize,
     width: usize,
     eps: f32,
+    lanes: bool,
 ) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
     let dims = gpu.uniform("dims", &[n32(width)?, eps.to_bits(), 0, 0]);
     let xq = rw(gpu, "xq", n * width)?;
     let xs = rw(gpu, "xs", n * 4)?;
-    let bind = gpu.bind(&gpu.k.norm_quant, &[step, &dims, x, nw, &xq, &xs]);
-    run(gpu, &gpu.k.norm_quant, &bind, n32(n)?, 1)?;
+    let kernel = gpu.k.norm_quant(lanes);
+    let bind = gpu.bind(kernel, &[step, &dims, x, nw, &xq, &xs]);
+    run(gpu, kernel, &bind, n32(n)?, 1)?;
     Ok((xq, xs))
 }
 
@@ -195,7 +198,7 @@ pub fn mv(
     let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let nwb = gpu.upload("nw", bytemuck::cast_slice(nw))?;
-    let (xq, xs) = quantize_rows(gpu, &step, &xb, &nwb, n, n_in, eps)?;
+    let (xq, xs) = quantize_rows(gpu, &step, &xb, &nwb, n, n_in, eps, false)?;
     let mut outs = Vec::with_capacity(mats.len());
     for m in mats {
         outs.push(match add_to {
@@ -251,7 +254,7 @@ pub fn mv_glu(
     let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let nwb = gpu.upload("nw", bytemuck::cast_slice(nw))?;
-    let (xq, xs) = quantize_rows(gpu, &step, &xb, &nwb, n, n_in, eps)?;
+    let (xq, xs) = quantize_rows(gpu, &step, &xb, &nwb, n, n_in, eps, false)?;
     let out = rw(gpu, "out", n * gate.n_out() * 4)?;
     let (_, mv, _) = upload_glu(
         gpu,
@@ -288,13 +291,26 @@ pub fn mv_glu(
 }
 
 /// RMSNorm fused with the int8 quantization over `n` rows of `width`: codes and scales.
-pub fn norm_quant(gpu: &Gpu, x: &[f32], w: &[f32], eps: f32) -> Result<(Vec<i8>, Vec<f32>)> {
+/// `lanes`: the lane adapters' kernel (workgroups of 32; an error elsewhere).
+pub fn norm_quant(
+    gpu: &Gpu,
+    x: &[f32],
+    w: &[f32],
+    eps: f32,
+    lanes: bool,
+) -> Result<(Vec<i8>, Vec<f32>)> {
+    if lanes && gpu.k.norm_quant_lanes.is_none() {
+        return Err(GpuError::Unsupported(format!(
+            "the lane kernels on {} (not a CPU device)",
+            gpu.info.name
+        )));
+    }
     let width = w.len();
     let n = x.len() / width.max(1);
     let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, 0, 0));
     let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
     let wb = gpu.upload("w", bytemuck::cast_slice(w))?;
-    let (xq, xs) = quantize_rows(gpu, &step, &xb, &wb, n, width, eps)?;
+    let (xq, xs) = quantize_rows(gpu, &step, &xb, &wb, n, width, eps, lanes)?;
     let codes = gpu
         .read(&xq, u64::from(n32(n * width)?))?
         .into_iter()

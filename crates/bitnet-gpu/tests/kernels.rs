@@ -201,12 +201,20 @@ fn a_broken_code_order_fails_the_ternary_comparison() {
 fn norm_quant_matches_rms_norm_then_quantize() {
     let Some(gpu) = common::open() else { return };
     let mut rng = ChaCha8Rng::seed_from_u64(9);
-    for case in 0..12 {
-        // The last case is wider than the registers of the fast path hold.
-        let width = if case == 11 {
-            8200
-        } else {
-            4 * rng.random_range(1..700usize)
+    for (case, lanes) in (0..13).flat_map(|c| [(c, false), (c, true)]) {
+        if lanes && !gpu.lane_kernels() {
+            eprintln!(
+                "norm_quant's lane kernel not tested: {} is not a CPU device",
+                gpu.info().name
+            );
+            continue;
+        }
+        // The last cases are wider than the registers of the fast path hold: 8,200 in both
+        // kernels, 4,000 in the lane kernel's (32 threads of 24 vec4s).
+        let width = match case {
+            11 => 8200,
+            12 => 4000,
+            _ => 4 * rng.random_range(1..700usize),
         };
         let n = rng.random_range(1..6usize);
         let mut x: Vec<f32> = (0..n * width)
@@ -219,7 +227,7 @@ fn norm_quant_matches_rms_norm_then_quantize() {
             x[r * width + rng.random_range(0..width)] = f32::NAN;
         }
         let w: Vec<f32> = (0..width).map(|_| rng.random_range(0.1..2.0f32)).collect();
-        let (codes, scales) = probe::norm_quant(&gpu, &x, &w, 1e-5).unwrap();
+        let (codes, scales) = probe::norm_quant(&gpu, &x, &w, 1e-5, lanes).unwrap();
         let mut y = vec![0f32; width];
         let mut q = vec![0i8; width];
         let mut off = 0;
@@ -227,7 +235,7 @@ fn norm_quant_matches_rms_norm_then_quantize() {
             if nan_row == Some(r) {
                 assert!(
                     scales[r].is_nan(),
-                    "case {case} row {r}: scale {}",
+                    "case {case} lanes {lanes} row {r}: scale {}",
                     scales[r]
                 );
                 continue;
@@ -236,7 +244,7 @@ fn norm_quant_matches_rms_norm_then_quantize() {
             let s = act::quantize_i8_scalar(&y, &mut q);
             assert!(
                 (scales[r] - s).abs() <= 1e-5 * s,
-                "case {case} row {r}: scale {} vs {s}",
+                "case {case} lanes {lanes} row {r}: scale {} vs {s}",
                 scales[r]
             );
             for (i, (&g, &c)) in codes[r * width..(r + 1) * width].iter().zip(&q).enumerate() {
@@ -244,12 +252,12 @@ fn norm_quant_matches_rms_norm_then_quantize() {
                 // may land one code away.
                 assert!(
                     (i32::from(g) - i32::from(c)).abs() <= 1,
-                    "case {case} row {r} [{i}]: {g} vs {c}"
+                    "case {case} lanes {lanes} row {r} [{i}]: {g} vs {c}"
                 );
                 off += usize::from(g != c);
             }
         }
-        assert!(off * 100 <= n * width, "case {case}: {off} codes differ");
+        assert!(off * 100 <= n * width, "case {case} lanes {lanes}: {off} codes differ");
     }
 }
 

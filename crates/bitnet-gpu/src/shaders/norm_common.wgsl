@@ -13,8 +13,10 @@ struct Dims {
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> w: array<f32>;
 
-const WG: u32 = 256u;
-var<workgroup> red: array<f32, 256>;
+// WG, the workgroup's threads, is defined in front of this file (rmsnorm: 256; norm_quant:
+// 256, or 32 on the CPU-lane adapters, where each tree level's barrier costs more than the
+// threads it adds save).
+var<workgroup> red: array<f32, WG>;
 
 // 1 / sqrt(mean(x²) + eps) of the row at x[base..base + width], for the whole workgroup
 // (leaves `red` free for the caller once every thread has it).

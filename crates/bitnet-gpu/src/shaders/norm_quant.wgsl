@@ -7,7 +7,7 @@
 @group(0) @binding(5) var<storage, read_write> xs: array<f32>;
 
 // The largest |y| of the row as bits (`quant_scale`'s argument).
-var<workgroup> redm: array<u32, 256>;
+var<workgroup> redm: array<u32, WG>;
 
 // The maximum of every thread's `v`, for the whole workgroup.
 fn tree_max_bits(lid: u32, v: u32) -> u32 {
@@ -24,8 +24,8 @@ fn tree_max_bits(lid: u32, v: u32) -> u32 {
     return r;
 }
 
-// Values a thread holds in registers on the fast path (rows of up to 4 · WG · PV values).
-const PV: u32 = 8u;
+// PV, the vec4s a thread holds in registers on the fast path (rows of up to 4 · WG · PV
+// values), is defined in front of this file with WG.
 
 fn tree_sum(lid: u32) -> f32 {
     workgroupBarrier();
@@ -82,7 +82,7 @@ fn fast_row(row: u32, base: u32, lid: u32) {
     }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = wg.x;
     if row >= step.n_tok {
