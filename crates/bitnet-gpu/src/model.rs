@@ -372,6 +372,18 @@ impl GpuModel {
             .collect()
     }
 
+    /// Every token inside the vocabulary.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let n_vocab = self.config.n_vocab;
+        match tokens
+            .iter()
+            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= n_vocab))
+        {
+            Some(&id) => Err(GpuError::TokenOutOfRange { id, n_vocab }),
+            None => Ok(()),
+        }
+    }
+
     /// A batched decode step (see [`GpuModel::forward_batch`]) in submissions of up to as
     /// many sequences as the logits buffer holds rows.
     #[allow(clippy::await_holding_lock)]
@@ -383,7 +395,6 @@ impl GpuModel {
         out: &mut Vec<f32>,
     ) -> Result<Vec<u32>> {
         let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
-        let c = &self.config;
         if tokens.is_empty() || tokens.len() != caches.len() {
             return Err(GpuError::Shape {
                 what: "batched step (one token a cache)",
@@ -391,15 +402,7 @@ impl GpuModel {
                 got: tokens.len(),
             });
         }
-        if let Some(&id) = tokens
-            .iter()
-            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= c.n_vocab))
-        {
-            return Err(GpuError::TokenOutOfRange {
-                id,
-                n_vocab: c.n_vocab,
-            });
-        }
+        self.check_tokens(tokens)?;
         if let Some(full) = caches.iter().find(|k| k.len >= k.n_ctx) {
             return Err(GpuError::ContextFull {
                 need: full.len + 1,
@@ -445,7 +448,6 @@ impl GpuModel {
     ) -> Result<Option<u32>> {
         // A call that panicked left only plain buffers behind.
         let _turn = self.turn.lock().unwrap_or_else(|e| e.into_inner());
-        let c = &self.config;
         if tokens.is_empty() {
             return Err(GpuError::Shape {
                 what: "tokens",
@@ -453,15 +455,7 @@ impl GpuModel {
                 got: 0,
             });
         }
-        if let Some(&id) = tokens
-            .iter()
-            .find(|&&t| usize::try_from(t).map_or(true, |t| t >= c.n_vocab))
-        {
-            return Err(GpuError::TokenOutOfRange {
-                id,
-                n_vocab: c.n_vocab,
-            });
-        }
+        self.check_tokens(tokens)?;
         let need = cache.len + tokens.len();
         if need > cache.n_ctx {
             return Err(GpuError::ContextFull {
@@ -880,11 +874,21 @@ impl GpuModel {
                 rec.dispatch("mv qkv+rope+store", pipeline, bind, [groups, 1, 1]);
             } else if let Some(((m, mv_k), _)) = mv {
                 if !m.kind.normed() {
-                    rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_attn, [n32, 1, 1]);
+                    rec.dispatch(
+                        "norm_quant",
+                        kp.model_norm_quant(),
+                        &l.norm_attn,
+                        [n32, 1, 1],
+                    );
                 }
                 rec.dispatch("mv qkv", mv_k, &m.qkv.0, [m.qkv.1, 1, 1]);
             } else {
-                rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_attn, [n32, 1, 1]);
+                rec.dispatch(
+                    "norm_quant",
+                    kp.model_norm_quant(),
+                    &l.norm_attn,
+                    [n32, 1, 1],
+                );
                 lin(rec, "ternary q", &l.q)?;
                 lin(rec, "ternary k", &l.k)?;
                 lin(rec, "ternary v", &l.v)?;
@@ -938,10 +942,20 @@ impl GpuModel {
                 continue;
             }
             // 5.–6. h += Lin(Wo, RMS(O))
-            rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_sub, [n32, 1, 1]);
+            rec.dispatch(
+                "norm_quant",
+                kp.model_norm_quant(),
+                &l.norm_sub,
+                [n32, 1, 1],
+            );
             lin(rec, "ternary o", &l.o)?;
             // 7.–8. g = act(Lin(Wgate, f)) · Lin(Wup, f), f = RMS(h), in one kernel
-            rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_ffn, [n32, 1, 1]);
+            rec.dispatch(
+                "norm_quant",
+                kp.model_norm_quant(),
+                &l.norm_ffn,
+                [n32, 1, 1],
+            );
             if n >= gemm_from && !l.glu.gemm.is_empty() {
                 lin(rec, "ternary gate+up", &l.glu)?;
             } else {
@@ -953,7 +967,12 @@ impl GpuModel {
                 );
             }
             // 9.–10. h += Lin(Wdown, RMS(g))
-            rec.dispatch("norm_quant", kp.model_norm_quant(), &l.norm_ffn_sub, [n32, 1, 1]);
+            rec.dispatch(
+                "norm_quant",
+                kp.model_norm_quant(),
+                &l.norm_ffn_sub,
+                [n32, 1, 1],
+            );
             lin(rec, "ternary down", &l.down)?;
         }
         if out_rows > 0 {

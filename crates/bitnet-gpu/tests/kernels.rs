@@ -257,7 +257,10 @@ fn norm_quant_matches_rms_norm_then_quantize() {
                 off += usize::from(g != c);
             }
         }
-        assert!(off * 100 <= n * width, "case {case} lanes {lanes}: {off} codes differ");
+        assert!(
+            off * 100 <= n * width,
+            "case {case} lanes {lanes}: {off} codes differ"
+        );
     }
 }
 
