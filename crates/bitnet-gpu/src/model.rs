@@ -638,8 +638,8 @@ impl GpuModel {
     /// Bytes of weights a call of `n` tokens that wants the last row's logits reads from
     /// device memory, by the kernels' geometry: each matrix's codes (2 bits a weight) once
     /// per workgroup column of tokens (a prompt GEMM tile of 64, a row-kernel group of 4; the
-    /// team decode kernels once per call of up to 4, the lane kernels, which also take
-    /// prompts shorter than the GEMM's, once per token) and the LM head once.
+    /// team decode kernels once per call of up to 4, the lane kernels once per token: they
+    /// take one row, or more where a matrix has no GEMM) and the LM head once.
     pub fn weight_reads(&self, n: usize) -> u64 {
         let c = &self.config;
         let w = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
