@@ -1050,11 +1050,12 @@ impl Engine {
             return Ok(out.into_iter().flatten().collect());
         }
         self.check_embedding_rows(&tokens)?;
+        // A session without a pick (`greedy` shorter than `work`) wants its logits.
         let all_greedy = work
             .iter()
-            .zip(greedy)
-            .filter(|(w, _)| steps(w))
-            .all(|(_, &g)| g);
+            .enumerate()
+            .filter(|(_, w)| steps(w))
+            .all(|(i, _)| greedy.get(i).copied().unwrap_or(false));
         let answer = {
             let mut caches: Vec<&mut bitnet_gpu::GpuCache> = work
                 .iter_mut()
