@@ -722,8 +722,9 @@ impl Engine {
                 n_ctx,
                 match self.opts.kv_type {
                     KvType::F32 => bitnet_gpu::GpuKv::F32,
-                    // Load refuses the other types on the GPU.
-                    _ => bitnet_gpu::GpuKv::F16,
+                    KvType::Q8_0 => bitnet_gpu::GpuKv::Q8_0,
+                    // Load refuses q4_0 on the GPU.
+                    KvType::F16 | KvType::Q4_0 => bitnet_gpu::GpuKv::F16,
                 },
             )?),
             None => Cache::Cpu(self.model()?.new_cache(

@@ -48,7 +48,16 @@ impl std::fmt::Display for LmHeadFormat {
 }
 
 impl LmHeadFormat {
-    fn row_type(self) -> Option<RowType> {
+    /// Whether the GPU backend runs this head: the file's rows, or Q8_0 / Q4_0 rows it
+    /// quantizes as they are uploaded.
+    pub fn on_gpu(self) -> bool {
+        matches!(
+            self,
+            LmHeadFormat::File | LmHeadFormat::Q8_0 | LmHeadFormat::Q4_0
+        )
+    }
+
+    pub(crate) fn row_type(self) -> Option<RowType> {
         match self {
             LmHeadFormat::File | LmHeadFormat::Approx(_) => None,
             LmHeadFormat::Q8_0 => Some(RowType::Q8_0),
@@ -169,14 +178,14 @@ impl LoadOptions {
             if self.budget.is_some() {
                 return refuse("the low-memory mode (--ram-budget)");
             }
-            if self.lm_head != LmHeadFormat::File {
-                return refuse(
-                    "an LM head built at load, quantized or approximate (its head is the \
-                     file's F16 rows)",
-                );
+            if !self.lm_head.on_gpu() {
+                return refuse(&format!(
+                    "a {} LM head (the file's, q8_0 or q4_0)",
+                    self.lm_head
+                ));
             }
-            if !matches!(self.kv_type, KvType::F16 | KvType::F32) {
-                return refuse("a quantized KV cache (its cache is f16 or f32)");
+            if self.kv_type == KvType::Q4_0 {
+                return refuse("a q4_0 KV cache (its cache is f16, f32 or q8_0)");
             }
         }
         if self.budget.is_some() {
@@ -317,7 +326,8 @@ pub async fn load_file_async(
 }
 
 /// Whether this load tries the GPU (`auto` gives way to the CPU's exact numerics, budget,
-/// quantized heads and screened head, which the GPU backend does not run).
+/// Q6_K and approximate heads, screened head and q4_0 cache, which the GPU backend does not
+/// run).
 fn gpu_wanted(opts: &LoadOptions) -> bool {
     match opts.device {
         Device::Cpu => false,
@@ -325,9 +335,9 @@ fn gpu_wanted(opts: &LoadOptions) -> bool {
         Device::Auto => {
             opts.numerics == Numerics::Fast
                 && opts.budget.is_none()
-                && opts.lm_head == LmHeadFormat::File
+                && opts.lm_head.on_gpu()
                 && !opts.screen_head
-                && matches!(opts.kv_type, KvType::F16 | KvType::F32)
+                && opts.kv_type != KvType::Q4_0
         }
     }
 }
@@ -345,6 +355,8 @@ pub(crate) fn gpu_options(opts: &LoadOptions) -> bitnet_gpu::GpuOptions {
             Ok("lanes") => bitnet_gpu::DecodeKernels::Lanes,
             _ => bitnet_gpu::DecodeKernels::default(),
         },
+        // Q8_0 / Q4_0: quantized as the rows are uploaded (no copy on the host).
+        head: opts.lm_head.row_type(),
         ..Default::default()
     }
 }

@@ -13,7 +13,7 @@ use bitnet_gguf::{GgufHeader, Limits, TensorInfo};
 use bitnet_model::{model::row_type_of, names, Config, KvType, Layer, ModelError, Numerics};
 use bitnet_tokenizer::Tokenizer;
 
-use crate::load::{gpu_options, LmHeadFormat, LoadOptions};
+use crate::load::{gpu_options, LoadOptions};
 use crate::{Engine, EngineError, Result};
 
 /// Where a run of the file's bytes goes.
@@ -142,7 +142,8 @@ const FIRST_TRY: usize = 64 << 10;
 
 impl GpuStream {
     /// Open the GPU for a file of `size` bytes, loaded with `opts` (fast numerics, the
-    /// file's LM head, an f16 or f32 cache: what the GPU backend runs).
+    /// file's LM head or one quantized to q8_0 / q4_0 on upload, an f16, f32 or q8_0 cache:
+    /// what the GPU backend runs).
     pub async fn new_async(size: u64, opts: &LoadOptions) -> Result<Self> {
         opts.validate()?;
         let refuse = |what: &str| {
@@ -153,14 +154,14 @@ impl GpuStream {
         if opts.numerics != Numerics::Fast {
             return refuse("exact numerics (the GPU runs fast numerics)");
         }
-        if opts.lm_head != LmHeadFormat::File {
-            return refuse("a re-encoded LM head (the GPU reads the file's)");
+        if !opts.lm_head.on_gpu() {
+            return refuse("a Q6_K or approximate LM head (the GPU runs the file's, q8_0 or q4_0)");
         }
         if opts.budget.is_some() {
             return refuse("a RAM budget (the low-memory mode runs on the CPU)");
         }
-        if !matches!(opts.kv_type, KvType::F16 | KvType::F32) {
-            return refuse("a quantized KV cache (the GPU's is f16 or f32)");
+        if opts.kv_type == KvType::Q4_0 {
+            return refuse("a q4_0 KV cache (the GPU's is f16, f32 or q8_0)");
         }
         let gpu = bitnet_gpu::Gpu::open_async(opts.gpu_adapter).await?;
         Ok(GpuStream {

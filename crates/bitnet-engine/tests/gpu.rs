@@ -170,22 +170,29 @@ fn what_the_gpu_does_not_run_is_refused_or_falls_back() {
         load(&path, &exact, &mut |_| {}),
         Err(EngineError::Device(_))
     ));
-    let kv_q8 = LoadOptions {
-        kv_type: bitnet_model::KvType::Q8_0,
+    // A q4_0 cache is the CPU's only (q8_0 runs: quantized_heads_and_cache_on_the_gpu_…).
+    let kv_q4 = LoadOptions {
+        kv_type: bitnet_model::KvType::Q4_0,
         ..opts(Device::Gpu)
     };
     assert!(matches!(
-        load(&path, &kv_q8, &mut |_| {}),
+        load(&path, &kv_q4, &mut |_| {}),
         Err(EngineError::Device(_))
     ));
-    let q8 = LoadOptions {
-        lm_head: bitnet_engine::LmHeadFormat::Q8_0,
+    // A Q6_K head is the CPU's only (Q8_0 and Q4_0 run).
+    let q6 = LoadOptions {
+        lm_head: bitnet_engine::LmHeadFormat::Q6K,
         ..opts(Device::Gpu)
     };
     assert!(matches!(
-        load(&path, &q8, &mut |_| {}),
+        load(&path, &q6, &mut |_| {}),
         Err(EngineError::Device(_))
     ));
+    let auto_q6 = LoadOptions {
+        lm_head: bitnet_engine::LmHeadFormat::Q6K,
+        ..opts(Device::Auto)
+    };
+    assert!(load(&path, &auto_q6, &mut |_| {}).unwrap().gpu().is_none());
     // `auto` with exact numerics stays on the CPU.
     let auto_exact = LoadOptions {
         numerics: Numerics::Exact,
@@ -272,6 +279,80 @@ fn what_the_gpu_does_not_run_is_refused_or_falls_back() {
 }
 
 /// The model's error for a NaN or infinite logit 7.
+/// `--lm-head q8_0` / `q4_0` on the GPU (quantized as the rows are uploaded) and
+/// `--kv-cache q8_0` against the CPU engine with the same options: the prompt's logits
+/// within the fast gates, then steps fed the CPU's greedy ids, the same pick while the CPU's
+/// margins are clear; `auto` takes the GPU for them.
+#[test]
+fn quantized_heads_and_cache_on_the_gpu_match_the_cpu() {
+    if !have_gpu() {
+        return;
+    }
+    let path = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
+    use bitnet_engine::LmHeadFormat;
+    use bitnet_model::KvType;
+    for (head, kv_type) in [
+        (LmHeadFormat::Q8_0, KvType::F16),
+        (LmHeadFormat::Q4_0, KvType::F16),
+        (LmHeadFormat::File, KvType::Q8_0),
+    ] {
+        let with = |d| LoadOptions {
+            lm_head: head,
+            kv_type,
+            ..opts(d)
+        };
+        let cpu = load(&path, &with(Device::Cpu), &mut |_| {}).unwrap();
+        let gpu = load(&path, &with(Device::Gpu), &mut |_| {}).unwrap();
+        assert!(gpu.gpu().is_some());
+        assert!(load(&path, &with(Device::Auto), &mut |_| {})
+            .unwrap()
+            .gpu()
+            .is_some());
+        let prompt = cpu
+            .tokenizer
+            .encode("The quick brown fox", true, false)
+            .unwrap();
+        let (mut sc, mut sg) = (cpu.new_session(64).unwrap(), gpu.new_session(64).unwrap());
+        let a = cpu
+            .eval(&mut sc, &prompt, bitnet_model::Outputs::All)
+            .unwrap();
+        let b = gpu
+            .eval(&mut sg, &prompt, bitnet_model::Outputs::All)
+            .unwrap();
+        let nv = cpu.config().n_vocab;
+        let g = bitnet_testdata::compare_logits(&b, &a, nv, 0.08);
+        assert!(
+            g.max_abs <= 0.25 && g.min_cos >= 0.995,
+            "{head} {kv_type:?}: {g:?}"
+        );
+        assert_eq!(g.top1_misses_above_margin, 0, "{head} {kv_type:?}: {g:?}");
+        let (mut la, mut lb) = (a[a.len() - nv..].to_vec(), b[b.len() - nv..].to_vec());
+        for step in 0..16 {
+            let mut sorted = la.clone();
+            sorted.sort_by(|x, y| y.total_cmp(x));
+            let t = bitnet_sampling::argmax(&la).unwrap();
+            if sorted[0] - sorted[1] > 0.08 {
+                assert_eq!(
+                    bitnet_sampling::argmax(&lb).unwrap(),
+                    t,
+                    "{head}: step {step}"
+                );
+            }
+            la = cpu
+                .eval(&mut sc, &[t], bitnet_model::Outputs::Last)
+                .unwrap();
+            lb = gpu
+                .eval(&mut sg, &[t], bitnet_model::Outputs::Last)
+                .unwrap();
+            let g = bitnet_testdata::compare_logits(&lb, &la, nv, 0.08);
+            assert!(
+                g.max_abs <= 0.25 && g.min_cos >= 0.995,
+                "{head} step {step}: {g:?}"
+            );
+        }
+    }
+}
+
 fn logit_7_is_refused(err: &EngineError) -> bool {
     matches!(
         err,

@@ -11,7 +11,9 @@ use crate::kernels::{
 use crate::model::{
     check_architecture, Activations, DecodeKernels, GpuLayer, GpuModel, GpuOptions, MvLayer,
 };
-use crate::upload::{mv_input, ty_of_type, upload_glu, upload_segmented, RowsSpec, RowsUpload};
+use crate::upload::{
+    head_code, mv_input, quantized, ty_of_type, upload_glu, upload_segmented, RowsSpec, RowsUpload,
+};
 use crate::{GpuError, Result};
 
 impl GpuModel {
@@ -110,7 +112,16 @@ impl GpuModel {
         // Activations, sized for the largest batch.
         let rw = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         let head_spec = output.as_ref().unwrap_or(&embd);
-        let head_ty = ty_of_type(head_spec.ty, "LM head")?;
+        // The head as the kernels read it: the file's rows, or quantized at upload.
+        let head_target = opts.head.unwrap_or(head_spec.ty);
+        let head_quant = quantized(head_target);
+        if !head_quant && head_target != head_spec.ty {
+            return Err(GpuError::Unsupported(format!(
+                "an LM head of {:?} rows converted to {head_target:?} (Q8_0 or Q4_0 only)",
+                head_spec.ty
+            )));
+        }
+        let head_ty = head_code(head_target)?;
         let embd_ty = ty_of_type(embd.ty, "token embedding")?;
         let embd_row = embd.row_bytes()?;
         let out_cap = usize::try_from(limit / f32s(nv)?.max(1))
@@ -133,6 +144,15 @@ impl GpuModel {
         let xq = buf("xq", bytes_of(max_batch * e.max(ff))?)?;
         let xs = buf("xs", f32s(max_batch)?)?;
         let hn = buf("hn", f32s(out_cap * e)?)?;
+        // A quantized head's input: the normed rows' codes and scales (rmsnorm_q8.wgsl).
+        let head_in = if head_quant {
+            Some([
+                buf("hn codes", bytes_of(mul(out_cap, e, "rows")?)?)?,
+                buf("hn scales", f32s(out_cap * (e / 32).max(1))?)?,
+            ])
+        } else {
+            None
+        };
         let logits = buf("logits", f32s(mul(out_cap, nv, "logits")?)?)?;
         // An arg-max row for each sequence of a batched step.
         let best = buf("best", bytes_of(mul(out_cap, ARGMAX_GROUPS * 8, "rows")?)?)?;
@@ -217,9 +237,15 @@ impl GpuModel {
 
         // The LM head, and the embedding when it is not the same matrix: empty buffers
         // that the rows' bytes fill as they come.
-        let head = RowsUpload::new(&gpu, head_spec, chunk_limit, "lm head")?;
+        let head = if head_quant {
+            RowsUpload::requant(&gpu, head_spec, head_target, e, chunk_limit, "lm head")?
+        } else {
+            RowsUpload::new(&gpu, head_spec, chunk_limit, "lm head")?
+        };
         bytes += head.chunks.bufs.iter().map(wgpu::Buffer::size).sum::<u64>();
-        let embd_up = if output.is_some() {
+        // A tied head quantized for the device leaves the embedding its own rows.
+        let tied = output.is_none();
+        let embd_up = if !tied || head_quant {
             let ch = RowsUpload::new(&gpu, &embd, chunk_limit, "embedding")?;
             bytes += ch.chunks.bufs.iter().map(wgpu::Buffer::size).sum::<u64>();
             Some(ch)
@@ -262,6 +288,8 @@ impl GpuModel {
             topk_chunk,
             topk_groups,
             head_ty,
+            head_in,
+            tied,
             embd_ty,
             layers,
             head,
@@ -313,11 +341,15 @@ pub struct GpuBuilder {
     pub(crate) topk_chunk: usize,
     pub(crate) topk_groups: usize,
     pub(crate) head_ty: u32,
+    /// A quantized head's input codes and scales.
+    pub(crate) head_in: Option<[wgpu::Buffer; 2]>,
+    /// The embedding is the head's matrix (its bytes come through `write_embd` only).
+    pub(crate) tied: bool,
     pub(crate) embd_ty: u32,
     pub(crate) layers: Vec<Option<GpuLayer>>,
     /// The LM head's rows (the embedding's, when they are tied).
     pub(crate) head: RowsUpload,
-    /// The embedding's rows, when the LM head is a matrix of its own.
+    /// The embedding's rows, when the LM head is a matrix of its own or quantized.
     pub(crate) embd: Option<RowsUpload>,
     pub(crate) output_norm: Option<wgpu::Buffer>,
     /// Blocks to skip (see `Model::skip`).
@@ -486,15 +518,18 @@ impl GpuBuilder {
 
     /// The next bytes of the token embedding's rows (in file order; any piece sizes).
     pub fn write_embd(&mut self, data: &[u8]) -> Result<()> {
-        match &mut self.embd {
-            Some(e) => e.write(&self.gpu, data),
-            None => self.head.write(&self.gpu, data),
+        if let Some(e) = &mut self.embd {
+            e.write(&self.gpu, data)?;
         }
+        if self.tied {
+            self.head.write(&self.gpu, data)?;
+        }
+        Ok(())
     }
 
     /// The next bytes of the separate LM head's rows (`output.weight`).
     pub fn write_output(&mut self, data: &[u8]) -> Result<()> {
-        if self.embd.is_none() {
+        if self.tied {
             return Err(GpuError::Unsupported(
                 "an LM head of its own for a model built with a tied one".to_string(),
             ));
@@ -518,10 +553,11 @@ impl GpuBuilder {
             topk_chunk,
             topk_groups,
             head_ty,
+            head_in,
             embd_ty,
             layers,
-            head,
-            embd,
+            mut head,
+            mut embd,
             output_norm,
             skip,
             bytes,
@@ -535,13 +571,16 @@ impl GpuBuilder {
             .collect::<Result<Vec<_>>>()?;
         let on = output_norm
             .ok_or_else(|| GpuError::Unsupported("the output norm never came".to_string()))?;
-        head.done()?;
-        if let Some(e) = &embd {
-            e.done()?;
+        head.done(&gpu)?;
+        if let Some(e) = &mut embd {
+            e.done(&gpu)?;
         }
         let (head, embd) = (head.chunks, embd.map(|e| e.chunks));
         let kp = &gpu.k;
-        let final_norm = gpu.bind(&kp.rmsnorm, &[&step, &dims_e, &h, &on, &hn]);
+        let final_norm = match &head_in {
+            Some([hq, hd]) => gpu.bind(&kp.rmsnorm_q8, &[&step, &dims_e, &h, &on, hq, hd]),
+            None => gpu.bind(&kp.rmsnorm, &[&step, &dims_e, &h, &on, &hn]),
+        };
         let mut head_binds = Vec::with_capacity(head.bufs.len());
         for (ci, b) in head.bufs.iter().enumerate() {
             let row0 = ci * head.rows_per_chunk;
@@ -559,10 +598,14 @@ impl GpuBuilder {
                     0,
                 ],
             );
-            head_binds.push((
-                rows,
-                gpu.bind(kp.head(true).0, &[&step, &dims, b, &hn, &act.logits]),
-            ));
+            let bind = match &head_in {
+                Some([hq, hd]) => gpu.bind(
+                    kp.head_q(true, head_ty).0,
+                    &[&step, &dims, b, hq, &act.logits, hd],
+                ),
+                None => gpu.bind(kp.head(true).0, &[&step, &dims, b, &hn, &act.logits]),
+            };
+            head_binds.push((rows, bind));
         }
         let dims_nv = gpu.uniform("dims argmax", &[u32_of(nv, "n_vocab")?, 0, 0, 0]);
         let argmax_bind = gpu.bind(&kp.argmax, &[&step, &dims_nv, &act.logits, &act.best]);
@@ -594,6 +637,7 @@ impl GpuBuilder {
             embed_bind,
             final_norm,
             head_binds,
+            head_quant: head_in.is_some().then_some(head_ty),
             argmax_bind,
             topk_local,
             topk_merge,

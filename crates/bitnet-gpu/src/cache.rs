@@ -1,5 +1,7 @@
-//! A session's cache on the device: K and V per block (f16 or f32), its RoPE table and the
+//! A session's cache on the device: K and V per block (f16, f32 or Q8_0), its RoPE table and the
 //! bindings of the kernels that read and write it (`GpuModel::new_cache` makes one).
+
+use crate::{GpuError, Result};
 
 /// The element type of a [`GpuCache`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -7,9 +9,74 @@ pub enum GpuKv {
     /// Half the memory; values rounded to f16 as the CPU's default cache rounds them.
     F16,
     F32,
+    /// About a quarter of f32's memory: each head's rows quantized per 32 as the CPU's Q8_0
+    /// cache quantizes them (needs a head size that is a multiple of 32).
+    Q8_0,
 }
 
-/// A sequence's KV cache on the device (f16 or f32), with its RoPE table.
+impl GpuKv {
+    /// Bytes of one position's `kv` elements: for Q8_0 its codes then its blocks' f32
+    /// scales (attention_q8.wgsl's layout).
+    pub(crate) fn row_bytes(self, kv: usize) -> usize {
+        match self {
+            GpuKv::F16 => 2 * kv,
+            GpuKv::F32 => 4 * kv,
+            GpuKv::Q8_0 => kv + kv / 32 * 4,
+        }
+    }
+
+    /// Positions of `kv` elements as the cache stores them.
+    pub(crate) fn encode(self, x: &[f32], kv: usize) -> Result<Vec<u8>> {
+        Ok(match self {
+            GpuKv::F16 => x
+                .iter()
+                .flat_map(|&e| half::f16::from_f32(e).to_le_bytes())
+                .collect(),
+            GpuKv::F32 => x.iter().flat_map(|e| e.to_le_bytes()).collect(),
+            GpuKv::Q8_0 => {
+                let mut out = Vec::with_capacity(x.len() / kv.max(1) * self.row_bytes(kv));
+                let (mut q, mut d) = (vec![0i8; kv], vec![0f32; kv / 32]);
+                for row in x.chunks_exact(kv.max(1)) {
+                    bitnet_kernels::rows::quantize_q8_0_split(row, &mut q, &mut d).map_err(
+                        |_| GpuError::Shape {
+                            what: "Q8_0 cache row (a multiple of 32)",
+                            expected: kv.next_multiple_of(32),
+                            got: kv,
+                        },
+                    )?;
+                    out.extend(q.iter().map(|c| c.to_le_bytes()[0]));
+                    out.extend(d.iter().flat_map(|s| s.to_le_bytes()));
+                }
+                out
+            }
+        })
+    }
+
+    /// The values of positions stored as [`GpuKv::encode`] stores them.
+    pub(crate) fn decode(self, b: &[u8], kv: usize) -> Vec<f32> {
+        let le = |w: &[u8]| f32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+        match self {
+            GpuKv::F16 => b
+                .chunks_exact(2)
+                .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+                .collect(),
+            GpuKv::F32 => b.chunks_exact(4).map(le).collect(),
+            GpuKv::Q8_0 => {
+                let mut out = Vec::with_capacity(b.len() / self.row_bytes(kv).max(1) * kv);
+                for row in b.chunks_exact(self.row_bytes(kv).max(1)) {
+                    let (codes, scales) = row.split_at(kv);
+                    for (blk, s) in codes.chunks_exact(32).zip(scales.chunks_exact(4)) {
+                        let s = le(s);
+                        out.extend(blk.iter().map(|&c| f32::from(i8::from_le_bytes([c])) * s));
+                    }
+                }
+                out
+            }
+        }
+    }
+}
+
+/// A sequence's KV cache on the device (f16, f32 or Q8_0), with its RoPE table.
 #[derive(Debug)]
 pub struct GpuCache {
     pub(crate) ty: GpuKv,

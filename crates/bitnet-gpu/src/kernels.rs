@@ -105,13 +105,17 @@ pub(crate) struct Kernels {
     /// norm_quant.wgsl in workgroups of 32 (the CPU-lane adapters'; `None` elsewhere).
     pub norm_quant_lanes: Option<wgpu::ComputePipeline>,
     pub rmsnorm: wgpu::ComputePipeline,
+    /// rmsnorm.wgsl that quantizes each normed row per 32 for a quantized LM head.
+    pub rmsnorm_q8: wgpu::ComputePipeline,
     pub ternary: wgpu::ComputePipeline,
     /// RoPE on the new rows' Q and K, and their K and V stored into the cache: for an f16
     /// cache and an f32 one.
     pub rope_f16: wgpu::ComputePipeline,
     pub rope_f32: wgpu::ComputePipeline,
+    pub rope_q8: wgpu::ComputePipeline,
     pub attention_f32: wgpu::ComputePipeline,
     pub attention_f16: wgpu::ComputePipeline,
+    pub attention_q8: wgpu::ComputePipeline,
     pub attention_merge: wgpu::ComputePipeline,
     pub ternary_glu: wgpu::ComputePipeline,
     /// The prompt GEMM with its tiles in workgroup memory (gemm.wgsl).
@@ -147,6 +151,10 @@ pub(crate) struct Kernels {
     pub mv_qkv_lanes_f32: Option<wgpu::ComputePipeline>,
     /// head.wgsl in the same manner (head_lanes.wgsl), for the same adapters.
     pub head_lanes: Option<wgpu::ComputePipeline>,
+    /// The quantized LM head (head_q.wgsl) for Q8_0 and Q4_0 rows, and its lane form for
+    /// the same adapters as head_lanes.
+    pub head_q: [wgpu::ComputePipeline; 2],
+    pub head_q_lanes: Option<[wgpu::ComputePipeline; 2]>,
 }
 
 const COMMON: &str = include_str!("shaders/common.wgsl");
@@ -163,6 +171,8 @@ const ROPE: &str = include_str!("shaders/rope.wgsl");
 const GEMM: &str = include_str!("shaders/gemm_common.wgsl");
 /// The LM head kernels' shape and bindings.
 const HEAD: &str = include_str!("shaders/head_common.wgsl");
+/// The quantized LM head kernels' shape and bindings.
+const HEAD_Q: &str = include_str!("shaders/head_q_common.wgsl");
 /// The top-k kernels' shared selection.
 const TOPK: &str = include_str!("shaders/topk_select.wgsl");
 
@@ -274,6 +284,13 @@ impl Kernels {
                     include_str!("shaders/rmsnorm.wgsl")
                 ),
             ),
+            rmsnorm_q8: make(
+                "rmsnorm_q8",
+                &format!(
+                    "const WG: u32 = 256u;\n{NORM}\n{}",
+                    include_str!("shaders/rmsnorm_q8.wgsl")
+                ),
+            ),
             ternary: make("ternary", include_str!("shaders/ternary.wgsl")),
             rope_f16: make(
                 "rope_f16",
@@ -282,6 +299,17 @@ impl Kernels {
             rope_f32: make(
                 "rope_f32",
                 &format!("{}\n{ROPE}", include_str!("shaders/rope_store_f32.wgsl")),
+            ),
+            rope_q8: make(
+                "rope_q8",
+                &format!("{}\n{ROPE}", include_str!("shaders/rope_store_q8.wgsl")),
+            ),
+            attention_q8: make(
+                "attention_q8",
+                &format!(
+                    "{}\n{split}\n{ATTENTION}",
+                    include_str!("shaders/attention_q8.wgsl")
+                ),
             ),
             attention_f32: make(
                 "attention_f32",
@@ -385,6 +413,26 @@ impl Kernels {
                     &format!("{HEAD}\n{}", include_str!("shaders/head_lanes.wgsl")),
                 )
             }),
+            head_q: [2, 3].map(|ty| {
+                make(
+                    "head_q",
+                    &format!(
+                        "const TY: u32 = {ty}u;\n{HEAD_Q}\n{}",
+                        include_str!("shaders/head_q.wgsl")
+                    ),
+                )
+            }),
+            head_q_lanes: lanes.then(|| {
+                [2, 3].map(|ty| {
+                    make(
+                        "head_q_lanes",
+                        &format!(
+                            "const TY: u32 = {ty}u;\n{HEAD_Q}\n{}",
+                            include_str!("shaders/head_q_lanes.wgsl")
+                        ),
+                    )
+                })
+            }),
             mv_words: usize::try_from(mv_words).unwrap_or(0),
             mv_rows,
         }
@@ -424,6 +472,38 @@ impl Kernels {
         match (&self.head_lanes, lanes) {
             (Some(p), true) => (p, LANES_ROWS, 4),
             _ => (&self.head, HEAD_ROWS, 1),
+        }
+    }
+
+    /// RoPE with the cache store, and attention, for a cache of `ty`.
+    pub(crate) fn for_cache(
+        &self,
+        ty: crate::GpuKv,
+    ) -> (&wgpu::ComputePipeline, &wgpu::ComputePipeline) {
+        match ty {
+            crate::GpuKv::F16 => (&self.rope_f16, &self.attention_f16),
+            crate::GpuKv::F32 => (&self.rope_f32, &self.attention_f32),
+            crate::GpuKv::Q8_0 => (&self.rope_q8, &self.attention_q8),
+        }
+    }
+
+    /// The lane QKV kernel with RoPE and the store of a cache of `ty`, where there is one
+    /// (a Q8_0 block's scale needs its whole head: the separate RoPE kernel stores it).
+    pub(crate) fn qkv_rope(&self, ty: crate::GpuKv) -> Option<&wgpu::ComputePipeline> {
+        match ty {
+            crate::GpuKv::F16 => self.mv_qkv_lanes_f16.as_ref(),
+            crate::GpuKv::F32 => self.mv_qkv_lanes_f32.as_ref(),
+            crate::GpuKv::Q8_0 => None,
+        }
+    }
+
+    /// [`Self::head`] for a quantized LM head (head_q.wgsl, head_q_lanes.wgsl) of head code
+    /// `ty` (2: Q8_0, else Q4_0).
+    pub(crate) fn head_q(&self, lanes: bool, ty: u32) -> (&wgpu::ComputePipeline, usize, usize) {
+        let i = usize::from(ty != 2);
+        match (&self.head_q_lanes, lanes) {
+            (Some(p), true) => (&p[i], LANES_ROWS, 4),
+            _ => (&self.head_q[i], HEAD_ROWS, 1),
         }
     }
 }

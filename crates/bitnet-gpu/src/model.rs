@@ -40,6 +40,11 @@ pub struct GpuOptions {
     pub chunk_bytes: Option<u64>,
     /// The kernels of a decode step's matrices.
     pub decode: DecodeKernels,
+    /// The LM head quantized at upload (`Q8_0` or `Q4_0`, with bitnet_kernels' quantizer:
+    /// the CPU's `--lm-head` codes) and dotted in integers with the normed rows quantized per
+    /// 32, as the CPU's `RowMatrix::matmul_q8`; `None`: the file's rows as they are. A tied
+    /// head keeps its F16 rows on the device for the embedding beside the quantized copy.
+    pub head: Option<bitnet_kernels::RowType>,
 }
 
 impl Default for GpuOptions {
@@ -49,6 +54,7 @@ impl Default for GpuOptions {
             max_batch: 512,
             chunk_bytes: None,
             decode: DecodeKernels::default(),
+            head: None,
         }
     }
 }
@@ -150,6 +156,9 @@ pub struct GpuModel {
     pub(crate) embed_bind: wgpu::BindGroup,
     pub(crate) final_norm: wgpu::BindGroup,
     pub(crate) head_binds: Vec<(usize, wgpu::BindGroup)>,
+    /// The head kernels' code of a Q8_0 / Q4_0 head (the final norm then quantizes its rows:
+    /// rmsnorm_q8.wgsl).
+    pub(crate) head_quant: Option<u32>,
     pub(crate) argmax_bind: wgpu::BindGroup,
     pub(crate) topk_local: wgpu::BindGroup,
     pub(crate) topk_merge: wgpu::BindGroup,
@@ -864,10 +873,7 @@ impl GpuModel {
             let fused_rope = mv.filter(|_| !batched).and_then(|((m, _), _)| {
                 let p = m.qkv_rope.as_ref()?;
                 let cache = caches.first()?;
-                let pipeline = match cache.ty {
-                    GpuKv::F16 => kp.mv_qkv_lanes_f16.as_ref(),
-                    GpuKv::F32 => kp.mv_qkv_lanes_f32.as_ref(),
-                }?;
+                let pipeline = kp.qkv_rope(cache.ty)?;
                 Some((pipeline, cache.qkv_rope.get(il)?, p.groups))
             });
             if let Some((pipeline, bind, groups)) = fused_rope {
@@ -896,10 +902,7 @@ impl GpuModel {
             for (cache, &split) in caches.iter().zip(&splits) {
                 // 3. RoPE on Q and K, and the new K and V rows into the cache (f16: rounded),
                 // in one kernel.
-                let rope_kernel = match cache.ty {
-                    GpuKv::F16 => &kp.rope_f16,
-                    GpuKv::F32 => &kp.rope_f32,
-                };
+                let (rope_kernel, attention) = kp.for_cache(cache.ty);
                 let rope = cache
                     .rope
                     .get(il)
@@ -908,10 +911,6 @@ impl GpuModel {
                     rec.dispatch("rope+store", rope_kernel, rope, [rows32, rope_heads, 1]);
                 }
                 // 4. O = Attn(Q, K, V)
-                let attention = match cache.ty {
-                    GpuKv::F16 => &kp.attention_f16,
-                    GpuKv::F32 => &kp.attention_f32,
-                };
                 let attn = cache
                     .attn
                     .get(il)
@@ -977,8 +976,11 @@ impl GpuModel {
         }
         if out_rows > 0 {
             let rows = u32_of(out_rows, "rows")?;
-            rec.dispatch("rmsnorm", &kp.rmsnorm, &self.final_norm, [rows, 1, 1]);
-            let (head, head_rows, head_outs) = kp.head(true);
+            let (norm, (head, head_rows, head_outs)) = match self.head_quant {
+                Some(ty) => (&kp.rmsnorm_q8, kp.head_q(true, ty)),
+                None => (&kp.rmsnorm, kp.head(true)),
+            };
+            rec.dispatch("rmsnorm", norm, &self.final_norm, [rows, 1, 1]);
             let out_groups = u32_of(out_rows.div_ceil(head_outs), "rows")?;
             for (chunk_rows, bind) in &self.head_binds {
                 let groups = u32_of(chunk_rows.div_ceil(head_rows), "head rows")?;
@@ -1011,11 +1013,13 @@ impl GpuModel {
         let c = &self.config;
         let n_ctx = n_ctx.max(1);
         let kv = c.n_embd_kv();
-        let elem = match ty {
-            GpuKv::F16 => 2,
-            GpuKv::F32 => 4,
-        };
-        let per = bytes_of(mul(mul(n_ctx, kv, "cache")?, elem, "cache")?)?;
+        if ty == GpuKv::Q8_0 && !c.head_dim.is_multiple_of(32) {
+            return Err(GpuError::Unsupported(format!(
+                "a Q8_0 KV cache for a head size of {} (a multiple of 32)",
+                c.head_dim
+            )));
+        }
+        let per = bytes_of(mul(n_ctx, ty.row_bytes(kv), "cache")?)?;
         let usage = wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
         let mut k = Vec::with_capacity(c.n_layer);
         let mut v = Vec::with_capacity(c.n_layer);
@@ -1053,10 +1057,7 @@ impl GpuModel {
         );
         let ctx = self.gpu.uniform("ctx", &[u32_of(n_ctx, "n_ctx")?, 0, 0, 0]);
         let a = &self.act;
-        let rope_kernel = match ty {
-            GpuKv::F16 => &kp.rope_f16,
-            GpuKv::F32 => &kp.rope_f32,
-        };
+        let (rope_kernel, pipeline) = kp.for_cache(ty);
         let rope = (0..c.n_layer)
             .map(|il| {
                 self.gpu.bind(
@@ -1069,10 +1070,7 @@ impl GpuModel {
             .collect();
         // The lane QKV kernels with RoPE and the store in their epilogue, where the blocks
         // have them (all or none).
-        let qkv_rope_kernel = match ty {
-            GpuKv::F16 => kp.mv_qkv_lanes_f16.as_ref(),
-            GpuKv::F32 => kp.mv_qkv_lanes_f32.as_ref(),
-        };
+        let qkv_rope_kernel = kp.qkv_rope(ty);
         let rope_lanes = self.gpu.uniform(
             "rope qkv",
             &[
@@ -1123,10 +1121,6 @@ impl GpuModel {
                 0,
             ],
         );
-        let pipeline = match ty {
-            GpuKv::F16 => &kp.attention_f16,
-            GpuKv::F32 => &kp.attention_f32,
-        };
         // Chunk states of a split call: per (row, head, chunk) head_dim + 2 floats.
         let part_len = attn_part_len(c.n_head, c.head_dim)?;
         let part = self.gpu.storage(
@@ -1180,45 +1174,22 @@ impl GpuModel {
         let rope = rope_row(discard, c.n_rot, c.rope_freq_base);
         let rope_back = rope_back_for(c.rope_style);
         let moved = cache.len - from;
-        let elem = match cache.ty {
-            GpuKv::F16 => 2,
-            GpuKv::F32 => 4,
-        };
-        let bytes = bytes_of(mul(mul(cache.len, kv, "cache")?, elem, "cache")?)?;
+        let row = cache.ty.row_bytes(kv);
+        let bytes = bytes_of(mul(cache.len, row, "cache")?)?;
         for il in 0..c.n_layer {
             for (buf, is_k) in [(&cache.k[il], true), (&cache.v[il], false)] {
                 let raw = self.gpu.read(buf, bytes)?;
-                let mut rows: Vec<f32> = match cache.ty {
-                    GpuKv::F16 => raw
-                        .chunks_exact(2)
-                        .map(|w| half::f16::from_le_bytes([w[0], w[1]]).to_f32())
-                        .collect(),
-                    GpuKv::F32 => raw
-                        .chunks_exact(4)
-                        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-                        .collect(),
-                };
+                let mut rows = cache.ty.decode(&raw, kv);
                 if is_k {
                     for head in rows[from * kv..].chunks_exact_mut(d) {
                         rope_back(head, &rope);
                     }
                 }
-                // Rotated keys are stored again in the cache's type, as the CPU does.
-                let tail = &rows[from * kv..(from + moved) * kv];
-                let at = bytes_of(mul(keep, kv, "cache")? * elem)?;
-                match cache.ty {
-                    GpuKv::F16 => {
-                        let h: Vec<u8> = tail
-                            .iter()
-                            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                            .collect();
-                        self.gpu.queue.write_buffer(buf, at, &h);
-                    }
-                    GpuKv::F32 => self
-                        .gpu
-                        .queue
-                        .write_buffer(buf, at, bytemuck::cast_slice(tail)),
-                }
+                // The moved positions (rotated keys) are stored again in the cache's type, as
+                // the CPU does.
+                let tail = cache.ty.encode(&rows[from * kv..(from + moved) * kv], kv)?;
+                let at = bytes_of(mul(keep, row, "cache")?)?;
+                self.gpu.queue.write_buffer(buf, at, &tail);
             }
         }
         self.gpu.wait()?;

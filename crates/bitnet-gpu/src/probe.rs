@@ -22,6 +22,7 @@ pub fn gpu_tests_enabled() -> bool {
     );
 }
 
+use crate::cache::GpuKv;
 use crate::device::Gpu;
 use crate::kernels::{
     attn_part_len, attn_split, step_words, MvKind, ARGMAX_GROUPS, ATTN_SPLIT_TOKENS, GEMM_ROWS,
@@ -339,15 +340,16 @@ pub struct AttnProbe {
 }
 
 /// The attention kernel: `q` is `n × n_head × head_dim`, `k`/`v` hold `pos0 + n` rows of
-/// `n_head_kv × head_dim`, stored as f16 (rounded to nearest even) when `f16`. A call of few
-/// rows splits its positions over workgroups and merges them, as the model's calls do.
+/// `n_head_kv × head_dim`, stored as a cache of `kv` stores them (f16: rounded to nearest
+/// even; Q8_0: quantized per 32). A call of few rows splits its positions over workgroups
+/// and merges them, as the model's calls do.
 pub fn attention(
     gpu: &Gpu,
     s: AttnProbe,
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    f16: bool,
+    kv: GpuKv,
 ) -> Result<Vec<f32>> {
     let step = gpu.uniform(
         "step",
@@ -374,24 +376,10 @@ pub fn attention(
         .chain(q.iter().copied())
         .collect();
     let qb = gpu.upload("q", bytemuck::cast_slice(&q))?;
-    let halves = |x: &[f32]| -> Vec<u8> {
-        x.iter()
-            .flat_map(|&e| half::f16::from_f32(e).to_le_bytes())
-            .collect()
-    };
-    let (kb, vb, pipeline) = if f16 {
-        (
-            gpu.upload("k", &halves(k))?,
-            gpu.upload("v", &halves(v))?,
-            &gpu.k.attention_f16,
-        )
-    } else {
-        (
-            gpu.upload("k", bytemuck::cast_slice(k))?,
-            gpu.upload("v", bytemuck::cast_slice(v))?,
-            &gpu.k.attention_f32,
-        )
-    };
+    let kvw = s.n_head_kv * s.head_dim;
+    let kb = gpu.upload("k", &kv.encode(k, kvw)?)?;
+    let vb = gpu.upload("v", &kv.encode(v, kvw)?)?;
+    let pipeline = gpu.k.for_cache(kv).1;
     let out = rw(gpu, "o", q.len() * 4)?;
     let part = rw(gpu, "part", attn_part_len(s.n_head, s.head_dim)? * 4)?;
     let bind = gpu.bind(pipeline, &[&step, &dims, &qb, &kb, &vb, &out, &part]);
@@ -446,6 +434,77 @@ pub fn rmsnorm(gpu: &Gpu, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
     Ok(le_f32(&gpu.read(&y, u64::from(n32(x.len() * 4)?))?))
 }
 
+/// The final norm for a quantized head (rmsnorm_q8.wgsl): each `w.len()`-row of `x`
+/// RMS-normed, then quantized per 32 to Q8_0: the codes and each block's scale.
+pub fn rmsnorm_q8(gpu: &Gpu, x: &[f32], w: &[f32], eps: f32) -> Result<(Vec<i8>, Vec<f32>)> {
+    let n = x.len() / w.len().max(1);
+    let step = gpu.uniform("step", &step_words(n32(n)?, 0, 0, n32(n)?, 0));
+    let dims = gpu.uniform("dims", &[n32(w.len())?, eps.to_bits(), 0, 0]);
+    let xb = gpu.upload("x", bytemuck::cast_slice(x))?;
+    let wb = gpu.upload("w", bytemuck::cast_slice(w))?;
+    let yq = rw(gpu, "codes", x.len())?;
+    let yd = rw(gpu, "scales", (x.len() / 32).max(1) * 4)?;
+    let k = &gpu.k.rmsnorm_q8;
+    let bind = gpu.bind(k, &[&step, &dims, &xb, &wb, &yq, &yd]);
+    run(gpu, k, &bind, n32(n)?, 1)?;
+    let q = gpu.read(&yq, u64::from(n32(x.len())?))?;
+    let d = le_f32(&gpu.read(&yd, u64::from(n32(x.len() / 32 * 4)?))?);
+    Ok((q.into_iter().map(|b| i8::from_le_bytes([b])).collect(), d))
+}
+
+/// The quantized LM head (head_q.wgsl, or head_q_lanes.wgsl with `lanes`): `m`'s rows
+/// (Q8_0 or Q4_0, or F16/F32 quantized to `ty` as the model's upload does, in chunks of at
+/// most `chunk_bytes`) against `rows` activation rows given as Q8_0 codes `xq` and scales
+/// `xd` (`quantize_q8_0_split`'s). Logits `[rows][m.rows()]`.
+#[allow(clippy::too_many_arguments)]
+pub fn head_q(
+    gpu: &Gpu,
+    m: &bitnet_kernels::RowMatrix<'_>,
+    ty: bitnet_kernels::RowType,
+    xq: &[i8],
+    xd: &[f32],
+    rows: usize,
+    chunk_bytes: u64,
+    lanes: bool,
+) -> Result<Vec<f32>> {
+    if lanes && gpu.k.head_q_lanes.is_none() {
+        return Err(GpuError::Unsupported(format!(
+            "the lane kernels on {} (not a CPU device)",
+            gpu.info.name
+        )));
+    }
+    let code = crate::upload::head_code(ty)?;
+    let (kernel, per_group, rows_per_group) = gpu.k.head_q(lanes, code);
+    let spec = crate::upload::RowsSpec::of(m);
+    let mut up = crate::upload::RowsUpload::requant(gpu, &spec, ty, m.cols(), chunk_bytes, "head")?;
+    up.write(gpu, m.data())?;
+    up.done(gpu)?;
+    let ch = up.chunks;
+    let nv = m.rows();
+    let step = gpu.uniform("step", &step_words(n32(rows)?, 0, 0, n32(rows)?, 0));
+    let bytes: Vec<u8> = xq.iter().map(|&v| v.to_le_bytes()[0]).collect();
+    let qb = gpu.upload("codes", &bytes)?;
+    let db = gpu.upload("scales", bytemuck::cast_slice(xd))?;
+    let out = rw(gpu, "logits", rows * nv * 4)?;
+    for (ci, b) in ch.bufs.iter().enumerate() {
+        let row0 = ci * ch.rows_per_chunk;
+        let n = ch.rows_per_chunk.min(nv - row0);
+        let dims = gpu.uniform(
+            "dims",
+            &[n32(m.cols())?, n32(n)?, n32(row0)?, n32(nv)?, code, 0, 0, 0],
+        );
+        let bind = gpu.bind(kernel, &[&step, &dims, b, &qb, &out, &db]);
+        run(
+            gpu,
+            kernel,
+            &bind,
+            n32(n.div_ceil(per_group))?,
+            n32(rows.div_ceil(rows_per_group))?,
+        )?;
+    }
+    Ok(le_f32(&gpu.read(&out, u64::from(n32(rows * nv * 4)?))?))
+}
+
 /// Shape of a RoPE probe.
 #[derive(Debug, Clone, Copy)]
 pub struct RopeProbe {
@@ -464,15 +523,15 @@ pub struct RopeProbe {
 }
 
 /// RoPE in place on `n` rows of Q and K at positions `pos0..`, and K and V stored into a
-/// cache of `f16` (else f32) elements at those positions, in one kernel: returns q, k, and
-/// the cache's rows of K and V at those positions (widened to f32).
+/// cache of type `cache` at those positions, in one kernel: returns q, k, and the cache's
+/// rows of K and V at those positions (decoded to f32).
 pub fn rope(
     gpu: &Gpu,
     s: RopeProbe,
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    f16: bool,
+    cache: GpuKv,
 ) -> Result<RopeOut> {
     let n_ctx = s.pos0 + s.n;
     let half = s.n_rot / 2;
@@ -515,27 +574,16 @@ pub fn rope(
     let tb = gpu.upload("table", bytemuck::cast_slice(&table))?;
     let vb = gpu.upload("v", bytemuck::cast_slice(&padded(v, s.n_head_kv)))?;
     let kv = s.n_head_kv * s.head_dim;
-    let elem = if f16 { 2 } else { 4 };
-    let kc = rw(gpu, "cache k", n_ctx * kv * elem)?;
-    let vc = rw(gpu, "cache v", n_ctx * kv * elem)?;
-    let kernel = if f16 {
-        &gpu.k.rope_f16
-    } else {
-        &gpu.k.rope_f32
-    };
+    let row = cache.row_bytes(kv);
+    let kc = rw(gpu, "cache k", n_ctx * row)?;
+    let vc = rw(gpu, "cache v", n_ctx * row)?;
+    let kernel = gpu.k.for_cache(cache).0;
     let bind = gpu.bind(kernel, &[&step, &dims, &qb, &kb, &tb, &ctx, &vb, &kc, &vc]);
     run(gpu, kernel, &bind, n32(s.n)?, n32(s.n_head + s.n_head_kv)?)?;
-    // The cache rows at pos0.., widened.
+    // The cache rows at pos0.., decoded.
     let rows = |b: &wgpu::Buffer| -> Result<Vec<f32>> {
-        let all = gpu.read(b, u64::from(n32(n_ctx * kv * elem)?))?;
-        let at = &all[s.pos0 * kv * elem..];
-        Ok(if f16 {
-            at.chunks_exact(2)
-                .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
-                .collect()
-        } else {
-            le_f32(at)
-        })
+        let all = gpu.read(b, u64::from(n32(n_ctx * row)?))?;
+        Ok(cache.decode(&all[s.pos0 * row..], kv))
     };
     let back = |b: &wgpu::Buffer, pad: usize, len: usize| -> Result<Vec<f32>> {
         let mut all = le_f32(&gpu.read(b, u64::from(n32((pad + len) * 4)?))?);

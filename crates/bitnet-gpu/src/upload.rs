@@ -554,6 +554,182 @@ pub(crate) fn ty_of_type(t: RowType, what: &str) -> Result<u32> {
     }
 }
 
+/// The LM head kernels' code of a row type: head.wgsl's F16 0 and F32 1, head_q*.wgsl's
+/// Q8_0 2 and Q4_0 3.
+pub(crate) fn head_code(t: RowType) -> Result<u32> {
+    match t {
+        RowType::Q8_0 => Ok(2),
+        RowType::Q4_0 => Ok(3),
+        RowType::F16 | RowType::F32 => ty_of_type(t, "LM head"),
+        other => Err(GpuError::Unsupported(format!(
+            "a {other:?} LM head (F16, F32, Q8_0 or Q4_0)"
+        ))),
+    }
+}
+
+/// Whether the head kernels read `t` as quantized blocks (head_q*.wgsl).
+pub(crate) fn quantized(t: RowType) -> bool {
+    matches!(t, RowType::Q8_0 | RowType::Q4_0)
+}
+
+/// Bytes of one `cols`-wide Q8_0 / Q4_0 row as the quantized head kernels read it
+/// (head_q_common.wgsl): its codes, then its blocks' f16 scales two a word.
+pub(crate) fn quant_row_bytes(t: RowType, cols: usize) -> Result<usize> {
+    if !cols.is_multiple_of(32) || !quantized(t) {
+        return Err(GpuError::Unsupported(format!(
+            "a {t:?} LM head {cols} wide (Q8_0 or Q4_0 rows, a multiple of 32 wide)"
+        )));
+    }
+    let codes = if t == RowType::Q8_0 { cols } else { cols / 2 };
+    Ok(codes + (cols / 32).div_ceil(2) * 4)
+}
+
+/// The head kernels' layout of one row of ggml Q8_0 / Q4_0 blocks, appended to `out`.
+pub(crate) fn append_quant_row(t: RowType, blocks: &[u8], out: &mut Vec<u8>) {
+    let bb = t.block_bytes();
+    for b in blocks.chunks_exact(bb) {
+        out.extend_from_slice(&b[2..]);
+    }
+    let mut n = 0;
+    for b in blocks.chunks_exact(bb) {
+        out.extend_from_slice(&b[..2]);
+        n += 1;
+    }
+    if n % 2 == 1 {
+        out.extend_from_slice(&[0, 0]);
+    }
+}
+
+/// Rows re-encoded on their way to the device: an LM head quantized at upload (from F16,
+/// BF16 or F32 rows, with bitnet_kernels' quantizer: the CPU's `--lm-head` codes), or Q8_0 /
+/// Q4_0 rows put in the head kernels' layout. Source bytes come in any pieces.
+#[derive(Debug)]
+pub(crate) struct Requant {
+    src: RowType,
+    dst: RowType,
+    cols: usize,
+    src_row: usize,
+    rows_left: usize,
+    /// A source row's first bytes, waiting for the rest.
+    pending: Vec<u8>,
+    f: Vec<f32>,
+    blk: Vec<u8>,
+    /// Converted rows not yet written.
+    out: Vec<u8>,
+}
+
+/// Converted bytes gathered before a write.
+const REQUANT_FLUSH: usize = 4 << 20;
+
+impl Requant {
+    pub(crate) fn new(src: &RowsSpec, dst: RowType, cols: usize) -> Result<Self> {
+        quant_row_bytes(dst, cols)?;
+        let direct = src.ty == dst;
+        if !direct && !matches!(src.ty, RowType::F16 | RowType::BF16 | RowType::F32) {
+            return Err(GpuError::Unsupported(format!(
+                "a {:?} LM head quantized to {dst:?} at upload (from F16, BF16 or F32 rows)",
+                src.ty
+            )));
+        }
+        let src_row = src.ty.row_bytes(cols).map_err(|e| {
+            GpuError::Unsupported(format!("a {:?} LM head {cols} wide: {e}", src.ty))
+        })?;
+        if src.rows.checked_mul(src_row) != Some(src.bytes) {
+            return Err(GpuError::Shape {
+                what: "bytes of the LM head",
+                expected: src.rows.saturating_mul(src_row),
+                got: src.bytes,
+            });
+        }
+        Ok(Requant {
+            src: src.ty,
+            dst,
+            cols,
+            src_row,
+            rows_left: src.rows,
+            pending: Vec::new(),
+            f: vec![0.0; if direct { 0 } else { cols }],
+            blk: vec![
+                0;
+                if direct {
+                    0
+                } else {
+                    dst.row_bytes(cols).unwrap_or(0)
+                }
+            ],
+            out: Vec::new(),
+        })
+    }
+
+    /// Take the next source bytes, handing converted rows to `put` as they gather.
+    fn feed(&mut self, mut data: &[u8], put: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        while !data.is_empty() {
+            if self.rows_left == 0 {
+                return Err(GpuError::Shape {
+                    what: "bytes of the LM head",
+                    expected: 0,
+                    got: data.len(),
+                });
+            }
+            if self.pending.is_empty() && data.len() >= self.src_row {
+                let (row, rest) = data.split_at(self.src_row);
+                self.convert(row);
+                data = rest;
+            } else {
+                let n = (self.src_row - self.pending.len()).min(data.len());
+                self.pending.extend_from_slice(&data[..n]);
+                data = &data[n..];
+                if self.pending.len() == self.src_row {
+                    let row = std::mem::take(&mut self.pending);
+                    self.convert(&row);
+                    self.pending = row;
+                    self.pending.clear();
+                }
+            }
+            if self.out.len() >= REQUANT_FLUSH {
+                put(&self.out)?;
+                self.out.clear();
+            }
+        }
+        Ok(())
+    }
+
+    fn convert(&mut self, row: &[u8]) {
+        self.rows_left -= 1;
+        if self.src == self.dst {
+            append_quant_row(self.dst, row, &mut self.out);
+            return;
+        }
+        bitnet_kernels::rows::dequantize_row_bytes(self.src, row, &mut self.f);
+        bitnet_kernels::rows::quantize_row_into(self.dst, &self.f, &mut self.blk);
+        append_quant_row(self.dst, &self.blk, &mut self.out);
+    }
+
+    /// Every source row came: the last converted rows to `put`.
+    fn finish(&mut self, put: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        if self.rows_left != 0 || !self.pending.is_empty() {
+            return Err(GpuError::Shape {
+                what: "rows of the LM head",
+                expected: self.rows_left + usize::from(!self.pending.is_empty()),
+                got: 0,
+            });
+        }
+        put(&self.out)?;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// The converted rows' spec (what the device buffers hold).
+    pub(crate) fn spec(&self, rows: usize) -> Result<RowsSpec> {
+        let rb = quant_row_bytes(self.dst, self.cols)?;
+        Ok(RowsSpec {
+            ty: self.dst,
+            rows,
+            bytes: mul(rows, rb, "LM head bytes")?,
+        })
+    }
+}
+
 /// Split an F16/F32 row matrix into buffers of at most `limit` bytes.
 pub(crate) fn upload_chunks(
     gpu: &Gpu,
@@ -563,7 +739,7 @@ pub(crate) fn upload_chunks(
 ) -> Result<Chunks> {
     let mut up = RowsUpload::new(gpu, &RowsSpec::of(m), limit, label)?;
     up.write(gpu, m.data())?;
-    up.done()?;
+    up.done(gpu)?;
     Ok(up.chunks)
 }
 
@@ -608,6 +784,8 @@ pub(crate) struct RowsUpload {
     pub(crate) total: u64,
     /// Up to 3 bytes waiting for the rest of their 4-byte word.
     pub(crate) carry: Vec<u8>,
+    /// Where the rows are re-encoded on the way (a quantized LM head).
+    pub(crate) requant: Option<Requant>,
 }
 
 impl RowsUpload {
@@ -644,11 +822,39 @@ impl RowsUpload {
             written: 0,
             total: bytes_of(spec.bytes)?,
             carry: Vec::with_capacity(4),
+            requant: None,
         })
     }
 
-    /// The next `data` bytes of the rows.
-    pub(crate) fn write(&mut self, gpu: &Gpu, mut data: &[u8]) -> Result<()> {
+    /// Rows of `src` (`cols` wide) re-encoded as `dst` on their way (a quantized LM head).
+    pub(crate) fn requant(
+        gpu: &Gpu,
+        src: &RowsSpec,
+        dst: RowType,
+        cols: usize,
+        limit: u64,
+        label: &str,
+    ) -> Result<Self> {
+        let rq = Requant::new(src, dst, cols)?;
+        let mut up = Self::new(gpu, &rq.spec(src.rows)?, limit, label)?;
+        up.requant = Some(rq);
+        Ok(up)
+    }
+
+    /// The next `data` bytes of the rows (of the source rows, when re-encoded).
+    pub(crate) fn write(&mut self, gpu: &Gpu, data: &[u8]) -> Result<()> {
+        match self.requant.take() {
+            Some(mut rq) => {
+                let r = rq.feed(data, &mut |b| self.write_bytes(gpu, b));
+                self.requant = Some(rq);
+                r
+            }
+            None => self.write_bytes(gpu, data),
+        }
+    }
+
+    /// The next bytes as the buffers hold them.
+    fn write_bytes(&mut self, gpu: &Gpu, mut data: &[u8]) -> Result<()> {
         let pending = bytes_of(self.carry.len() + data.len())?;
         if self.written + pending > self.total {
             return Err(GpuError::Shape {
@@ -692,7 +898,10 @@ impl RowsUpload {
     }
 
     /// Every byte came.
-    pub(crate) fn done(&self) -> Result<()> {
+    pub(crate) fn done(&mut self, gpu: &Gpu) -> Result<()> {
+        if let Some(mut rq) = self.requant.take() {
+            rq.finish(&mut |b| self.write_bytes(gpu, b))?;
+        }
         // Rows are whole words (RowsSpec::row_bytes), so a complete matrix leaves no carry.
         let got = self.written + bytes_of(self.carry.len())?;
         if got != self.total {

@@ -9,6 +9,7 @@
 mod common;
 
 use bitnet_gpu::probe::{self, AttnProbe};
+use bitnet_gpu::GpuKv;
 use bitnet_gpu::MvKind;
 use bitnet_kernels::{act, Isa, Pool, TernaryLayout, TernaryMatrix};
 use bitnet_kernels::{RowMatrix, RowType};
@@ -344,22 +345,30 @@ fn attention_matches_the_reference() {
             let round = |x: &[f32]| -> Vec<f32> {
                 x.iter().map(|&e| half::f16::from_f32(e).to_f32()).collect()
             };
-            // Every call, and the same calls unsplit (the lane kernels' adapters).
-            for (f16, split) in [(false, true), (true, true), (false, false), (true, false)] {
+            // Every call, and the same calls unsplit (the lane kernels' adapters); the Q8_0
+            // cache where the head size is a multiple of 32.
+            for (kv, split) in [GpuKv::F32, GpuKv::F16, GpuKv::Q8_0]
+                .into_iter()
+                .flat_map(|kv| [(kv, true), (kv, false)])
+            {
+                if kv == GpuKv::Q8_0 && head_dim % 32 != 0 {
+                    continue;
+                }
                 s.split = split;
-                let got = probe::attention(&gpu, s, &q, &k, &v, f16).unwrap();
-                // The f16 cache holds K and V rounded to f16 (as the CPU's does).
-                let want = if f16 {
-                    attention_ref(s, &q, &round(&k), &round(&v))
-                } else {
-                    attention_ref(s, &q, &k, &v)
+                let got = probe::attention(&gpu, s, &q, &k, &v, kv).unwrap();
+                // The f16 cache holds K and V rounded to f16, the Q8_0 cache their codes
+                // and scales (as the CPU's do).
+                let want = match kv {
+                    GpuKv::F16 => attention_ref(s, &q, &round(&k), &round(&v)),
+                    GpuKv::Q8_0 => attention_ref(s, &q, &q8_round(&k), &q8_round(&v)),
+                    GpuKv::F32 => attention_ref(s, &q, &k, &v),
                 };
                 let md = got
                     .iter()
                     .zip(&want)
                     .map(|(a, b)| (a - b).abs())
                     .fold(0f32, f32::max);
-                assert!(md <= 1e-4, "case {case} {s:?} f16 {f16}: max |Δ| {md}");
+                assert!(md <= 1e-4, "case {case} {s:?} {kv:?}: max |Δ| {md}");
             }
         }
     }
@@ -482,49 +491,78 @@ fn rope_matches_the_cpu() {
             let v: Vec<f32> = (0..n * n_head_kv * head_dim)
                 .map(|_| rng.random_range(-3.0..3.0f32))
                 .collect();
-            let f16 = rng.random_range(0..2) == 0;
-            let out = probe::rope(&gpu, s, &q, &k, &v, f16).unwrap();
-            let (gq, gk) = (&out.q, &out.k);
-            let (mut wq, mut wk) = (q.clone(), k.clone());
-            for t in 0..n {
-                let r = rope_row(pos0 + t, n_rot, 500_000.0);
-                let rows = wq[t * n_head * head_dim..(t + 1) * n_head * head_dim]
-                    .chunks_exact_mut(head_dim)
-                    .chain(
-                        wk[t * n_head_kv * head_dim..(t + 1) * n_head_kv * head_dim]
-                            .chunks_exact_mut(head_dim),
-                    );
-                for head in rows {
-                    cpu_rope(&mut head[..n_rot], &r, Numerics::Fast);
+            for cache in [GpuKv::F16, GpuKv::F32, GpuKv::Q8_0] {
+                if cache == GpuKv::Q8_0 && head_dim % 32 != 0 {
+                    continue;
                 }
-            }
-            for (g, w) in gq.iter().zip(&wq).chain(gk.iter().zip(&wk)) {
-                // The same table; a GPU may fuse the multiply-add.
-                assert!((g - w).abs() <= 1e-5, "{s:?}: {g} vs {w}");
-            }
-            // The cache holds the rotated K and the V rows: as they are (f32), or rounded to
-            // f16 (within one f16 step of the CPU cache's round-to-nearest-even).
-            assert_eq!(out.cache_k.len(), wk.len());
-            assert_eq!(out.cache_v.len(), v.len());
-            let pairs = out
-                .cache_k
-                .iter()
-                .zip(gk.iter())
-                .chain(out.cache_v.iter().zip(&v));
-            for (i, (&c, &w)) in pairs.enumerate() {
-                let (want, tol) = if f16 {
-                    let h = half::f16::from_f32(w).to_f32();
-                    (h, h.abs() / 1024.0)
+                let out = probe::rope(&gpu, s, &q, &k, &v, cache).unwrap();
+                let (gq, gk) = (&out.q, &out.k);
+                let (mut wq, mut wk) = (q.clone(), k.clone());
+                for t in 0..n {
+                    let r = rope_row(pos0 + t, n_rot, 500_000.0);
+                    let rows = wq[t * n_head * head_dim..(t + 1) * n_head * head_dim]
+                        .chunks_exact_mut(head_dim)
+                        .chain(
+                            wk[t * n_head_kv * head_dim..(t + 1) * n_head_kv * head_dim]
+                                .chunks_exact_mut(head_dim),
+                        );
+                    for head in rows {
+                        cpu_rope(&mut head[..n_rot], &r, Numerics::Fast);
+                    }
+                }
+                for (g, w) in gq.iter().zip(&wq).chain(gk.iter().zip(&wk)) {
+                    // The same table; a GPU may fuse the multiply-add.
+                    assert!((g - w).abs() <= 1e-5, "{s:?}: {g} vs {w}");
+                }
+                // The cache holds the rotated K and the V rows: as they are (f32), rounded
+                // to f16 (within one f16 step of the CPU cache's round-to-nearest-even), or
+                // quantized per 32 (the CPU's scales; a code within one step of its codes,
+                // where the device's division rounds onto the other side of a half).
+                assert_eq!(out.cache_k.len(), wk.len());
+                assert_eq!(out.cache_v.len(), v.len());
+                let (q8k, q8v) = if cache == GpuKv::Q8_0 {
+                    (q8_round(gk), q8_round(&v))
                 } else {
-                    (w, 0.0)
+                    (gk.clone(), v.clone())
                 };
-                assert!(
-                    (c - want).abs() <= tol,
-                    "{s:?} f16 {f16}: cache element {i}: {c} vs {want}"
-                );
+                let pairs = out
+                    .cache_k
+                    .iter()
+                    .zip(gk.iter().zip(&q8k))
+                    .chain(out.cache_v.iter().zip(v.iter().zip(&q8v)));
+                for (i, (&c, (&w, &w8))) in pairs.enumerate() {
+                    let (want, tol) = match cache {
+                        GpuKv::F16 => {
+                            let h = half::f16::from_f32(w).to_f32();
+                            (h, h.abs() / 1024.0)
+                        }
+                        GpuKv::F32 => (w, 0.0),
+                        GpuKv::Q8_0 => {
+                            let blk = i / 32 * 32;
+                            let all: Vec<f32> = gk.iter().chain(&v).copied().collect();
+                            let amax = all[blk..blk + 32].iter().fold(0f32, |m, x| m.max(x.abs()));
+                            (w8, amax / 127.0 * 1.01)
+                        }
+                    };
+                    assert!(
+                        (c - want).abs() <= tol,
+                        "{s:?} {cache:?}: cache element {i}: {c} vs {want}"
+                    );
+                }
             }
         }
     }
+}
+
+/// `x` (rows a multiple of 32 long) through the CPU's Q8_0 KV quantizer and back.
+fn q8_round(x: &[f32]) -> Vec<f32> {
+    let mut q = vec![0i8; x.len()];
+    let mut d = vec![0f32; x.len() / 32];
+    bitnet_kernels::rows::quantize_q8_0_split(x, &mut q, &mut d).unwrap();
+    q.iter()
+        .enumerate()
+        .map(|(i, &c)| f32::from(c) * d[i / 32])
+        .collect()
 }
 
 fn row_matrix(rng: &mut ChaCha8Rng, ty: RowType, rows: usize, cols: usize) -> Vec<u8> {
@@ -603,6 +641,102 @@ fn head_and_embedding_match_the_rows() {
             }
         }
     }
+}
+
+/// The quantized LM head against the CPU's integer head (`RowMatrix::matmul_q8`, the same
+/// per-32 activation codes): Q8_0 and Q4_0, each from F16 rows quantized at upload and from
+/// rows the CPU quantized (repacked only); even and odd block counts, the head in chunks
+/// (ragged last) and whole, one output row and batched steps' 3 and 6; head_q.wgsl, and
+/// head_q_lanes.wgsl where the adapter has it.
+#[test]
+fn quantized_head_matches_the_cpu_integer_head() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let pool = Pool::new(2);
+    for (case, ty) in [RowType::Q8_0, RowType::Q4_0, RowType::Q8_0, RowType::Q4_0]
+        .into_iter()
+        .enumerate()
+    {
+        let (rows, cols) = (
+            [37usize, 200, 1001, 70][case],
+            [64usize, 96, 160, 2560][case],
+        );
+        let bytes = row_matrix(&mut rng, RowType::F16, rows, cols);
+        let f16 = RowMatrix::new(RowType::F16, rows, cols, Cow::Borrowed(&bytes)).unwrap();
+        let q = RowMatrix::quantize_from(&f16, ty, &pool).unwrap();
+        let gpu_row = (q.nbytes() / rows).next_multiple_of(4) + 4;
+        for (chunk, n) in [10 * gpu_row, rows * gpu_row]
+            .into_iter()
+            .flat_map(|c| [(c, 1usize), (c, 3), (c, 6)])
+        {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|_| rng.random_range(-2.0..2.0f32))
+                .collect();
+            let mut want = vec![0f32; n * rows];
+            q.matmul_q8(&x, &mut want, &pool).unwrap();
+            let mut xq = vec![0i8; n * cols];
+            let mut xd = vec![0f32; n * cols / 32];
+            bitnet_kernels::rows::quantize_q8_0_split(&x, &mut xq, &mut xd).unwrap();
+            for (src, lanes) in [(&f16, false), (&q, false), (&f16, true), (&q, true)] {
+                if lanes && !gpu.lane_kernels() {
+                    eprintln!(
+                        "head_q_lanes.wgsl not tested: {} is not a CPU device",
+                        gpu.info().name
+                    );
+                    continue;
+                }
+                let what = format!(
+                    "{ty:?} from {:?}, {rows}×{cols}, chunk {chunk}, {n} rows (lanes {lanes})",
+                    src.row_type()
+                );
+                let got = probe::head_q(&gpu, src, ty, &xq, &xd, n, chunk as u64, lanes).unwrap();
+                assert_eq!(got.len(), want.len(), "{what}");
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                        "{what}: logit {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The final norm that feeds a quantized head: the rows rmsnorm.wgsl gives, quantized per 32
+/// as `quantize_q8_0_split` quantizes them (scales equal; a code may differ by one where the
+/// device's division rounds a value onto the other side of a half), and a NaN's block a NaN
+/// scale.
+#[test]
+fn rmsnorm_q8_quantizes_the_normed_rows_as_the_cpu() {
+    let Some(gpu) = common::open() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    for (n, width) in [(1usize, 32usize), (3, 96), (2, 2560), (5, 1024)] {
+        let mut x: Vec<f32> = (0..n * width)
+            .map(|_| rng.random_range(-3.0..3.0f32))
+            .collect();
+        // A block of zeros (scale 0, codes 0).
+        x[..32].fill(0.0);
+        let w: Vec<f32> = (0..width).map(|_| rng.random_range(0.5..1.5f32)).collect();
+        let y = probe::rmsnorm(&gpu, &x, &w, 1e-5).unwrap();
+        let mut cq = vec![0i8; n * width];
+        let mut cd = vec![0f32; n * width / 32];
+        bitnet_kernels::rows::quantize_q8_0_split(&y, &mut cq, &mut cd).unwrap();
+        let (gq, gd) = probe::rmsnorm_q8(&gpu, &x, &w, 1e-5).unwrap();
+        assert_eq!(gd, cd, "{n}×{width}: scales");
+        let off = gq.iter().zip(&cq).filter(|(a, b)| a != b).count();
+        assert!(
+            gq.iter()
+                .zip(&cq)
+                .all(|(&a, &b)| (i16::from(a) - i16::from(b)).abs() <= 1),
+            "{n}×{width}: a code differs by more than one"
+        );
+        assert!(off * 1000 <= gq.len(), "{n}×{width}: {off} codes differ");
+        assert!(gd[0] == 0.0 && gq[..32].iter().all(|&c| c == 0));
+    }
+    let mut x = vec![1.0f32; 64];
+    x[40] = f32::NAN;
+    let (_, d) = probe::rmsnorm_q8(&gpu, &x, &[1.0; 64], 1e-5).unwrap();
+    assert!(d[1].is_nan(), "a NaN's block: scale {}", d[1]);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use bitnet_gguf::{Array, GgufFile, Limits, Value};
 use bitnet_gpu::{DecodeKernels, GpuCache, GpuError, GpuKv, GpuModel, GpuOptions};
-use bitnet_kernels::Pool;
+use bitnet_kernels::{Pool, RowMatrix, RowType};
 use bitnet_model::{Exec, KvType, Model, Numerics, Outputs};
 use bitnet_testkit::{synth, Preset, SynthSpec, WeightLayout};
 
@@ -80,6 +80,7 @@ fn cpu_kv(kv: GpuKv) -> KvType {
     match kv {
         GpuKv::F16 => KvType::F16,
         GpuKv::F32 => KvType::F32,
+        GpuKv::Q8_0 => KvType::Q8_0,
     }
 }
 
@@ -107,7 +108,21 @@ fn compare_steps(
     steps: usize,
     what: &str,
 ) {
-    let g = GpuModel::new(m, opts).unwrap();
+    compare_with(m, m, opts, kv, prompt, steps, what);
+}
+
+/// [`compare_steps`] with the GPU's model uploaded from `up` (the same model, its head in
+/// another form).
+fn compare_with(
+    m: &Model<'_>,
+    up: &Model<'_>,
+    opts: GpuOptions,
+    kv: GpuKv,
+    prompt: &[u32],
+    steps: usize,
+    what: &str,
+) {
+    let g = GpuModel::new(up, opts).unwrap();
     let nv = m.config.n_vocab;
     let pool = Pool::new(2);
     let mut exec = fast(&pool);
@@ -228,6 +243,74 @@ fn tiny_golden_model_matches_the_cpu() {
         Err(e) => panic!("tiny, lane decode kernels: {e}"),
     }
     greedy(&m, &PROMPT, "tiny");
+}
+
+/// The LM head quantized (Q8_0, Q4_0) against the CPU running the same quantized head
+/// (`--lm-head`): uploaded from the file's F16 rows and quantized on the way, and from the
+/// CPU's quantized copy; the tiny model (tied head, whose embedding keeps its F16 rows) and
+/// the medium one, the lane and the team decode kernels, a head in chunks and a batched
+/// step; greedy picks equal while the margins are clear.
+#[test]
+fn quantized_heads_match_the_cpu() {
+    if !common::have_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::new(2);
+    let medium_f =
+        GgufFile::open(&medium(dir.path(), WeightLayout::I2S), &Limits::default()).unwrap();
+    let tiny_f = tiny();
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 409 + 7) % 16_384).collect();
+    for (name, f, prompt) in [
+        ("tiny", &tiny_f, &PROMPT[..]),
+        ("medium", &medium_f, &prompt[..]),
+    ] {
+        let m = Model::load(f).unwrap();
+        assert!(m.output.is_none(), "{name}: a tied head");
+        for ty in [RowType::Q8_0, RowType::Q4_0] {
+            let mut mq = Model::load(f).unwrap();
+            mq.set_lm_head(RowMatrix::quantize_from(m.lm_head(), ty, &pool).unwrap());
+            let opts = GpuOptions {
+                head: Some(ty),
+                ..GpuOptions::default()
+            };
+            let what = format!("{name}, {ty:?} head");
+            compare_with(
+                &mq,
+                &m,
+                opts,
+                GpuKv::F16,
+                prompt,
+                8,
+                &format!("{what} from F16"),
+            );
+            compare_with(
+                &mq,
+                &mq,
+                GpuOptions::default(),
+                GpuKv::F16,
+                prompt,
+                4,
+                &format!("{what} from the CPU's"),
+            );
+            let other = GpuOptions {
+                decode: DecodeKernels::Mv,
+                max_batch: 3,
+                chunk_bytes: Some(100 * 2048),
+                ..opts
+            };
+            compare_with(
+                &mq,
+                &m,
+                other,
+                GpuKv::F32,
+                prompt,
+                4,
+                &format!("{what}, team kernels, chunks"),
+            );
+            batched_against_the_cpu(&mq, opts, GpuKv::F16, &what);
+        }
+    }
 }
 
 /// Each decode kernel on the medium model: a 60-token prompt, then 12 steps, the fifth of
@@ -351,6 +434,54 @@ fn batched_steps_match_the_cpu() {
         batched_against_the_cpu(&medium, opts, GpuKv::F16, &format!("medium {decode:?}"));
         batched_against_the_cpu(&tiny, opts, GpuKv::F32, &format!("tiny {decode:?} f32"));
     }
+    batched_against_the_cpu(&medium, GpuOptions::default(), GpuKv::Q8_0, "medium q8_0");
+}
+
+/// The Q8_0 cache against the CPU's Q8_0 cache: every prompt position and the steps after
+/// it, on the lane (RoPE and the store then a kernel of their own) and the team kernels;
+/// a cache for a head size that is not a multiple of 32 is a typed error.
+#[test]
+fn q8_0_cache_matches_the_cpu() {
+    if !common::have_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let f = GgufFile::open(&medium(dir.path(), WeightLayout::I2S), &Limits::default()).unwrap();
+    let medium = Model::load(&f).unwrap();
+    let t = tiny();
+    let tiny = Model::load(&t).unwrap();
+    let prompt: Vec<u32> = (0..70u32).map(|i| (i * 409 + 7) % 4256).collect();
+    for decode in [DecodeKernels::Auto, DecodeKernels::Mv] {
+        let opts = GpuOptions {
+            decode,
+            ..GpuOptions::default()
+        };
+        compare(
+            &tiny,
+            opts,
+            GpuKv::Q8_0,
+            &PROMPT,
+            &format!("tiny q8_0 {decode:?}"),
+        );
+        compare_steps(
+            &medium,
+            opts,
+            GpuKv::Q8_0,
+            &prompt,
+            8,
+            &format!("medium q8_0 {decode:?}"),
+        );
+    }
+    let mut odd = Model::load(&t).unwrap();
+    odd.config.head_dim = 48;
+    odd.config.n_head = odd.config.n_embd / 48;
+    odd.config.n_head_kv = odd.config.n_head;
+    if let Ok(g) = GpuModel::new(&odd, GpuOptions::default()) {
+        assert!(matches!(
+            g.new_cache(8, GpuKv::Q8_0),
+            Err(GpuError::Unsupported(_))
+        ));
+    }
 }
 
 #[test]
@@ -448,7 +579,8 @@ fn shift_on(m: &Model<'_>, file: &str) {
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 211 + 5) % 4256).collect();
     let nv = m.config.n_vocab;
     let mut shifted = Vec::new();
-    for kv in [GpuKv::F16, GpuKv::F32] {
+    // F32 last: its logits are the ones the unshifted cache is told apart from below.
+    for kv in [GpuKv::F16, GpuKv::Q8_0, GpuKv::F32] {
         let mut cache = m.new_cache(24, cpu_kv(kv), u64::MAX).unwrap();
         let mut gc = g.new_cache(24, kv).unwrap();
         m.forward(&prompt, &mut cache, Outputs::None, &mut exec)
@@ -565,14 +697,23 @@ fn bad_inputs_are_typed_errors() {
         "{e}"
     );
     let pool = Pool::new(1);
+    // A Q6_K head (Q8_0 and Q4_0 run: quantized_heads_match_the_cpu), and a head quantized
+    // at upload to a type the GPU has no kernel for.
     let mut mq = Model::load(&f).unwrap();
-    let q8 =
-        bitnet_kernels::RowMatrix::quantize_from(m.lm_head(), bitnet_kernels::RowType::Q8_0, &pool)
-            .unwrap();
-    mq.set_lm_head(q8);
+    let q6 = RowMatrix::quantize_from(m.lm_head(), RowType::Q6K, &pool).unwrap();
+    mq.set_lm_head(q6);
     let e = GpuModel::new(&mq, GpuOptions::default()).unwrap_err();
     assert!(
-        matches!(&e, GpuError::Unsupported(s) if s.contains("Q8_0")),
+        matches!(&e, GpuError::Unsupported(s) if s.contains("Q6K")),
+        "{e}"
+    );
+    let to_q6 = GpuOptions {
+        head: Some(RowType::Q6K),
+        ..GpuOptions::default()
+    };
+    let e = GpuModel::new(&m, to_q6).unwrap_err();
+    assert!(
+        matches!(&e, GpuError::Unsupported(s) if s.contains("Q6K")),
         "{e}"
     );
 }

@@ -269,8 +269,9 @@ export class Model {
     };
     let inner, size;
     try {
-      // What only the CPU runs (exact numerics, a re-encoded head) goes there under "auto".
-      const cpuOnly = (options.lmHead ?? "f16") !== "f16" || (options.numerics ?? "fast") !== "fast";
+      // What only the CPU runs (exact numerics) goes there under "auto"; the q8_0 and q4_0
+      // heads are quantized on upload to WebGPU too.
+      const cpuOnly = (options.numerics ?? "fast") !== "fast";
       if (device === "cpu" || (device === "auto" && (!hasGpu || cpuOnly))) {
         [inner, size] = await build(toCpu, "cpu");
       } else {

@@ -264,8 +264,12 @@ fn run_engine(a: &Args) -> Result<()> {
     if a.constraint.constraint()?.is_some() {
         bail!("{what}: bench times a constraint in the normal CPU mode only");
     }
-    // Bytes a decode step reads: every projection and the head (for the GPU's GB/s).
-    let step_bytes = engine.model()?.bytes_per_token() as f64;
+    // Bytes a decode step reads: every projection and the head (for the GPU's GB/s: the head
+    // as the device holds it, quantized there by --lm-head q8_0|q4_0).
+    let step_bytes = match engine.gpu() {
+        Some(g) => g.weight_reads(1) as f64,
+        None => engine.model()?.bytes_per_token() as f64,
+    };
     if !a.json {
         if a.model.ram_budget.is_some() {
             println!(

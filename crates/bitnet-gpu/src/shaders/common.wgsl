@@ -31,3 +31,26 @@ fn quant_scale(m_bits: u32) -> f32 {
     }
     return 127.0 / max(bitcast<f32>(m_bits), 1e-5);
 }
+
+// Q8_0 as bitnet_kernels' quantizer encodes a block of 32 (`quantize_q8_0_split`): the scale
+// d = max|y| / 127 kept as its f16 value, each code y·(1/d) (d before rounding) rounded half
+// away from zero and clamped, as a byte. The largest |y| is taken on the bits, so a block
+// with a NaN gets a NaN scale (its values decode to NaN and reach the logits' checks).
+fn q8_inv(m_bits: u32) -> vec2<f32> {
+    let d = bitcast<f32>(m_bits) / 127.0;
+    var id = 0.0;
+    if d != 0.0 {
+        id = 1.0 / d;
+    }
+    return vec2<f32>(unpack2x16float(pack2x16float(vec2<f32>(d, 0.0))).x, id);
+}
+
+fn q8_code(v: f32) -> u32 {
+    let r = clamp(sign(v) * floor(abs(v) + 0.5), -128.0, 127.0);
+    return bitcast<u32>(i32(r)) & 0xffu;
+}
+
+// Byte b of w as a signed value.
+fn i8_at(w: u32, b: u32) -> f32 {
+    return f32(bitcast<i32>(w << (24u - 8u * b)) >> 24u);
+}
