@@ -83,9 +83,7 @@ impl Constraint {
 
     fn grammar(&self) -> TopLevelGrammar {
         match self {
-            Constraint::JsonObject => {
-                TopLevelGrammar::from_json_schema(compact(serde_json::json!({ "type": "object" })))
-            }
+            Constraint::JsonObject => TopLevelGrammar::from_json_schema(compact(any_object())),
             Constraint::JsonSchema(s) => TopLevelGrammar::from_json_schema(compact(s.clone())),
             Constraint::Regex(r) => TopLevelGrammar::from_regex(r),
             Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
@@ -159,11 +157,13 @@ fn lark_set_operator(text: &str) -> Option<&'static str> {
     None
 }
 
-/// JSON written on one line, `", "` between items and `": "` after keys (as Python's
-/// `json.dumps` writes it), unless the schema sets its own layout (llguidance's
-/// `x-guidance` key). llguidance's default allows any whitespace between tokens, which a
-/// sampled model can fill without end.
+/// A schema as the engine compiles it: JSON written on one line, `", "` between items and
+/// `": "` after keys (as Python's `json.dumps` writes it), unless the schema sets its own
+/// layout (llguidance's `x-guidance` key), since llguidance's default allows any whitespace
+/// between tokens, which a sampled model can fill without end; and its integers and numbers
+/// bounded where the schema leaves them open ([`bound_numbers`]).
 pub(crate) fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    bound_numbers(&mut schema);
     if let Some(o) = schema.as_object_mut() {
         o.entry("x-guidance").or_insert_with(|| {
             serde_json::json!({
@@ -174,6 +174,79 @@ pub(crate) fn compact(mut schema: serde_json::Value) -> serde_json::Value {
         });
     }
     schema
+}
+
+/// Any JSON object, its values any JSON (numbers among them, so [`bound_numbers`] bounds
+/// them as it bounds a schema's): JSON mode's schema.
+fn any_object() -> serde_json::Value {
+    serde_json::json!({
+        "$defs": { "value": { "anyOf": [
+            { "type": "null" },
+            { "type": "boolean" },
+            { "type": "number" },
+            { "type": "string" },
+            { "type": "array", "items": { "$ref": "#/$defs/value" } },
+            { "type": "object", "additionalProperties": { "$ref": "#/$defs/value" } }
+        ] } },
+        "type": "object",
+        "additionalProperties": { "$ref": "#/$defs/value" }
+    })
+}
+
+/// The open side of an integer or number's range where the schema gives no bound: below
+/// 10^16 in magnitude, the 16 digits of an integral part that llama.cpp's schema grammar
+/// allows.
+pub const NUMBER_BOUND: f64 = 1e16;
+/// The step of a number's fraction where the schema gives no `multipleOf`: at most 10
+/// decimals (llguidance reads `multipleOf` through an f64, which holds no finer power of ten
+/// exactly enough for it).
+pub const NUMBER_STEP: f64 = 1e-10;
+
+/// Bound every `integer` and `number` of a schema whose range is open: a missing lower bound
+/// becomes `exclusiveMinimum: -1e16`, a missing upper one `exclusiveMaximum: 1e16` (16
+/// digits at most), and a `number` without `multipleOf` takes `1e-10` (10 decimals at most,
+/// no exponent), so that sampling cannot run away inside one (unbounded, a sampled model may
+/// write digits until `max_tokens` cuts the JSON). A schema's own bounds are kept, each side
+/// on its own. Values of `const`, `enum`, `default` and `examples` are data, left as they
+/// are.
+pub(crate) fn bound_numbers(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    match schema {
+        Value::Object(o) => {
+            let has = |t: &str| match o.get("type") {
+                Some(Value::String(s)) => s == t,
+                Some(Value::Array(a)) => a.iter().any(|x| x.as_str() == Some(t)),
+                _ => false,
+            };
+            let (int, num) = (has("integer"), has("number"));
+            if int || num {
+                if !o.contains_key("minimum") && !o.contains_key("exclusiveMinimum") {
+                    o.insert("exclusiveMinimum".into(), (-NUMBER_BOUND).into());
+                }
+                if !o.contains_key("maximum") && !o.contains_key("exclusiveMaximum") {
+                    o.insert("exclusiveMaximum".into(), NUMBER_BOUND.into());
+                }
+                if num && !o.contains_key("multipleOf") {
+                    o.insert("multipleOf".into(), NUMBER_STEP.into());
+                }
+            }
+            for (k, v) in o.iter_mut() {
+                match k.as_str() {
+                    "const" | "enum" | "default" | "examples" => {}
+                    // Maps of names to schemas (a property may be called "const").
+                    "properties" | "patternProperties" | "$defs" | "definitions"
+                    | "dependentSchemas" => {
+                        if let Value::Object(m) = v {
+                            m.values_mut().for_each(bound_numbers);
+                        }
+                    }
+                    _ => bound_numbers(v),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(bound_numbers),
+        _ => {}
+    }
 }
 
 /// llguidance's grammar compiler over one vocabulary (an engine builds one at its first
@@ -409,5 +482,63 @@ impl ConstraintState {
         self.matcher
             .consume_token(tok)
             .map_err(|e| self.error(format!("{e:#}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn open_numbers_are_bounded_and_a_schemas_own_bounds_kept() {
+        let mut s = json!({
+            "type": "object",
+            "properties": {
+                "n": { "type": "integer" },
+                "x": { "type": ["number", "null"] },
+                "low": { "type": "integer", "minimum": 0 },
+                "high": { "type": "number", "exclusiveMaximum": 1e30, "multipleOf": 0.5 },
+                "const": { "type": "integer" },
+                "fixed": { "const": { "type": "integer" } },
+                "pick": { "enum": [{ "type": "number" }] },
+                "list": { "type": "array", "items": { "type": "integer" } },
+                "any": { "anyOf": [{ "type": "number" }, { "type": "string" }] }
+            },
+            "$defs": { "d": { "type": "integer", "maximum": 7 } }
+        });
+        bound_numbers(&mut s);
+        let p = &s["properties"];
+        let open =
+            json!({ "type": "integer", "exclusiveMinimum": -1e16, "exclusiveMaximum": 1e16 });
+        assert_eq!(p["n"], open);
+        assert_eq!(p["const"], open, "a property named const is a schema");
+        assert_eq!(p["list"]["items"], open);
+        assert_eq!(
+            p["x"],
+            json!({ "type": ["number", "null"], "exclusiveMinimum": -1e16,
+                    "exclusiveMaximum": 1e16, "multipleOf": 1e-10 })
+        );
+        assert_eq!(
+            p["low"],
+            json!({ "type": "integer", "minimum": 0, "exclusiveMaximum": 1e16 })
+        );
+        assert_eq!(
+            p["high"],
+            json!({ "type": "number", "exclusiveMaximum": 1e30, "multipleOf": 0.5,
+                    "exclusiveMinimum": -1e16 })
+        );
+        assert_eq!(
+            p["fixed"],
+            json!({ "const": { "type": "integer" } }),
+            "data"
+        );
+        assert_eq!(p["pick"], json!({ "enum": [{ "type": "number" }] }), "data");
+        assert_eq!(p["any"]["anyOf"][0]["multipleOf"], json!(1e-10));
+        assert_eq!(p["any"]["anyOf"][1], json!({ "type": "string" }));
+        assert_eq!(
+            s["$defs"]["d"],
+            json!({ "type": "integer", "maximum": 7, "exclusiveMinimum": -1e16 })
+        );
     }
 }

@@ -102,12 +102,64 @@ fn schemas_hold_the_output_at_temperature_one() {
     }
 }
 
+/// Integers and numbers the schema leaves open are bounded (16 digits, as llama.cpp's schema
+/// grammar; 10 decimals), so sampling at temperature 1 on random weights cannot write
+/// digits until `max_tokens` cuts the JSON: every reply ends and parses; a schema's own
+/// bound is kept.
+#[test]
+fn open_integers_and_numbers_cannot_run_away() {
+    let e = engine();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "n": { "type": "integer" },
+            "x": { "type": "number" },
+            "low": { "type": "integer", "minimum": 5 }
+        },
+        "required": ["n", "x", "low"],
+        "additionalProperties": false
+    });
+    let digits = |s: &str| s.chars().filter(char::is_ascii_digit).count();
+    for seed in 0..20 {
+        let (text, finish) = generate(&e, Constraint::JsonSchema(schema.clone()), seed, 200);
+        assert_eq!(finish, FinishReason::Eog, "seed {seed}: {text:?}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|err| panic!("{text:?}: {err}"));
+        // The numbers as written: n and low at most 16 digits; x at most 16 before the point
+        // and 10 after it, no exponent.
+        let raw = |k: &str| -> String {
+            let at = text.find(&format!("\"{k}\": ")).unwrap() + k.len() + 4;
+            text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || "-.eE+".contains(*c))
+                .collect()
+        };
+        assert!(digits(&raw("n")) <= 16, "seed {seed}: {text}");
+        let x = raw("x");
+        assert!(!x.contains(['e', 'E']), "seed {seed}: {text}");
+        let (int, frac) = x.split_once('.').unwrap_or((&x, ""));
+        assert!(
+            digits(int) <= 16 && digits(frac) <= 16,
+            "seed {seed}: {text}"
+        );
+        assert!(
+            v["low"].as_i64().is_some_and(|l| l >= 5),
+            "seed {seed}: {text}"
+        );
+        assert!(digits(&raw("low")) <= 16, "seed {seed}: {text}");
+    }
+}
+
 #[test]
 fn json_object_regex_and_lark() {
     let e = engine();
     for seed in 0..4 {
-        let (text, _) = generate(&e, Constraint::JsonObject, seed, 400);
+        let (text, finish) = generate(&e, Constraint::JsonObject, seed, 400);
         assert!(text.starts_with('{'), "{text:?}");
+        if finish == FinishReason::Eog {
+            let v: Value =
+                serde_json::from_str(&text).unwrap_or_else(|err| panic!("{text:?}: {err}"));
+            assert!(v.is_object(), "{text:?}");
+        }
 
         let (text, finish) = generate(
             &e,
