@@ -349,7 +349,7 @@ impl Config {
     }
 
     /// Bytes of KV cache for `n_ctx` positions of element type `ty`, checked.
-    pub fn kv_cache_bytes(&self, n_ctx: usize, ty: crate::KvType) -> Result<u64> {
+    pub fn kv_cache_bytes(&self, n_ctx: usize, ty: KvType) -> Result<u64> {
         [self.n_layer, n_ctx, self.n_embd_kv(), 2]
             .iter()
             .try_fold(1u64, |acc, &x| acc.checked_mul(u64::try_from(x).ok()?))
@@ -394,4 +394,59 @@ fn activation_from_metadata(md: &Metadata, arch: &str) -> Result<Option<Activati
         }
     }
     Ok(None)
+}
+
+/// Element type of the KV cache (the configuration's, so that sizes can be planned before a
+/// cache exists: [`Config::kv_cache_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    F32,
+    #[default]
+    F16,
+    /// ggml's Q8_0: a code per value, an f16 scale per 32 (held widened to f32).
+    Q8_0,
+    /// ggml's Q4_0: a nibble per value, an f16 scale per 32 (held widened to f32).
+    Q4_0,
+}
+
+impl KvType {
+    /// The name in flags and reports (`f32`, `f16`, `q8_0`, `q4_0`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        }
+    }
+
+    /// Stored as codes in blocks of 32 values with a scale each.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, KvType::Q8_0 | KvType::Q4_0)
+    }
+
+    /// Bytes that `n` values take (`n` a multiple of 32 for Q8_0 and Q4_0); None on overflow.
+    pub fn bytes_for(self, n: u64) -> Option<u64> {
+        match self {
+            KvType::F32 => n.checked_mul(4),
+            KvType::F16 => n.checked_mul(2),
+            // A code per value, an f32 scale per 32 values.
+            KvType::Q8_0 => n.checked_add(n.div_ceil(32).checked_mul(4)?),
+            // Half a byte per value, an f32 scale per 32 values.
+            KvType::Q4_0 => n.div_ceil(2).checked_add(n.div_ceil(32).checked_mul(4)?),
+        }
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            "q8_0" => Ok(KvType::Q8_0),
+            "q4_0" => Ok(KvType::Q4_0),
+            _ => Err(format!("unknown KV cache type '{s}' (f32|f16|q8_0|q4_0)")),
+        }
+    }
 }

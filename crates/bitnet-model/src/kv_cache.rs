@@ -16,61 +16,7 @@ use bitnet_kernels::rows::{quantize_q4_0_split, quantize_q8_0_split};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use crate::{Config, ModelError, Result};
-
-/// Element type of the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvType {
-    F32,
-    #[default]
-    F16,
-    /// ggml's Q8_0: a code per value, an f16 scale per 32 (held widened to f32).
-    Q8_0,
-    /// ggml's Q4_0: a nibble per value, an f16 scale per 32 (held widened to f32).
-    Q4_0,
-}
-
-impl KvType {
-    /// Bytes that `n` values take (`n` a multiple of 32 for Q8_0); None on overflow.
-    /// The name in flags and reports (`f32`, `f16`, `q8_0`).
-    pub fn name(self) -> &'static str {
-        match self {
-            KvType::F32 => "f32",
-            KvType::F16 => "f16",
-            KvType::Q8_0 => "q8_0",
-            KvType::Q4_0 => "q4_0",
-        }
-    }
-
-    /// Stored as codes in blocks of 32 values with a scale each.
-    pub fn is_quantized(self) -> bool {
-        matches!(self, KvType::Q8_0 | KvType::Q4_0)
-    }
-
-    pub fn bytes_for(self, n: u64) -> Option<u64> {
-        match self {
-            KvType::F32 => n.checked_mul(4),
-            KvType::F16 => n.checked_mul(2),
-            // A code per value, an f32 scale per 32 values.
-            KvType::Q8_0 => n.checked_add(n.div_ceil(32).checked_mul(4)?),
-            // Half a byte per value, an f32 scale per 32 values.
-            KvType::Q4_0 => n.div_ceil(2).checked_add(n.div_ceil(32).checked_mul(4)?),
-        }
-    }
-}
-
-impl std::str::FromStr for KvType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(KvType::F32),
-            "f16" => Ok(KvType::F16),
-            "q8_0" => Ok(KvType::Q8_0),
-            "q4_0" => Ok(KvType::Q4_0),
-            _ => Err(format!("unknown KV cache type '{s}' (f32|f16|q8_0|q4_0)")),
-        }
-    }
-}
+use crate::{Config, KvType, ModelError, Result};
 
 /// One layer's K or V, on a 64-byte boundary (rows of 128 f16 or f32 values then start on a
 /// cache line, and the attention kernel's vector loads never straddle two).

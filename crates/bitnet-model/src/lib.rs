@@ -17,9 +17,9 @@ mod screen;
 
 pub use approx::{ApproxHead, ApproxOptions, RowReader};
 pub use backend::Backend;
-pub use config::{Activation, Config, Pooling, RopeStyle};
+pub use config::{Activation, Config, KvType, Pooling, RopeStyle};
 pub use error::{ModelError, Result};
-pub use kv_cache::{KvCache, KvType};
+pub use kv_cache::KvCache;
 pub use model::{Exec, Layer, Model, NormIn, Outputs, Scratch, Seq, TraceEvent};
 pub use numerics::Numerics;
 pub use owned::OwnedModel;

@@ -9,10 +9,11 @@ use bitnet_kernels::{act, RowMatrix, RowType, TernaryLayout, TernaryMatrix};
 use crate::approx::ApproxHead;
 use crate::backend::Backend;
 use crate::config::{Activation, Config, Pooling};
-use crate::kv_cache::{KvCache, KvType};
+use crate::kv_cache::KvCache;
 use crate::names::{self, LayerTensor};
 use crate::numerics::{self, Numerics, RopeRow};
 use crate::screen::{HeadScreen, Pick, Picked};
+use crate::KvType;
 use crate::{ModelError, Result};
 
 /// One transformer block's weights (ggml `ne` = (in, out); a ternary matrix is `[out][in]`).

@@ -23,7 +23,9 @@ use bitnet_model::Pooling;
 use serde_json::{json, Map, Value};
 
 use crate::api::ApiError;
-use crate::http::{counted, json_object, loading_error, tokenize_blocking, unavailable, AppState};
+use crate::request::{
+    counted, json_object, loading_error, tokenize_blocking, unavailable, AppState,
+};
 use crate::scheduler::{EmbedJob, Msg};
 use crate::Ready;
 
@@ -188,7 +190,7 @@ async fn handle(s: &AppState, req: Request) -> Result<Response, ApiError> {
     let r = parse(&o, ready.n_vocab, ready.n_embd)?;
     drop(o);
     // Admission before the inputs are tokenized (as for generation).
-    let ticket = crate::http::admit(s)?;
+    let ticket = crate::request::admit(s)?;
     let tok = Arc::clone(&ready.tokenizer);
     let n_ctx = ready.n_ctx;
     let inputs = tokenize_blocking(move || {

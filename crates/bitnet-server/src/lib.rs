@@ -28,6 +28,7 @@ pub mod api;
 mod embeddings;
 mod http;
 pub mod metrics;
+mod request;
 mod scheduler;
 mod web;
 

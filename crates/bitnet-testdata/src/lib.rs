@@ -9,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod layers;
+
 /// The golden model file of each architecture the loader runs: bitnet-b1.58, `llama`,
 /// Falcon3 (`llama`), 1bitLLM's `bitnet`, and the embedding models' `qwen3` and `gemma3`
 /// (paths for [`golden`] and [`read`]).

@@ -22,6 +22,7 @@
 
 mod bytelevel;
 mod chat;
+mod chat_format;
 mod error;
 mod pretok;
 mod spm;
@@ -29,7 +30,8 @@ mod stream;
 mod tokenizer;
 mod vocab;
 
-pub use chat::{format_chat, format_chat_as, ChatFormat, ChatMessage, ChatRole, BOS_TEXT};
+pub use chat::{format_chat, format_chat_as, ChatMessage, ChatRole, BOS_TEXT};
+pub use chat_format::ChatFormat;
 pub use error::TokenizerError;
 pub use pretok::{PreTokenizer, DEFAULT_REGEXES, FALCON3_REGEXES, GPT2_REGEX, LLAMA3_REGEX};
 pub use stream::StreamDecoder;

@@ -154,7 +154,7 @@ impl Tokenizer {
         t.chat_format = crate::ChatFormat::detect(
             text("general.architecture"),
             text("tokenizer.chat_template"),
-            &t,
+            |s| t.token_id(s).is_some(),
         );
         Ok(t)
     }

@@ -5,7 +5,7 @@ use super::kv::{prefetch, Block, KvElem};
 use super::work::{Job, Scratch};
 #[cfg(target_arch = "x86_64")]
 use super::x86;
-use super::{KvRows, LANES, MAX_QP, POS_BLOCK};
+use super::{padded_queries, KvRows, LANES, MAX_QP, POS_BLOCK};
 use crate::tier::Isa;
 
 pub(super) fn select(isa: Isa) -> fn(&Job<'_>, usize, &mut Scratch, &mut [f32]) {
@@ -125,16 +125,6 @@ pub(super) fn item_avx512(job: &Job<'_>, it: usize, s: &mut Scratch, part: &mut 
     }
     // SAFETY: `select` returns this only when the AVX-512 tier is supported.
     unsafe { inner(job, it, s, part) }
-}
-
-/// Query vectors an item holds, padded so that the score kernels group them evenly: a power of
-/// two up to 16, else a multiple of 16. Padding vectors are zero and see no position.
-pub(super) fn padded_queries(nq: usize) -> usize {
-    if nq <= LANES {
-        nq.next_power_of_two()
-    } else {
-        nq.next_multiple_of(LANES)
-    }
 }
 
 /// Scaled scores of one block: `st[jj·nqp + i] = scale · (q_i · K_jj)` for the `nqp` query

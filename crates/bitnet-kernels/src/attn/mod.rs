@@ -66,8 +66,19 @@ pub(super) const LANES: usize = 16;
 pub(super) const MIN_CHUNK: usize = 256;
 /// Largest number of query vectors in an item (`TOKEN_BLOCK × n_gqa`), bounding scratch.
 pub(super) const MAX_GQA: usize = 64;
-/// Largest padded count of query vectors ([`item::padded_queries`] of [`MAX_GQA`]).
+/// Largest padded count of query vectors ([`padded_queries`] of [`MAX_GQA`]).
 pub(super) const MAX_QP: usize = MAX_GQA;
+
+/// Query vectors an item holds, padded so that the score kernels group them evenly: a power of
+/// two up to 16, else a multiple of 16. Padding vectors are zero and see no position. (The
+/// work plan sizes scratch by it, the items fill it.)
+pub(super) fn padded_queries(nq: usize) -> usize {
+    if nq <= LANES {
+        nq.next_power_of_two()
+    } else {
+        nq.next_multiple_of(LANES)
+    }
+}
 
 /// The K or V rows of one layer: `[n_pos][n_head_kv · head_dim]`, in the cache's element type.
 #[derive(Debug, Clone, Copy)]

@@ -3,8 +3,9 @@
 
 use std::ops::Range;
 
-use super::item::padded_queries;
-use super::{AttnShape, KvLayout, KvRows, LANES, MAX_GQA, MIN_CHUNK, POS_BLOCK, TOKEN_BLOCK};
+use super::{
+    padded_queries, AttnShape, KvLayout, KvRows, LANES, MAX_GQA, MIN_CHUNK, POS_BLOCK, TOKEN_BLOCK,
+};
 use crate::aligned::AlignedBuf;
 use crate::pool::SharedMut;
 use crate::Pool;
