@@ -169,10 +169,18 @@ const NORM_QUANT: &str = include_str!("shaders/norm_quant.wgsl");
 const ROPE: &str = include_str!("shaders/rope.wgsl");
 /// The prompt GEMMs' shape, bindings and epilogue.
 const GEMM: &str = include_str!("shaders/gemm_common.wgsl");
-/// The LM head kernels' shape and bindings.
-const HEAD: &str = include_str!("shaders/head_common.wgsl");
+/// The LM head kernels' shape and bindings (the stores after the bindings, which they use).
+const HEAD: &str = concat!(
+    include_str!("shaders/head_common.wgsl"),
+    "\n",
+    include_str!("shaders/head_shared.wgsl")
+);
 /// The quantized LM head kernels' shape and bindings.
-const HEAD_Q: &str = include_str!("shaders/head_q_common.wgsl");
+const HEAD_Q: &str = concat!(
+    include_str!("shaders/head_q_common.wgsl"),
+    "\n",
+    include_str!("shaders/head_shared.wgsl")
+);
 /// The top-k kernels' shared selection.
 const TOPK: &str = include_str!("shaders/topk_select.wgsl");
 

@@ -485,24 +485,16 @@ pub fn head_q(
     let bytes: Vec<u8> = xq.iter().map(|&v| v.to_le_bytes()[0]).collect();
     let qb = gpu.upload("codes", &bytes)?;
     let db = gpu.upload("scales", bytemuck::cast_slice(xd))?;
-    let out = rw(gpu, "logits", rows * nv * 4)?;
-    for (ci, b) in ch.bufs.iter().enumerate() {
-        let row0 = ci * ch.rows_per_chunk;
-        let n = ch.rows_per_chunk.min(nv - row0);
-        let dims = gpu.uniform(
-            "dims",
-            &[n32(m.cols())?, n32(n)?, n32(row0)?, n32(nv)?, code, 0, 0, 0],
-        );
-        let bind = gpu.bind(kernel, &[&step, &dims, b, &qb, &out, &db]);
-        run(
-            gpu,
-            kernel,
-            &bind,
-            n32(n.div_ceil(per_group))?,
-            n32(rows.div_ceil(rows_per_group))?,
-        )?;
-    }
-    Ok(le_f32(&gpu.read(&out, u64::from(n32(rows * nv * 4)?))?))
+    let shape = HeadShape {
+        nv,
+        cols: m.cols(),
+        code,
+        rows,
+        groups: (per_group, rows_per_group),
+    };
+    head_chunks(gpu, kernel, &ch, shape, |dims, b, out| {
+        gpu.bind(kernel, &[&step, dims, b, &qb, out, &db])
+    })
 }
 
 /// Shape of a RoPE probe.
@@ -641,24 +633,54 @@ pub fn head(
     let nv = m.rows();
     let step = gpu.uniform("step", &step_words(n32(rows)?, 0, 0, n32(rows)?, 0));
     let hb = gpu.upload("hn", bytemuck::cast_slice(hn))?;
-    let out = rw(gpu, "logits", rows * nv * 4)?;
+    let shape = HeadShape {
+        nv,
+        cols: m.cols(),
+        code: ty,
+        rows,
+        groups: (per_group, rows_per_group),
+    };
+    head_chunks(gpu, kernel, &ch, shape, |dims, b, out| {
+        gpu.bind(kernel, &[&step, dims, b, &hb, out])
+    })
+}
+
+/// A head probe's call: the head's rows and hidden size, the kernels' row-type code, the
+/// output rows, and the head rows and output rows a workgroup takes.
+struct HeadShape {
+    nv: usize,
+    cols: usize,
+    code: u32,
+    rows: usize,
+    groups: (usize, usize),
+}
+
+/// A head kernel over each chunk of `ch` (bound by `bind(dims, chunk, logits)`): the logits.
+fn head_chunks(
+    gpu: &Gpu,
+    kernel: &wgpu::ComputePipeline,
+    ch: &crate::upload::Chunks,
+    s: HeadShape,
+    bind: impl Fn(&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer) -> wgpu::BindGroup,
+) -> Result<Vec<f32>> {
+    let nv = s.nv;
+    let out = rw(gpu, "logits", s.rows * nv * 4)?;
     for (ci, b) in ch.bufs.iter().enumerate() {
         let row0 = ci * ch.rows_per_chunk;
         let n = ch.rows_per_chunk.min(nv - row0);
         let dims = gpu.uniform(
             "dims",
-            &[n32(m.cols())?, n32(n)?, n32(row0)?, n32(nv)?, ty, 0, 0, 0],
+            &[n32(s.cols)?, n32(n)?, n32(row0)?, n32(nv)?, s.code, 0, 0, 0],
         );
-        let bind = gpu.bind(kernel, &[&step, &dims, b, &hb, &out]);
         run(
             gpu,
             kernel,
-            &bind,
-            n32(n.div_ceil(per_group))?,
-            n32(rows.div_ceil(rows_per_group))?,
+            &bind(&dims, b, &out),
+            n32(n.div_ceil(s.groups.0))?,
+            n32(s.rows.div_ceil(s.groups.1))?,
         )?;
     }
-    Ok(le_f32(&gpu.read(&out, u64::from(n32(rows * nv * 4)?))?))
+    Ok(le_f32(&gpu.read(&out, u64::from(n32(s.rows * nv * 4)?))?))
 }
 
 /// The embedding lookup: rows `ids` of an F16 or F32 row matrix (split into buffers of at

@@ -50,6 +50,16 @@ fn q8_code(v: f32) -> u32 {
     return bitcast<u32>(i32(r)) & 0xffu;
 }
 
+// The four int8 values of a packed word, sign-extended (byte 0 in x).
+fn i8x4(x: u32) -> vec4<i32> {
+    return vec4<i32>(
+        bitcast<i32>(x << 24u) >> 24u,
+        bitcast<i32>(x << 16u) >> 24u,
+        bitcast<i32>(x << 8u) >> 24u,
+        bitcast<i32>(x) >> 24u,
+    );
+}
+
 // Byte b of w as a signed value.
 fn i8_at(w: u32, b: u32) -> f32 {
     return f32(bitcast<i32>(w << (24u - 8u * b)) >> 24u);

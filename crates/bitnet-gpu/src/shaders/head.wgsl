@@ -1,10 +1,9 @@
 // Logits of the normed rows through one chunk of the LM head's rows (F16 or F32 rows):
 // logits[t][row0 + r] = Σ_i W[r][i] · hn[t][i]. One workgroup per 4 rows × 1 output row.
-// Shape and bindings: head_common.wgsl.
+// Bindings: head_common.wgsl; shape and the reduction: head_shared.wgsl.
 
-const WG: u32 = 64u;
+const WG: u32 = TREE_WG;
 const RPW: u32 = 4u;
-var<workgroup> red: array<vec4<f32>, 64>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -35,18 +34,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             acc[rr] = s;
         }
     }
-    red[lid.x] = acc;
-    workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k >>= 1u) {
-        if lid.x < k {
-            red[lid.x] += red[lid.x + k];
-        }
-        workgroupBarrier();
-    }
-    if lid.x < RPW {
-        let r = r0 + lid.x;
-        if r < dims.rows {
-            logits[t * dims.n_vocab + dims.row0 + r] = red[0][lid.x];
-        }
-    }
+    reduce_store(lid.x, r0, t, acc);
 }

@@ -1,15 +1,5 @@
-// Shared by head.wgsl and head_lanes.wgsl: the LM head chunk's shape and bindings.
-struct Dims {
-    n_embd: u32,
-    rows: u32,
-    row0: u32,
-    n_vocab: u32,
-    // 0: F16 rows (two halves per word), 1: F32 rows
-    ty: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
+// Shared by head.wgsl and head_lanes.wgsl: the F16/F32 LM head chunk's bindings (its shape
+// and stores: head_shared.wgsl).
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> dims: Dims;

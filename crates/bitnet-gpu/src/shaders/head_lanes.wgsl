@@ -33,13 +33,6 @@ fn h2(x0: u32, j: u32) -> vec2<f32> {
     return vec2<f32>(hn[x0 + 2u * j], hn[x0 + 2u * j + 1u]);
 }
 
-fn store4(t: u32, r0: u32, acc: vec4<f32>) {
-    for (var i = 0u; i < 4u; i++) {
-        if r0 + i < dims.rows {
-            logits[t * dims.n_vocab + dims.row0 + r0 + i] = acc[i];
-        }
-    }
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -90,14 +83,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             }
         }
     }
-    store4(t0, r0, a0);
-    if nt > 1u {
-        store4(t0 + 1u, r0, a1);
-    }
-    if nt > 2u {
-        store4(t0 + 2u, r0, a2);
-    }
-    if nt > 3u {
-        store4(t0 + 3u, r0, a3);
-    }
+    store_rows4(t0, r0, nt, a0, a1, a2, a3);
 }

@@ -1,9 +1,8 @@
 // The quantized LM head (head_q_common.wgsl): one workgroup per 4 rows × 1 output row, its
 // threads over the blocks, a tree reduction (as head.wgsl).
 
-const WG: u32 = 64u;
+const WG: u32 = TREE_WG;
 const RPW: u32 = 4u;
-var<workgroup> red: array<vec4<f32>, 64>;
 
 // Σ q_w·q_x of block b of the row at word rb against the codes of the row at word xb.
 fn blk(rb: u32, xb: u32, b: u32) -> i32 {
@@ -49,18 +48,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             acc[rr] = s;
         }
     }
-    red[lid.x] = acc;
-    workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k >>= 1u) {
-        if lid.x < k {
-            red[lid.x] += red[lid.x + k];
-        }
-        workgroupBarrier();
-    }
-    if lid.x < RPW {
-        let r = r0 + lid.x;
-        if r < dims.rows {
-            logits[t * dims.n_vocab + dims.row0 + r] = red[0][lid.x];
-        }
-    }
+    reduce_store(lid.x, r0, t, acc);
 }

@@ -4,18 +4,8 @@
 // Σ_b (d_w[r][b]·d_x[t][b])·Σ_i q_w·q_x, the CPU's `RowMatrix::matmul_q8`.
 // A row is its codes (Q8_0: one byte a weight; Q4_0: ggml's 16 bytes a block, byte j holding
 // element j low and j + 16 high) then its blocks' f16 scales, two a word (a padding half
-// after an odd count).
-struct Dims {
-    n_embd: u32,
-    rows: u32,
-    row0: u32,
-    n_vocab: u32,
-    // 2: Q8_0, 3: Q4_0 (as the kernel's TY, a constant in front of it)
-    ty: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
+// after an odd count). The kernel's row type is TY, a constant in front of it (2: Q8_0,
+// 3: Q4_0); its shape and stores: head_shared.wgsl.
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> dims: Dims;

@@ -4,16 +4,6 @@
 
 const WG: u32 = 64u;
 
-// The four int8 values of a word, sign-extended.
-fn i8x4(v: u32) -> vec4<i32> {
-    return vec4<i32>(
-        bitcast<i32>(v << 24u) >> 24u,
-        bitcast<i32>(v << 16u) >> 24u,
-        bitcast<i32>(v << 8u) >> 24u,
-        bitcast<i32>(v) >> 24u,
-    );
-}
-
 // The codes of the four nibbles of a Q4_0 word at bit `sh` (0: low, 4: high), minus 8.
 fn nib4(v: u32, sh: u32) -> vec4<i32> {
     let n = (vec4<u32>(v, v >> 8u, v >> 16u, v >> 24u) >> vec4<u32>(sh)) & vec4<u32>(15u);
@@ -56,13 +46,6 @@ fn term(rb: vec4<u32>, ds: vec4<f32>, t: u32, b: u32, nb: u32) -> vec4<f32> {
     return (ds * xd[t * nb + b]) * vec4<f32>(blk4(rb, t * (dims.n_embd / 4u), b));
 }
 
-fn store4(t: u32, r0: u32, acc: vec4<f32>) {
-    for (var i = 0u; i < 4u; i++) {
-        if r0 + i < dims.rows {
-            logits[t * dims.n_vocab + dims.row0 + r0 + i] = acc[i];
-        }
-    }
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -95,14 +78,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
             a3 += term(rb, ds, t0 + nt - 1u, b, nb);
         }
     }
-    store4(t0, r0, a0);
-    if nt > 1u {
-        store4(t0 + 1u, r0, a1);
-    }
-    if nt > 2u {
-        store4(t0 + 2u, r0, a2);
-    }
-    if nt > 3u {
-        store4(t0 + 3u, r0, a3);
-    }
+    store_rows4(t0, r0, nt, a0, a1, a2, a3);
 }

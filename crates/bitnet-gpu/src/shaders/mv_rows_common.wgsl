@@ -4,16 +4,6 @@
 // unpacks serves four rows. The packed int8 dot is written out (`dot_rows4`) because these
 // drivers lower `dot4I8Packed` to slower code.
 
-// The four int8 values of a packed activation word, sign-extended.
-fn unpack_x(x: u32) -> vec4<i32> {
-    return vec4<i32>(
-        bitcast<i32>(x << 24u) >> 24u,
-        bitcast<i32>(x << 16u) >> 24u,
-        bitcast<i32>(x << 8u) >> 24u,
-        bitcast<i32>(x) >> 24u,
-    );
-}
-
 fn hsum(v: vec4<i32>) -> i32 {
     return v.x + v.y + v.z + v.w;
 }
@@ -64,7 +54,7 @@ fn ones_rows(xo: u32) -> i32 {
     var d = vec4<i32>(0);
     for (var l = 0u; l < 4u; l++) {
         let x = xq[xo + 2u * l];
-        d += unpack_x(x.x) + unpack_x(x.y) + unpack_x(x.z) + unpack_x(x.w);
+        d += i8x4(x.x) + i8x4(x.y) + i8x4(x.z) + i8x4(x.w);
     }
     return hsum(d);
 }
