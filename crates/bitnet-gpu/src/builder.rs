@@ -623,6 +623,9 @@ impl GpuBuilder {
         let embed_bind = gpu.bind(&kp.embed, &[&step, &embed_dims, &act.rows, &h]);
         gpu.queue.submit(std::iter::empty());
         gpu.wait()?;
+        let lane_blocks = layers
+            .iter()
+            .any(|l| l.mv.as_ref().is_some_and(|m| m.kind == MvKind::Lanes));
         Ok(GpuModel {
             turn: std::sync::Mutex::new(()),
             config: c,
@@ -631,6 +634,7 @@ impl GpuBuilder {
             step,
             act,
             layers,
+            lane_blocks,
             skip,
             embd,
             head,

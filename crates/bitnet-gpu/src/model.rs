@@ -150,6 +150,8 @@ pub struct GpuModel {
     pub(crate) step: wgpu::Buffer,
     pub(crate) act: Activations,
     pub(crate) layers: Vec<GpuLayer>,
+    /// The blocks run the lane decode kernels (all or none).
+    pub(crate) lane_blocks: bool,
     pub(crate) skip: Vec<bool>,
     pub(crate) embd: Option<Chunks>,
     pub(crate) head: Chunks,
@@ -763,11 +765,7 @@ impl GpuModel {
     /// step's, except on the lane kernels, whose adapters' cores the heads alone outnumber
     /// (and a merge would cost a dispatch a block).
     fn attn_split_tokens(&self) -> usize {
-        let lanes = self
-            .layers
-            .iter()
-            .any(|l| l.mv.as_ref().is_some_and(|m| m.kind == MvKind::Lanes));
-        if lanes {
+        if self.lane_blocks {
             0
         } else {
             ATTN_SPLIT_TOKENS
@@ -778,11 +776,7 @@ impl GpuModel {
     /// kernels' adapters with the lane GEMM, LANES_GEMM_MIN_TOKENS (a batched step's rows
     /// share each weight it unpacks); elsewhere GEMM_MIN_TOKENS.
     fn gemm_from(&self) -> usize {
-        let lanes = self
-            .layers
-            .iter()
-            .any(|l| l.mv.as_ref().is_some_and(|m| m.kind == MvKind::Lanes));
-        if lanes && self.gpu.k.gemm_lanes_default {
+        if self.lane_blocks && self.gpu.k.gemm_lanes_default {
             LANES_GEMM_MIN_TOKENS
         } else {
             GEMM_MIN_TOKENS
