@@ -197,14 +197,14 @@ fn any_object() -> serde_json::Value {
 /// 10^16 in magnitude, the 16 digits of an integral part that llama.cpp's schema grammar
 /// allows.
 pub const NUMBER_BOUND: f64 = 1e16;
-/// The step of a number's fraction where the schema gives no `multipleOf`: at most 10
-/// decimals (llguidance reads `multipleOf` through an f64, which holds no finer power of ten
-/// exactly enough for it).
-pub const NUMBER_STEP: f64 = 1e-10;
+/// The step of a number's fraction where the schema gives no `multipleOf`: at most 8
+/// decimals. (llguidance's `multipleOf` automaton keeps `digit · 10^decimals` in a u32, so
+/// 1e-9 and finer overflow it.)
+pub const NUMBER_STEP: f64 = 1e-8;
 
 /// Bound every `integer` and `number` of a schema whose range is open: a missing lower bound
 /// becomes `exclusiveMinimum: -1e16`, a missing upper one `exclusiveMaximum: 1e16` (16
-/// digits at most), and a `number` without `multipleOf` takes `1e-10` (10 decimals at most,
+/// digits at most), and a `number` without `multipleOf` takes `1e-8` (8 decimals at most,
 /// no exponent), so that sampling cannot run away inside one (unbounded, a sampled model may
 /// write digits until `max_tokens` cuts the JSON). A schema's own bounds are kept, each side
 /// on its own. Values of `const`, `enum`, `default` and `examples` are data, left as they
@@ -517,7 +517,7 @@ mod tests {
         assert_eq!(
             p["x"],
             json!({ "type": ["number", "null"], "exclusiveMinimum": -1e16,
-                    "exclusiveMaximum": 1e16, "multipleOf": 1e-10 })
+                    "exclusiveMaximum": 1e16, "multipleOf": 1e-8 })
         );
         assert_eq!(
             p["low"],
@@ -534,7 +534,7 @@ mod tests {
             "data"
         );
         assert_eq!(p["pick"], json!({ "enum": [{ "type": "number" }] }), "data");
-        assert_eq!(p["any"]["anyOf"][0]["multipleOf"], json!(1e-10));
+        assert_eq!(p["any"]["anyOf"][0]["multipleOf"], json!(1e-8));
         assert_eq!(p["any"]["anyOf"][1], json!({ "type": "string" }));
         assert_eq!(
             s["$defs"]["d"],

@@ -103,7 +103,7 @@ fn schemas_hold_the_output_at_temperature_one() {
 }
 
 /// Integers and numbers the schema leaves open are bounded (16 digits, as llama.cpp's schema
-/// grammar; 10 decimals), so sampling at temperature 1 on random weights cannot write
+/// grammar; 8 decimals), so sampling at temperature 1 on random weights cannot write
 /// digits until `max_tokens` cuts the JSON: every reply ends and parses; a schema's own
 /// bound is kept.
 #[test]
@@ -125,7 +125,7 @@ fn open_integers_and_numbers_cannot_run_away() {
         assert_eq!(finish, FinishReason::Eog, "seed {seed}: {text:?}");
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|err| panic!("{text:?}: {err}"));
         // The numbers as written: n and low at most 16 digits; x at most 16 before the point
-        // and 10 after it, no exponent.
+        // and 8 after it, no exponent.
         let raw = |k: &str| -> String {
             let at = text.find(&format!("\"{k}\": ")).unwrap() + k.len() + 4;
             text[at..]
