@@ -249,6 +249,44 @@ pub(crate) fn bound_numbers(schema: &mut serde_json::Value) {
     }
 }
 
+/// The first `multipleOf` of a schema that llguidance's number automaton cannot hold, with
+/// why: it reads the value as `coef · 10^-decimals` (multiplying by ten until no fraction is
+/// left, as llguidance does) and keeps `coef · 10` and `9 · 10^decimals` in a u32, so more
+/// than 8 decimals or a coefficient past 429,496,729 would overflow it (a panic in a debug
+/// build, a silent wrap in a release one). Values of `const`/`enum`/`default`/`examples`
+/// are data.
+pub(crate) fn unsupported_multiple_of(schema: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    match schema {
+        Value::Object(o) => {
+            if let Some(m) = o.get("multipleOf").and_then(Value::as_f64) {
+                let (mut v, mut decimals) = (m, 0u32);
+                while v.fract() != 0.0 && decimals <= 8 {
+                    v *= 10.0;
+                    decimals += 1;
+                }
+                if decimals > 8 || v > f64::from(u32::MAX / 10) {
+                    return Some(format!(
+                        "multipleOf {m} is finer than 1e-8 or its digits exceed 429496729 \
+                         (the schema compiler's number automaton holds no more)"
+                    ));
+                }
+            }
+            o.iter().find_map(|(k, v)| match k.as_str() {
+                "const" | "enum" | "default" | "examples" => None,
+                "properties" | "patternProperties" | "$defs" | "definitions"
+                | "dependentSchemas" => match v {
+                    Value::Object(m) => m.values().find_map(unsupported_multiple_of),
+                    _ => None,
+                },
+                _ => unsupported_multiple_of(v),
+            })
+        }
+        Value::Array(a) => a.iter().find_map(unsupported_multiple_of),
+        _ => None,
+    }
+}
+
 /// llguidance's grammar compiler over one vocabulary (an engine builds one at its first
 /// constrained generation; [`crate::Engine::constraint`]).
 pub struct Grammars {
@@ -372,6 +410,11 @@ impl Grammars {
             what: c.what(),
             reason: first_line(&e.to_string()),
         };
+        if let Constraint::JsonSchema(s) = c {
+            if let Some(why) = unsupported_multiple_of(s) {
+                return Err(invalid(&why));
+            }
+        }
         let parser = self
             .factory
             .create_parser(c.grammar())
@@ -489,6 +532,26 @@ impl ConstraintState {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn multiples_the_number_automaton_cannot_hold_are_found() {
+        for ok in [
+            json!({"multipleOf": 0.01}),
+            json!({"multipleOf": 1e-8}),
+            json!({"multipleOf": 5}),
+            json!({"multipleOf": 429_496_729}),
+            json!({"const": {"multipleOf": 1e-12}}),
+        ] {
+            assert_eq!(unsupported_multiple_of(&ok), None, "{ok}");
+        }
+        for bad in [
+            json!({"multipleOf": 1e-9}),
+            json!({"properties": {"a": {"type": "number", "multipleOf": 1e-12}}}),
+            json!({"anyOf": [{"multipleOf": 1e12}]}),
+        ] {
+            assert!(unsupported_multiple_of(&bad).is_some(), "{bad}");
+        }
+    }
 
     #[test]
     fn open_numbers_are_bounded_and_a_schemas_own_bounds_kept() {

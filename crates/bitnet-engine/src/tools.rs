@@ -172,6 +172,9 @@ impl ToolSet {
                 }
                 Some(_) => return Err(bad(&pf, format!("`{pf}` must be a JSON schema object"))),
             };
+            if let Some(why) = crate::constrain::unsupported_multiple_of(&parameters) {
+                return Err(bad(&pf, format!("`{pf}`: {why}")));
+            }
             out.push(Tool {
                 name,
                 description,
@@ -623,6 +626,11 @@ mod tests {
             ),
             (
                 json!([{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+                "tools[0].function.parameters",
+            ),
+            (
+                json!([{"type": "function", "function": {"name": "f", "parameters":
+                    {"properties": {"x": {"type": "number", "multipleOf": 1e-9}}}}}]),
                 "tools[0].function.parameters",
             ),
         ];
