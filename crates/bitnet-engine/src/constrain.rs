@@ -202,6 +202,26 @@ pub const NUMBER_BOUND: f64 = 1e16;
 /// 1e-9 and finer overflow it.)
 pub const NUMBER_STEP: f64 = 1e-8;
 
+/// What a schema keyword's value is, for the walks over a schema.
+enum Holds {
+    /// Data (`const`, `enum`, `default`, `examples`): left as it is.
+    Data,
+    /// A map of names to schemas (a property may be called "const").
+    Schemas,
+    /// A schema, or an array or object of them.
+    Schema,
+}
+
+fn key_holds(k: &str) -> Holds {
+    match k {
+        "const" | "enum" | "default" | "examples" => Holds::Data,
+        "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+            Holds::Schemas
+        }
+        _ => Holds::Schema,
+    }
+}
+
 /// Bound every `integer` and `number` of a schema whose range is open: a missing lower bound
 /// becomes `exclusiveMinimum: -1e16`, a missing upper one `exclusiveMaximum: 1e16` (16
 /// digits at most), and a `number` without `multipleOf` takes `1e-8` (8 decimals at most,
@@ -231,16 +251,14 @@ pub(crate) fn bound_numbers(schema: &mut serde_json::Value) {
                 }
             }
             for (k, v) in o.iter_mut() {
-                match k.as_str() {
-                    "const" | "enum" | "default" | "examples" => {}
-                    // Maps of names to schemas (a property may be called "const").
-                    "properties" | "patternProperties" | "$defs" | "definitions"
-                    | "dependentSchemas" => {
+                match key_holds(k) {
+                    Holds::Data => {}
+                    Holds::Schemas => {
                         if let Value::Object(m) = v {
                             m.values_mut().for_each(bound_numbers);
                         }
                     }
-                    _ => bound_numbers(v),
+                    Holds::Schema => bound_numbers(v),
                 }
             }
         }
@@ -272,14 +290,11 @@ pub(crate) fn unsupported_multiple_of(schema: &serde_json::Value) -> Option<Stri
                     ));
                 }
             }
-            o.iter().find_map(|(k, v)| match k.as_str() {
-                "const" | "enum" | "default" | "examples" => None,
-                "properties" | "patternProperties" | "$defs" | "definitions"
-                | "dependentSchemas" => match v {
-                    Value::Object(m) => m.values().find_map(unsupported_multiple_of),
-                    _ => None,
-                },
-                _ => unsupported_multiple_of(v),
+            o.iter().find_map(|(k, v)| match (key_holds(k), v) {
+                (Holds::Data, _) => None,
+                (Holds::Schemas, Value::Object(m)) => m.values().find_map(unsupported_multiple_of),
+                (Holds::Schemas, _) => None,
+                (Holds::Schema, _) => unsupported_multiple_of(v),
             })
         }
         Value::Array(a) => a.iter().find_map(unsupported_multiple_of),
