@@ -863,6 +863,13 @@ impl Engine {
                 .is_ok_and(|m| m.head_screen.is_some() && m.approx_head.is_none())
     }
 
+    /// How the screened LM head has served the steps so far (`None` without one).
+    pub fn screen_counts(&self) -> Option<bitnet_model::ScreenCounts> {
+        self.model()
+            .ok()
+            .and_then(|m| m.head_screen.as_ref().map(bitnet_model::HeadScreen::counts))
+    }
+
     /// [`Engine::eval_next`] on the CPU with a screened head: the prompt's batches, then the
     /// last one's choice through [`Model::forward_pick`].
     fn eval_pick(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Next> {

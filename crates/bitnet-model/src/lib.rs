@@ -23,4 +23,4 @@ pub use kv_cache::KvCache;
 pub use model::{Exec, Layer, Model, NormIn, Outputs, Scratch, Seq, TraceEvent};
 pub use numerics::Numerics;
 pub use owned::OwnedModel;
-pub use screen::{HeadScreen, Pick, Picked};
+pub use screen::{HeadScreen, Pick, Picked, ScreenCounts};

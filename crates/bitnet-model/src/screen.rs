@@ -28,6 +28,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::sync::atomic::{self, AtomicU64};
 
 use bitnet_kernels::rows::{
     dequantize_row_bytes, quantize_q8_0_split, quantize_row_into, RELEASE_ROWS,
@@ -69,6 +70,43 @@ pub struct HeadScreen {
     weight_err: Vec<f32>,
     /// `‖ĥ_i‖`, rounded up.
     shadow_norm: Vec<f32>,
+    tally: Tally,
+}
+
+/// What a screen has done since it was built, counted as it goes.
+#[derive(Debug, Default)]
+struct Tally {
+    decided: AtomicU64,
+    declined: AtomicU64,
+    candidates: AtomicU64,
+    max_candidates: AtomicU64,
+}
+
+/// How a screen has served its steps ([`HeadScreen::counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScreenCounts {
+    /// Rows the screen chose for (a greedy token or a top-k list).
+    pub decided: u64,
+    /// Rows it left to the full head: too many candidates, a value not finite, or a pick it
+    /// cannot decide.
+    pub declined: u64,
+    /// The candidates whose logits it computed from the head's rows, over the decided rows.
+    pub candidates: u64,
+    /// The most candidates of one decided row.
+    pub max_candidates: u64,
+}
+
+impl ScreenCounts {
+    /// Candidates per decided row (0 when none was decided).
+    #[must_use]
+    #[allow(clippy::cast_precision_loss)] // counts of steps: far below 2^53, exact in f64
+    pub fn mean_candidates(&self) -> f64 {
+        if self.decided == 0 {
+            0.0
+        } else {
+            self.candidates as f64 / self.decided as f64
+        }
+    }
 }
 
 /// The rounding allowance of an f32 dot product of `n` terms summed in any order, with or
@@ -168,6 +206,7 @@ impl HeadScreen {
             q8: RowMatrix::new(RowType::Q8_0, rows, cols, Cow::Owned(data))?,
             weight_err,
             shadow_norm,
+            tally: Tally::default(),
         })
     }
 
@@ -175,6 +214,18 @@ impl HeadScreen {
     /// its candidates' rows.
     pub fn nbytes(&self) -> usize {
         self.q8.nbytes() + 8 * self.weight_err.len()
+    }
+
+    /// How the screen has served its steps since it was built.
+    pub fn counts(&self) -> ScreenCounts {
+        let t = &self.tally;
+        let get = |a: &AtomicU64| a.load(atomic::Ordering::Relaxed);
+        ScreenCounts {
+            decided: get(&t.decided),
+            declined: get(&t.declined),
+            candidates: get(&t.candidates),
+            max_candidates: get(&t.max_candidates),
+        }
     }
 
     /// The choice `pick` for one normed hidden state `h` (`n_embd`) through `head`, whose
@@ -222,6 +273,10 @@ impl HeadScreen {
                 ok && hs[r * cols..(r + 1) * cols].iter().all(|v| v.is_finite())
             })
             .collect();
+        self.tally.declined.fetch_add(
+            u64::try_from(picks.len() - live.len()).unwrap_or(u64::MAX),
+            atomic::Ordering::Relaxed,
+        );
         if live.is_empty() {
             return Ok(out);
         }
@@ -239,6 +294,9 @@ impl HeadScreen {
                 picks[r],
                 backend,
             )?;
+            if out[r].is_none() {
+                self.tally.declined.fetch_add(1, atomic::Ordering::Relaxed);
+            }
         }
         Ok(out)
     }
@@ -306,6 +364,14 @@ impl HeadScreen {
         if logits.iter().any(|l| !l.is_finite()) {
             return Ok(None);
         }
+        let n_cands = u64::try_from(ids.len()).unwrap_or(u64::MAX);
+        self.tally.decided.fetch_add(1, atomic::Ordering::Relaxed);
+        self.tally
+            .candidates
+            .fetch_add(n_cands, atomic::Ordering::Relaxed);
+        self.tally
+            .max_candidates
+            .fetch_max(n_cands, atomic::Ordering::Relaxed);
         let mut cands: Vec<(u32, f32)> = ids.into_iter().zip(logits).collect();
         Ok(match pick {
             // Ascending ids: the first of equal maxima is kept.

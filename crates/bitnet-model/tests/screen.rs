@@ -135,6 +135,7 @@ fn random_heads_choose_what_the_full_logits_choose() {
             let bytes = f16_matrix(&w, rows, cols);
             let head = RowMatrix::new(RowType::F16, rows, cols, Cow::Borrowed(&bytes)).unwrap();
             let screen = HeadScreen::build(&head, &pool, &|_| {}).unwrap();
+            let mut here = 0;
             for case in 0..6 {
                 let mut h: Vec<f32> = (0..cols).map(|_| rng.gauss()).collect();
                 match style {
@@ -158,11 +159,20 @@ fn random_heads_choose_what_the_full_logits_choose() {
                     h.copy_from_slice(&w[r * cols..(r + 1) * cols]);
                 }
                 let what = format!("{rows}x{cols} style {style} case {case}");
-                decided += check(&screen, &head, &h, &pool, &what);
+                let n = check(&screen, &head, &h, &pool, &what);
+                decided += n;
                 let greedy = screen.pick(&head, &h, Pick::Greedy, &pool).unwrap();
                 decided_greedy += usize::from(greedy.is_some());
+                here += n + usize::from(greedy.is_some());
                 cases += 5;
             }
+            // The screen's own tally: six picks a case, each decided or declined, and every
+            // decided one with at least as many candidates as it returned.
+            let c = screen.counts();
+            assert_eq!(c.decided, here as u64, "{rows}x{cols} style {style}");
+            assert_eq!(c.decided + c.declined, 36, "{rows}x{cols} style {style}");
+            assert!(c.decided == 0 || (c.candidates >= c.decided && c.max_candidates >= 1));
+            assert!(c.max_candidates <= rows as u64 / 4);
         }
     }
     // The screen must decide most cases, or this test would check nothing. (It declines a

@@ -124,5 +124,15 @@ pub fn run(a: Args) -> Result<()> {
         params.sampler.seed,
         peak_rss_bytes().map_or_else(|| "?".into(), human_bytes),
     );
+    if let Some(c) = engine.screen_counts() {
+        eprintln!(
+            "screened head: {} steps chosen from {:.1} candidates on average (at most {}) of {} tokens; {} left to the full head",
+            c.decided,
+            c.mean_candidates(),
+            c.max_candidates,
+            engine.config().n_vocab,
+            c.declined,
+        );
+    }
     Ok(())
 }
