@@ -24,7 +24,7 @@ mod tokjson;
 use std::io::Write;
 use std::path::Path;
 
-use bitnet_gguf::{GgmlType, GgufFile, GgufWriter, Limits, Metadata, Value};
+use bitnet_gguf::{Array, GgmlType, GgufFile, GgufWriter, Limits, Metadata, Value};
 use bitnet_model::names::{LayerTensor, OUTPUT, OUTPUT_NORM, TOKEN_EMBD};
 use bitnet_model::{Activation, Config};
 use safetensors::tensor::Dtype;
@@ -35,6 +35,8 @@ pub use ternary::{Scale, Target, Ternary};
 
 /// The architecture name of bitnet.cpp's 2B-4T files.
 pub const ARCH_B158: &str = "bitnet-b1.58";
+/// The 2B-4T architecture's name in what bitnet.cpp's converter writes.
+pub const ARCH_BITNET_CPP: &str = "bitnet-25";
 /// The architecture bitnet.cpp's converter writes for ternary Llama and Falcon3 checkpoints.
 pub const ARCH_LLAMA: &str = "llama";
 /// Upstream llama.cpp's architecture for BitNet models.
@@ -48,6 +50,11 @@ pub enum Flavor {
     Native,
     /// Upstream llama.cpp and Ollama: architecture `bitnet`, TQ2_0 or TQ1_0.
     LlamaCpp,
+    /// What bitnet.cpp's own converter for a `BitNetForCausalLM` checkpoint writes
+    /// (`utils/convert-helper-bitnet.py`: `convert-ms-to-gguf-bitnet.py`, then `llama-quantize
+    /// … I2_S 1`): architecture `bitnet-25`, its `general.name` rule, its chat template, no
+    /// `tokenizer.ggml.pre`, every added token a control token with score −1000. I2_S only.
+    BitnetCpp,
 }
 
 /// What to write.
@@ -194,6 +201,18 @@ pub fn convert<W: Write>(
         ));
     }
     let src = open_input(input)?;
+    if opts.flavor == Flavor::BitnetCpp {
+        let is_b158 = matches!(&src, Input::Hf(d)
+            if !embedding::is_embedding(&d.raw_config)
+                && matches!(d.config.architectures.first().map(String::as_str),
+                            None | Some("BitNetForCausalLM")));
+        if !is_b158 || !matches!(opts.to, None | Some(Target::I2S)) || opts.lm_head.is_some() {
+            return Err(ConvertError::Options(
+                "--for bitnet.cpp writes what bitnet.cpp's converter writes for a BitNetForCausalLM checkpoint: an I2_S file without a separate LM head"
+                    .into(),
+            ));
+        }
+    }
     let target = match (opts.flavor, opts.to) {
         (Flavor::LlamaCpp, Some(Target::I2S)) => {
             return Err(ConvertError::Options(
@@ -203,6 +222,7 @@ pub fn convert<W: Write>(
         }
         (Flavor::LlamaCpp, None) => Target::Tq2_0,
         (_, Some(t)) => t,
+        (Flavor::BitnetCpp, None) => Target::I2S,
         // A GGUF keeps its layout; a checkpoint becomes the official file's I2_S.
         (Flavor::Native, None) => match &src {
             Input::Gguf(f) => layout_of(f),
@@ -226,6 +246,9 @@ pub fn convert<W: Write>(
     if let Some(ty) = opts.lm_head {
         plan_lm_head(&mut plan, ty)?;
     }
+    if let (Flavor::BitnetCpp, Input::Hf(d)) = (opts.flavor, &src) {
+        bitnet_cpp_order(&mut plan, d);
+    }
 
     // Validate the hyperparameters as the loader will.
     let n_vocab = plan
@@ -236,6 +259,9 @@ pub fn convert<W: Write>(
     let config = Config::from_metadata(&md, n_vocab)?;
     if opts.flavor == Flavor::LlamaCpp {
         kv = to_upstream(kv, &config, &md, opts.allow_activation_mismatch)?;
+    }
+    if let (Flavor::BitnetCpp, Input::Hf(d)) = (opts.flavor, &src) {
+        kv = to_bitnet_cpp(kv, config.n_ctx_train, &d.dir, opts.name.is_some());
     }
     let arch = kv
         .iter()
@@ -1236,6 +1262,97 @@ fn plan_gguf(f: &GgufFile, target: Target) -> Result<PlanOut, ConvertError> {
         }
     }
     Ok((kv, plan))
+}
+
+/// The tensor order of [`Flavor::BitnetCpp`]: bitnet.cpp's converter writes the tensors in the
+/// order of the checkpoint its preprocessing step saves with safetensors, which sorts by dtype
+/// (widest first) and then by name: the projections, ternarized to F32, before the other
+/// tensors in their stored dtype.
+fn bitnet_cpp_order(plan: &mut [Planned], d: &HfDir) {
+    plan.sort_by_cached_key(|p| match &p.source {
+        Source::HfFloat { hf, .. } => (
+            std::cmp::Reverse(d.get(hf).map_or(Dtype::F32, |t| t.dtype)),
+            hf.clone(),
+        ),
+        Source::HfTernary { hf, .. } | Source::HfTernary1bit { hf, .. } => {
+            (std::cmp::Reverse(Dtype::F32), hf.clone())
+        }
+        _ => (std::cmp::Reverse(Dtype::F32), p.name.clone()),
+    });
+}
+
+/// bitnet.cpp's converter's chat template, which it writes into every `bitnet` file.
+const BITNET_CPP_TEMPLATE: &str = "{% for message in messages %}{% if loop.first %}{{ bos_token }}{% endif %}{% if message['role'] == 'user' %}{{ 'Human: ' + message['content'] + '\\n\\nBITNETAssistant: ' + eos_token }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}";
+
+/// The metadata of [`Flavor::BitnetCpp`] from the official file's (same keys, same order):
+/// architecture `bitnet-25`; `general.name` as that converter names it (`bitnet2b_2501` for a
+/// context of 4096, else the name of the folder holding the checkpoint's folder), unless the
+/// caller named it; its chat template in place of the checkpoint's; no `tokenizer.ggml.pre`
+/// (it writes none); every added token (types 3 and 4) a control token with score −1000.
+fn to_bitnet_cpp(
+    kv: Vec<(String, Value)>,
+    n_ctx: usize,
+    dir: &Path,
+    named: bool,
+) -> Vec<(String, Value)> {
+    let old = format!("{ARCH_B158}.");
+    let mut out: Vec<(String, Value)> = Vec::with_capacity(kv.len() + 1);
+    let mut added: Vec<bool> = Vec::new();
+    for (k, v) in kv {
+        let k = match k.strip_prefix(&old) {
+            Some(rest) => format!("{ARCH_BITNET_CPP}.{rest}"),
+            None => k,
+        };
+        let v = match (k.as_str(), v) {
+            ("general.architecture", _) => Value::String(ARCH_BITNET_CPP.into()),
+            ("general.name", v) if named => v,
+            ("general.name", _) => Value::String(if n_ctx == 4096 {
+                "bitnet2b_2501".into()
+            } else {
+                std::fs::canonicalize(dir)
+                    .ok()
+                    .as_deref()
+                    .and_then(Path::parent)
+                    .and_then(Path::file_name)
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("bitnet")
+                    .to_string()
+            }),
+            ("tokenizer.ggml.token_type", Value::Array(Array::I32(types))) => {
+                added = types.iter().map(|&t| t == 3 || t == 4).collect();
+                Value::Array(Array::I32(
+                    types.iter().map(|&t| if t == 4 { 3 } else { t }).collect(),
+                ))
+            }
+            (_, v) => v,
+        };
+        if k == "tokenizer.ggml.pre" || k == "tokenizer.chat_template" {
+            continue;
+        }
+        out.push((k, v));
+    }
+    // Scores come before types in the file: set them once the types are known.
+    for (k, v) in &mut out {
+        if let ("tokenizer.ggml.scores", Value::Array(Array::F32(scores))) = (k.as_str(), v) {
+            for (s, &a) in scores.iter_mut().zip(&added) {
+                if a {
+                    *s = -1000.0;
+                }
+            }
+        }
+    }
+    let template = (
+        "tokenizer.chat_template".to_string(),
+        Value::String(BITNET_CPP_TEMPLATE.into()),
+    );
+    match out
+        .iter()
+        .position(|(k, _)| k == "general.quantization_version")
+    {
+        Some(i) => out.insert(i, template),
+        None => out.push(template),
+    }
+    out
 }
 
 /// Rename the architecture to upstream llama.cpp's `bitnet`, refusing (unless allowed) when

@@ -1124,3 +1124,94 @@ fn embedding_conversion_equals_bitnet_cpps_converter() {
         assert!(e.to_string().contains("I2_S"), "{e}");
     }
 }
+
+/// The trained model (testdata/trained): `make-refs.sh` ran bitnet.cpp's own converter for
+/// this architecture on the checkpoint in `hf/` (`convert-helper-bitnet.py`'s steps:
+/// `preprocess-huggingface-bitnet.py`, `convert-ms-to-gguf-bitnet.py --outtype f32`,
+/// `llama-quantize … I2_S 1`) and kept its file. `bitnet convert --for bitnet.cpp` of the same
+/// checkpoint writes that file byte for byte, except the 28 bytes after each I2_S scale that
+/// llama-quantize leaves uninitialized (bitnet-rs writes zeros there); the default flavor writes
+/// the same tensors under the official file's metadata (architecture `bitnet-b1.58`, the
+/// folder's name, no chat template, scores 0).
+#[test]
+fn the_trained_checkpoint_converts_as_bitnet_cpps_converter_converts_it() {
+    let want = std::fs::read(bitnet_testdata::trained("kjv-i2_s.gguf")).unwrap();
+    let hf = bitnet_testdata::trained("hf/config.json");
+    let hf = hf.parent().unwrap();
+    let opts = Options {
+        flavor: Flavor::BitnetCpp,
+        ..Options::default()
+    };
+    let got = run(hf, &opts).unwrap();
+    assert_eq!(got.len(), want.len(), "file sizes");
+    let f = parse(want.clone());
+    // The uninitialized bytes: the last 28 of each I2_S tensor's data (codes, f32 scale, 28).
+    let mut loose = vec![false; want.len()];
+    for t in f.tensors() {
+        if t.ggml_type == GgmlType::I2S {
+            let end = usize::try_from(f.data_offset() + t.offset + t.nbytes().unwrap()).unwrap();
+            loose[end - 28..end].fill(true);
+        }
+    }
+    let differ: Vec<usize> = (0..want.len())
+        .filter(|&i| got[i] != want[i] && !loose[i])
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "{} bytes differ from bitnet.cpp's file outside the uninitialized ones, the first at {}",
+        differ.len(),
+        differ[0]
+    );
+    assert!(loose.iter().any(|&l| l), "the file has I2_S tensors");
+
+    // The default flavor: the same tensors, the official file's metadata.
+    let native = parse(run(hf, &Options::default()).unwrap());
+    let theirs = parse(got);
+    for t in theirs.tensors() {
+        let a = tensor_data(&theirs, &t.name);
+        let b = tensor_data(&native, &t.name);
+        assert_eq!(a, b, "{}", t.name);
+    }
+    let md = native.metadata();
+    assert_eq!(
+        md.get("general.architecture").and_then(Value::as_str),
+        Some("bitnet-b1.58")
+    );
+    assert_eq!(md.get("general.name").and_then(Value::as_str), Some("hf"));
+    assert!(md.get("tokenizer.chat_template").is_none());
+    let their_md = theirs.metadata();
+    assert_eq!(
+        their_md.get("general.architecture").and_then(Value::as_str),
+        Some("bitnet-25")
+    );
+    assert_eq!(
+        their_md.get("general.name").and_then(Value::as_str),
+        Some("trained"),
+        "the name of the folder holding the checkpoint's folder"
+    );
+}
+
+#[test]
+fn the_bitnet_cpp_flavor_is_refused_where_that_converter_writes_nothing() {
+    // A GGUF input, and a checkpoint asked for another layout or a separate head.
+    let tiny = bitnet_testdata::golden("tiny/bitnet-tiny-i2_s.gguf");
+    let hf = bitnet_testdata::trained("hf/config.json");
+    let hf = hf.parent().unwrap();
+    for (input, to, head) in [
+        (tiny.as_path(), None, None),
+        (hf, Some(Target::Tq2_0), None),
+        (hf, None, Some(bitnet_kernels::RowType::Q8_0)),
+    ] {
+        let e = run(
+            input,
+            &Options {
+                flavor: Flavor::BitnetCpp,
+                to,
+                lm_head: head,
+                ..Options::default()
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(e, ConvertError::Options(_)), "{e}");
+    }
+}

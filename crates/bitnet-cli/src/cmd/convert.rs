@@ -21,6 +21,10 @@ enum For {
     /// Upstream llama.cpp, Ollama and LM Studio (architecture bitnet, TQ2_0/TQ1_0).
     #[value(name = "llama.cpp")]
     LlamaCpp,
+    /// What bitnet.cpp's own converter writes from a BitNetForCausalLM checkpoint
+    /// (architecture bitnet-25, its name rule and chat template; I2_S).
+    #[value(name = "bitnet.cpp")]
+    BitnetCpp,
 }
 
 #[derive(Debug, clap::Args)]
@@ -39,8 +43,9 @@ pub struct Args {
     /// With --to qsf: compress each layer with LZ4 (none, the default, or lz4).
     #[arg(long, default_value = "none", value_parser = ["none", "lz4"])]
     compress: String,
-    /// Who will read the file: bitnet (default) or llama.cpp (upstream's `bitnet`
-    /// architecture; TQ2_0 unless --to tq1_0).
+    /// Who will read the file: bitnet (default), llama.cpp (upstream's `bitnet`
+    /// architecture; TQ2_0 unless --to tq1_0), or bitnet.cpp (a checkpoint written as
+    /// bitnet.cpp's own converter writes it).
     #[arg(long = "for", value_enum, default_value = "bitnet")]
     target_for: For,
     /// With --for llama.cpp: write the file even though upstream's graph applies SiLU where
@@ -112,6 +117,7 @@ pub fn run(a: Args) -> Result<()> {
         flavor: match a.target_for {
             For::Bitnet => Flavor::Native,
             For::LlamaCpp => Flavor::LlamaCpp,
+            For::BitnetCpp => Flavor::BitnetCpp,
         },
         allow_activation_mismatch: a.allow_activation_mismatch,
         name: a.name.clone(),
