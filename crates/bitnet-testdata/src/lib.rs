@@ -61,6 +61,16 @@ pub fn golden(rel: &str) -> PathBuf {
     p
 }
 
+/// The path of `rel` in `testdata/trained`, the trained model and its references (for example
+/// `"kjv-i2_s.gguf"`); [`read`] and [`read_f32`] reach them as `"../trained/REL"`.
+///
+/// # Panics
+/// When the file does not exist, naming the path.
+#[must_use]
+pub fn trained(rel: &str) -> PathBuf {
+    golden(&format!("../trained/{rel}"))
+}
+
 /// [`golden`] as a `String`, for command lines.
 ///
 /// # Panics

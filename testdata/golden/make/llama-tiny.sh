@@ -5,13 +5,9 @@
 #   REF=<build folder outside the repository> MIRROR=<fetched repositories> \
 #     testdata/golden/make/llama-tiny.sh
 #
-# 1. ../../shared/tools/build_refs.sh bitnet lays out bitnet.cpp 404980e with its llama.cpp
-#    fork (the release the tiny goldens came from) under $REF/bitnet.cpp.
-# 2. That tree is built again as bitnet.cpp's setup_env.py builds it (clang, BITNET_X86_TL2=ON)
-#    for x86 AVX2 + FMA + F16C only (GGML_NATIVE off), the build the tiny goldens came from, as
-#    shared libraries, and dump_logits.cpp is linked against it. The compiler matters: gcc
-#    contracts `x * s + 0x1.8p23` in the activation quantizer's rounding into one FMA, which
-#    rounds some ties differently (clang does not contract across statements).
+# 1-2. build-avx2.sh: bitnet.cpp 404980e with its llama.cpp fork (the release the tiny goldens
+#    came from), built as its setup_env.py builds it for x86 AVX2 + FMA + F16C only, the build
+#    the tiny goldens came from, with dump_logits.cpp linked against it.
 # 3. `bitnet synth --arch llama --layout f32` writes each model as bitnet.cpp's converter
 #    writes a Llama checkpoint with `--outtype f32` (projections β·{−1, 0, +1} in F32);
 #    bitnet.cpp's llama-quantize turns it into I2_S as its setup_env.py does
@@ -22,24 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 REF=${REF:?set REF to a folder outside every repository}
 MIRROR=${MIRROR:?set MIRROR to the folder with the fetched repositories}
-tools=${TOOLS:-$root/../shared/tools}
-
-REF=$REF MIRROR=$MIRROR "$tools/build_refs.sh" bitnet
-src=$REF/bitnet.cpp
-b=$src/build-avx2
-command -v clang++ >/dev/null || { apt-get update -qq && apt-get install -y -qq clang >/dev/null; }
-if [[ ! -f $b/CMakeCache.txt ]]; then
-  cmake -S "$src" -B "$b" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_COMPILER=clang \
-    -DCMAKE_CXX_COMPILER=clang++ -DGGML_NATIVE=OFF -DGGML_AVX=ON \
-    -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DBITNET_X86_TL2=ON \
-    -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=ON >"$b.configure.log" 2>&1
-fi
-cmake --build "$b" -j "${JOBS:-2}" --target llama llama-quantize >"$b.log" 2>&1
-ll=$src/3rdparty/llama.cpp
-libs=$(dirname "$(find "$b" -name 'libllama.so' | head -1)")
-gglibs=$(dirname "$(find "$b" -name 'libggml.so' | head -1)")
-clang++ -O2 -std=c++17 "$here/dump_logits.cpp" -I"$ll/include" -I"$ll/ggml/include" \
-  -L"$libs" -L"$gglibs" -lllama -lggml -Wl,-rpath,"$libs:$gglibs" -o "$b/dump_logits"
+. "$here/build-avx2.sh"
 
 bitnet=${BITNET:-$root/target/release/bitnet}
 [[ -x $bitnet ]] || (cd "$root" && cargo build --release -p bitnet-cli)
