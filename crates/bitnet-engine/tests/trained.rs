@@ -201,3 +201,23 @@ fn the_trained_model_predicts_held_out_text_ten_times_better_than_unigrams() {
         nll.perplexity()
     );
 }
+
+/// This vocabulary has no `<|eot_id|>`: a chat is the 2B-4T format's text with the marker as
+/// text, tokenized at once (bitnet.cpp's template output, as llama.cpp tokenizes it), not an
+/// error.
+#[test]
+fn a_chat_without_an_eot_token_is_the_formats_text() {
+    use bitnet_tokenizer::{ChatMessage, ChatRole};
+    let e = engine(Numerics::Fast);
+    let t = &e.tokenizer;
+    assert_eq!(t.token_id("<|eot_id|>"), None);
+    let msgs = [
+        ChatMessage::new(ChatRole::System, "Be brief."),
+        ChatMessage::new(ChatRole::User, "Who begat Enos?"),
+    ];
+    let ids = t.encode_chat(&msgs, true).unwrap();
+    let text = "System: Be brief.<|eot_id|>User: Who begat Enos?<|eot_id|>Assistant: ";
+    let mut want = vec![t.bos().unwrap()];
+    want.extend(t.encode(text, false, false).unwrap());
+    assert_eq!(ids, want);
+}

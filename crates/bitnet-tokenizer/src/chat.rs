@@ -219,11 +219,16 @@ impl Tokenizer {
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
         let bos = self.bos().ok_or(TokenizerError::NoBosToken)?;
-        let eot = self
-            .token_id(EOT_TEXT)
-            .ok_or(TokenizerError::MissingSpecialToken(EOT_TEXT))?;
         let mut ids = vec![bos];
         let mut text = String::new();
+        let Some(eot) = self.token_id(EOT_TEXT) else {
+            // A vocabulary without `<|eot_id|>` (a small model converted by bitnet.cpp's
+            // converter): the marker is text, and the conversation one text, tokenized at
+            // once as llama.cpp tokenizes a template's output.
+            let all = format_chat(messages, add_generation_prompt);
+            self.encode_into(&all[BOS_TEXT.len()..], false, &mut ids)?;
+            return Ok(ids);
+        };
         for m in messages {
             text.clear();
             text.push_str(m.role.label());
