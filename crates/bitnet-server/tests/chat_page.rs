@@ -1,6 +1,6 @@
 //! The chat page in a real browser: Chromium, headless, driven over the DevTools protocol.
 //!
-//! Starts the server on the tiny golden model, opens `/`, enters the API key, sends a
+//! Starts the server on the trained model of testdata/trained, opens `/`, enters the API key, sends a
 //! message and checks the streamed reply against the engine's own generation, then stops
 //! a long reply and checks that the server saw the cancellation. On failure a screenshot
 //! is saved next to the test's other output (the path is printed); on success the page
@@ -291,14 +291,14 @@ fn drive(
     b.eval(&set_field("api-key", KEY))?;
     b.wait_for(
         "document.getElementById('status').textContent === 'ready' && \
-         document.getElementById('model').textContent.startsWith('tiny')",
+         document.getElementById('model').textContent.startsWith('kjv')",
         Duration::from_secs(20),
     )?;
 
     // A message, answered greedily: the streamed reply is the engine's own.
     b.eval(&set_field("temperature", "0"))?;
     b.eval(&set_field("max-tokens", "16"))?;
-    b.eval(&send_message("Name three colors."))?;
+    b.eval(&send_message("And Abraham said unto Isaac,"))?;
     b.wait_for(
         "bitnetChat.replies.length === 1 && bitnetChat.replies[0].done",
         Duration::from_secs(60),
@@ -381,23 +381,31 @@ async fn chat_page_in_a_real_browser() {
         }
     };
     // What the page must show: the engine's greedy reply to the same conversation.
-    let engine = tiny_engine();
+    let engine = trained_engine();
     let ids = engine
         .tokenizer
         .encode_chat(
-            &[ChatMessage::new(ChatRole::User, "Name three colors.")],
+            &[ChatMessage::new(
+                ChatRole::User,
+                "And Abraham said unto Isaac,",
+            )],
             true,
         )
         .unwrap();
-    let (text, tokens) = reference(&ids, 16, SamplerParams::greedy());
+    let (pieces, tokens) = reference_pieces_on(&engine, &ids, 16, SamplerParams::greedy());
+    let text = pieces.concat();
     let want = Want { text, tokens };
 
-    let s = TestServer::start(ServerConfig {
-        api_key: Some(KEY.into()),
-        // Slow enough that a reply can be stopped while it streams.
-        step_delay: Some(Duration::from_millis(30)),
-        ..test_config()
-    })
+    let s = TestServer::start_with(
+        ServerConfig {
+            api_key: Some(KEY.into()),
+            // Slow enough that a reply can be stopped while it streams.
+            step_delay: Some(Duration::from_millis(30)),
+            model_name: "kjv".into(),
+            ..test_config()
+        },
+        trained_engine,
+    )
     .await;
     let addr = s.addr;
     let handle = s.handle.clone();

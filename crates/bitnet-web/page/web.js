@@ -7,6 +7,7 @@ const $ = (id) => document.getElementById(id);
 const state = { messages: [], busy: false, ready: false, info: null, last: null, error: null };
 window.bitnetChat = state;
 
+const DEMO_MODEL = "kjv-i2_s.gguf";
 const FIELDS = ["model-url", "system", "temperature", "top-k", "top-p", "max-tokens", "seed", "device"];
 const STORE = "bitnet-web-settings";
 
@@ -180,6 +181,13 @@ $("load-form").addEventListener("submit", (e) => {
   saveSettings();
   const url = new URL($("model-url").value, location.href).href;
   load(url, url.split("/").pop());
+});
+// The demo model (testdata/trained/kjv-i2_s.gguf), which scripts/build-web puts beside the page.
+$("demo").addEventListener("click", () => {
+  const url = new URL(DEMO_MODEL, location.href).href;
+  $("model-url").value = url;
+  saveSettings();
+  load(url, DEMO_MODEL);
 });
 $("model-file").addEventListener("change", () => {
   const f = $("model-file").files[0];

@@ -242,3 +242,23 @@ test("the chat page on WebGPU", { skip }, async () => {
   const want = native(["run", "-m", modelPath, "--chat", "-p", "Name three colors.", "-n", "6", "--temp", "0"]);
   sameGreedy("page on webgpu", ids, last, want);
 });
+
+test("the demo model served with the page: one click, then words", { skip }, async () => {
+  if (!server) {
+    server = await serve(pkg, { golden }, Number(new URL(base).port));
+  }
+  await browser.goto(`${base}/index.html?device=cpu`);
+  await browser.waitFor("document.readyState === 'complete' && !!window.bitnetChat");
+  await browser.eval(`document.getElementById("demo").click(), true`);
+  console.log(`# demo model on the CPU: ready in ${(await pageLoaded(60000)).toFixed(1)} s`);
+  assert.match(await browser.eval("document.getElementById('model').textContent"), /^bitnet-25 · 6 layers · 512 ctx/);
+  await browser.eval(`document.getElementById("temperature").value = "0", document.getElementById("max-tokens").value = "24", true`);
+  await browser.eval(`document.getElementById("new-chat").click(), document.getElementById("input").value = "And God said,", document.getElementById("send").click(), true`);
+  await browser.waitFor("bitnetChat.last && !bitnetChat.busy && bitnetChat.messages.length === 2");
+  const last = await browser.eval("bitnetChat.last");
+  // The trained model writes English words (its parity with bitnet.cpp is checked natively:
+  // crates/bitnet-engine/tests/trained.rs).
+  const words = last.text.match(/[A-Za-z]{2,}/g) ?? [];
+  assert.ok(last.tokens.length >= 8 && words.length >= 6, `reply ${JSON.stringify(last.text)}`);
+  assert.ok(words.some((w) => ["the", "and", "of", "unto", "LORD", "God"].includes(w)), `reply ${JSON.stringify(last.text)}`);
+});

@@ -31,7 +31,21 @@ pub fn tiny_file() -> Arc<GgufFile> {
 }
 
 pub fn tiny_engine() -> Engine {
-    let f = tiny_file();
+    engine_of(tiny_file())
+}
+
+/// The trained model of testdata/trained (its text is words: the chat page's screenshot).
+pub fn trained_engine() -> Engine {
+    engine_of(Arc::new(
+        GgufFile::open(
+            &bitnet_testdata::trained("kjv-i2_s.gguf"),
+            &Limits::default(),
+        )
+        .expect("the trained model (testdata/trained) opens"),
+    ))
+}
+
+fn engine_of(f: Arc<GgufFile>) -> Engine {
     let tok = Tokenizer::from_gguf(f.metadata(), None).unwrap();
     let model = OwnedModel::load(f).unwrap();
     Engine::new(
@@ -127,8 +141,13 @@ pub struct TestServer {
 impl TestServer {
     /// Bind, load the tiny model and wait until ready.
     pub async fn start(cfg: ServerConfig) -> TestServer {
+        Self::start_with(cfg, tiny_engine).await
+    }
+
+    /// Bind, load the engine `make` gives and wait until ready.
+    pub async fn start_with(cfg: ServerConfig, make: fn() -> Engine) -> TestServer {
         let s = Self::start_unloaded(cfg).await;
-        s.handle.load(|| Ok(tiny_engine()));
+        s.handle.load(move || Ok(make()));
         tokio::time::timeout(patience(30), s.handle.wait_ready())
             .await
             .expect("model load timed out")
