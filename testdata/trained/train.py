@@ -5,7 +5,8 @@
     pip install torch tokenizers safetensors      # PyTorch's CPU build is enough
     python3 testdata/trained/train.py --out /tmp/kjv-model
 
-What it does, in order (every step seeded, so a rerun on the same versions repeats it):
+What it does, in order (every random choice seeded; PyTorch does not promise bit-identical
+CPU training across versions or thread counts, so a rerun is close, not necessarily identical):
 1. Corpus: the King James Bible as Debian's `bible-kjv-text` ships it, read through its `bible`
    program, one document per chapter ("Book N", a blank line, one verse a line, no verse
    numbers). Every 25th chapter (index % 25 == 12) is held out and never trained on; the held-out
