@@ -437,15 +437,6 @@ fn non_finite_logit(e: bitnet_gpu::GpuError) -> EngineError {
     }
 }
 
-/// What picks the next token in [`Engine::generate`].
-#[derive(Debug)]
-enum Next {
-    Logits(Vec<f32>),
-    Chosen(u32),
-    /// The device's most likely tokens (`bitnet_gpu::TOP_CANDIDATES`) with their logits.
-    Top(Vec<(u32, f32)>),
-}
-
 /// What a generation step reads back from the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ReadBack {
@@ -808,10 +799,10 @@ impl Engine {
     /// back, as greedy generation reads it.
     pub fn eval_greedy(&self, s: &mut Session, tokens: &[u32]) -> Result<u32> {
         match bitnet_gpu::block(self.eval_next(s, tokens, ReadBack::Greedy))?? {
-            Next::Chosen(id) => Ok(id),
-            Next::Logits(l) => bitnet_sampling::argmax(&l)
+            Picked::Chosen(id) => Ok(id),
+            Picked::Logits(l) => bitnet_sampling::argmax(&l)
                 .ok_or_else(|| EngineError::Device("no logits to take the arg-max of".into())),
-            Next::Top(t) => t
+            Picked::Top(t) => t
                 .first()
                 .map(|&(id, _)| id)
                 .ok_or_else(|| EngineError::Device("no candidates came back".into())),
@@ -872,7 +863,7 @@ impl Engine {
 
     /// [`Engine::eval_next`] on the CPU with a screened head: the prompt's batches, then the
     /// last one's choice through [`Model::forward_pick`].
-    fn eval_pick(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Next> {
+    fn eval_pick(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Picked> {
         let Cache::Cpu(cache) = &mut s.cache else {
             return Err(EngineError::Device("a GPU session on a CPU engine".into()));
         };
@@ -899,11 +890,7 @@ impl Engine {
             model.forward(chunk, cache, Outputs::None, &mut exec)?;
             s.tokens.extend_from_slice(chunk);
         }
-        let next = match model.forward_pick(last, cache, pick, &mut exec)? {
-            bitnet_model::Picked::Chosen(t) => Next::Chosen(t),
-            bitnet_model::Picked::Top(t) => Next::Top(t),
-            bitnet_model::Picked::Logits(l) => Next::Logits(l),
-        };
+        let next = model.forward_pick(last, cache, pick, &mut exec)?;
         s.tokens.extend_from_slice(last);
         Ok(next)
     }
@@ -912,13 +899,13 @@ impl Engine {
     // The scratch guard keeps one caller at a time on the device across its read-back (see
     // `bitnet_gpu::GpuModel`'s `run`).
     #[allow(clippy::await_holding_lock)]
-    async fn eval_next(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Next> {
+    async fn eval_next(&self, s: &mut Session, tokens: &[u32], rb: ReadBack) -> Result<Picked> {
         if self.gpu.is_none() && rb != ReadBack::Logits && self.screened() {
             return self.eval_pick(s, tokens, rb);
         }
         let (Some(g), Cache::Gpu(c), false) = (&self.gpu, &mut s.cache, rb == ReadBack::Logits)
         else {
-            return Ok(Next::Logits(
+            return Ok(Picked::Logits(
                 self.eval_async(s, tokens, Outputs::Last).await?,
             ));
         };
@@ -932,8 +919,8 @@ impl Engine {
         // One caller at a time on the device, as in `eval`.
         let _guard = self.scratch();
         let next = match rb {
-            ReadBack::Greedy => g.forward_greedy_async(tokens, c).await.map(Next::Chosen),
-            _ => g.forward_top_async(tokens, c).await.map(Next::Top),
+            ReadBack::Greedy => g.forward_greedy_async(tokens, c).await.map(Picked::Chosen),
+            _ => g.forward_top_async(tokens, c).await.map(Picked::Top),
         };
         // The device's arg-max and top-k refuse a NaN or infinite logit as the CPU does.
         let next = next
@@ -1307,7 +1294,7 @@ pub struct Generation {
     sampler: Sampler,
     decoder: StreamDecoder,
     stops: StopMatcher,
-    next: Next,
+    next: Picked,
     max_tokens: usize,
     context_policy: ContextPolicy,
     generated: usize,
@@ -1334,7 +1321,7 @@ impl Generation {
             return Ok(None);
         }
         if let Some(c) = &mut self.constraint {
-            let Next::Logits(l) = &mut self.next else {
+            let Picked::Logits(l) = &mut self.next else {
                 return Err(EngineError::Grammar {
                     what: "constrained output",
                     reason: "the step read back no logits".into(),
@@ -1343,9 +1330,9 @@ impl Generation {
             c.apply(l)?;
         }
         let tok = match &self.next {
-            Next::Logits(l) => self.sampler.sample(l)?,
-            Next::Chosen(t) => *t,
-            Next::Top(c) => self.sampler.sample_candidates(
+            Picked::Logits(l) => self.sampler.sample(l)?,
+            Picked::Chosen(t) => *t,
+            Picked::Top(c) => self.sampler.sample_candidates(
                 c,
                 bitnet_gpu::TOP_CANDIDATES,
                 engine.config().n_vocab,

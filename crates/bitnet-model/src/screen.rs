@@ -46,15 +46,16 @@ pub enum Pick {
     Top(usize),
 }
 
-/// What a screened step gives back.
+/// What a step gives back to choose its token from (a screened head's answer, a GPU's, or the
+/// logits).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Picked {
     /// The arg-max of the logits.
     Chosen(u32),
     /// The `n` most likely tokens, most likely first (lowest id first among equal logits),
-    /// with their logits.
+    /// with their logits (a screen's top-k; in the engine also a GPU's top candidates).
     Top(Vec<(u32, f32)>),
-    /// The full logits (the screen declined, or there is none).
+    /// The full logits (the screen declined, there is none, or the step needs them).
     Logits(Vec<f32>),
 }
 
