@@ -24,13 +24,7 @@ root=$(cd "$here/../.." && pwd)
 REF=${REF:?set REF to a folder outside every repository}
 MIRROR=${MIRROR:?set MIRROR to the folder with the fetched repositories}
 . "$root/testdata/golden/make/build-avx2.sh"
-venv=$REF/convert-venv
-if [[ ! -x $venv/bin/python ]]; then
-  # bitnet.cpp's requirements as PyPI still serves them (see ../golden/make/convert-env.sh)
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch 'transformers>=4.46.3,<5.0.0' 'numpy~=1.26.4' \
-    'sentencepiece~=0.2.0' 'protobuf>=4.21.0,<5.0.0' safetensors
-fi
+. "$root/testdata/golden/make/convert-venv.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 

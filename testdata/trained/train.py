@@ -327,12 +327,8 @@ def heldout_windows(docs, n_ctx):
     """Each held-out chapter as BOS + its tokens, cut into windows of at most n_ctx ids; each
     window after the first starts again with BOS (the context a user's prompt starts with)."""
     for ids in docs:
-        body = ids + []
-        pos = 0
-        while pos < len(body):
-            chunk = body[pos: pos + n_ctx - 1]
-            yield chunk
-            pos += len(chunk)
+        for pos in range(0, len(ids), n_ctx - 1):
+            yield ids[pos: pos + n_ctx - 1]
 
 
 @torch.no_grad()

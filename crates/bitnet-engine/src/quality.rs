@@ -173,6 +173,22 @@ impl Divergence {
         self.count += 1;
     }
 
+    /// Add the scored rows of `chunk`: the base's and this configuration's log-probabilities
+    /// (from [`chunk_log_probs`]), each row scored against the chunk's next token.
+    pub fn add_chunk(&mut self, chunk: &[u32], base: &[f32], this: &[f32], n_vocab: usize) {
+        let first = first_scored(chunk.len());
+        for (j, (b, t)) in base
+            .chunks_exact(n_vocab)
+            .zip(this.chunks_exact(n_vocab))
+            .enumerate()
+        {
+            let Some(&next) = chunk.get(first + j + 1) else {
+                break;
+            };
+            self.add(b, t, next);
+        }
+    }
+
     pub fn mean_kl(&self) -> f64 {
         self.kl_sum / self.count.max(1) as f64
     }

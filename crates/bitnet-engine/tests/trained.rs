@@ -249,7 +249,6 @@ fn fast_and_smaller_configurations_stay_close_to_exact_on_held_out_text() {
     let tokens = base.tokenizer.encode(&text, true, false).unwrap();
     let chunks = quality::chunks(&tokens, 512, base.tokenizer.bos(), Some(8));
     assert_eq!(chunks.len(), 8);
-    let first = quality::first_scored(512);
     let base_lp: Vec<Vec<f32>> = chunks
         .iter()
         .map(|c| quality::chunk_log_probs(&base, c).unwrap())
@@ -301,14 +300,7 @@ fn fast_and_smaller_configurations_stay_close_to_exact_on_held_out_text() {
         let e = load_with(numerics, kv, head);
         let mut d = Divergence::default();
         for (c, b) in chunks.iter().zip(&base_lp) {
-            let lp = quality::chunk_log_probs(&e, c).unwrap();
-            for (j, (rb, rt)) in b
-                .chunks_exact(N_VOCAB)
-                .zip(lp.chunks_exact(N_VOCAB))
-                .enumerate()
-            {
-                d.add(rb, rt, c[first + j + 1]);
-            }
+            d.add_chunk(c, b, &quality::chunk_log_probs(&e, c).unwrap(), N_VOCAB);
         }
         println!(
             "{what}: mean KL {:.6}, top-1 agreement {:.2}%",

@@ -1,21 +1,13 @@
 # Sourced by the convert-*.sh scripts: the folders, the converter's virtual environment, the
 # bitnet binary and a scratch folder removed on exit.
 #
-# The converter runs in a virtual environment under $REF with the versions bitnet.cpp's
-# requirements pin where PyPI still serves them (transformers >=4.46.3,<5, numpy ~1.26.4,
-# sentencepiece ~0.2.0, protobuf <5) and the current torch (its pinned ~2.2.1 comes from
-# PyTorch's own index; torch only unpacks and divides here). It is made when missing.
+# The converter runs in the virtual environment of convert-venv.sh.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 REF=${REF:?set REF as for llama-tiny.sh}
 src=$REF/bitnet.cpp
-venv=$REF/convert-venv
-if [[ ! -x $venv/bin/python ]]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q torch 'transformers>=4.46.3,<5.0.0' 'numpy~=1.26.4' \
-    'sentencepiece~=0.2.0' 'protobuf>=4.21.0,<5.0.0' safetensors
-fi
+. "$(dirname "${BASH_SOURCE[0]}")/convert-venv.sh"
 bitnet=${BITNET:-$root/target/release/bitnet}
 [[ -x $bitnet ]] || (cd "$root" && cargo build --release -p bitnet-cli)
 tmp=$(mktemp -d)

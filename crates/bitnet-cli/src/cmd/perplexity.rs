@@ -136,19 +136,12 @@ fn compare(
     );
     let (mut nll_base, mut nll_this) = (Nll::default(), Nll::default());
     let mut d = Divergence::default();
-    let first = quality::first_scored(h.n_ctx);
     for _ in 0..n_chunks {
         let (tokens, base_lp) = quality::read_chunk(&mut r, &h)?;
         let lp = quality::chunk_log_probs(engine, &tokens)?;
         nll_base.add(&tokens, &base_lp, n_vocab);
         nll_this.add(&tokens, &lp, n_vocab);
-        for (j, (b, t)) in base_lp
-            .chunks_exact(n_vocab)
-            .zip(lp.chunks_exact(n_vocab))
-            .enumerate()
-        {
-            d.add(b, t, tokens[first + j + 1]);
-        }
+        d.add_chunk(&tokens, &base_lp, &lp, n_vocab);
     }
     println!(
         "PPL base {:.4}, this {:.4} (ratio {:.5})",
